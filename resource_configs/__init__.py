@@ -1,0 +1,1 @@
+"""RADICAL-Pilot resource configs shipped with trajflow (JSON files beside this one)."""

@@ -1,0 +1,171 @@
+"""The analyze task: one block per process, then gather (MPI) or hand over (tasks).
+
+  MPI mode:   mpiexec -n N python -m trajflow.tasks.analyze --plan PLAN
+              rank r analyses block r; results reach rank 0 by Gatherv or by
+              one-sided puts into an MPI window (paper 000's Global Arrays),
+              and rank 0 writes one part file.
+  tasks mode: python -m trajflow.tasks.analyze --plan PLAN --block B
+              writes that block's part file; the reduce task joins them.
+
+A frame's way: reader -> kernel (analyses.py) -> gather -> part -> reduce.
+"""
+import argparse
+import os
+import sys
+import traceback
+
+import numpy as np
+
+from . import faults
+from .analyses import ANALYSIS_CLASSES
+from .parts import write_part
+from .plan import RunPlan, decode_path_arg
+from .readers import H5MDChunkReader, UniverseBlockReader, open_universe
+from .timing import RankTimer
+
+
+def open_block_source(plan, analysis_cls, block, timer):
+    """Open this block's data as the plan's io strategy says.
+
+    Returns (analysis, source, start, stop, reference_source): frames
+    [start, stop) of `source` are the block; `reference_source` holds frame 0.
+    """
+    b_start, b_stop = plan.blocks[block]
+    faults.delay(block, "open")
+    if plan.io == "shared":
+        u = open_universe(plan.topology, plan.trajectories, timer)
+        analysis = analysis_cls(u, plan.selection, plan.repeat)
+        source = UniverseBlockReader(u, analysis.atom_indices, analysis.need_boxes)
+        return analysis, source, b_start, b_stop, source
+    if plan.io == "split":
+        u = open_universe(plan.topology, [plan.segment_path(0)], timer)
+        analysis = analysis_cls(u, plan.selection, plan.repeat)
+        ref = UniverseBlockReader(u, analysis.atom_indices, analysis.need_boxes)
+        analysis.prepare(ref)  # frame 0 lives in block 0's segment
+        with timer.phase("open_trajectory"):
+            u.load_new(plan.segment_path(block))
+            times = np.load(plan.segment_times_path(block))
+        source = UniverseBlockReader(u, analysis.atom_indices, analysis.need_boxes,
+                                     frame_offset=b_start, times=times)
+        return analysis, source, 0, b_stop - b_start, None
+    if plan.io == "h5md":
+        import MDAnalysis as mda
+        with timer.phase("open_topology"):
+            u = mda.Universe(plan.topology)
+        analysis = analysis_cls(u, plan.selection, plan.repeat)
+        with timer.phase("open_trajectory"):
+            source = H5MDChunkReader(plan.h5md_path(), analysis.atom_indices, analysis.need_boxes)
+        return analysis, source, b_start, b_stop, source
+    raise ValueError(f"unknown io strategy {plan.io!r}")
+
+
+def analyze_block(plan, block, timer):
+    """Run the analysis over one block; returns (arrays, attrs)."""
+    analysis_cls = ANALYSIS_CLASSES[plan.analysis]
+    analysis, source, start, stop, reference = open_block_source(plan, analysis_cls, block, timer)
+    if reference is not None:
+        analysis.prepare(reference)
+    arrays = analysis.run_block(source, start, stop, plan.chunk_frames, timer, block=block)
+    source.close()
+    return arrays, analysis.attrs()
+
+
+def part_attrs(plan, analysis_attrs, blocks):
+    return {**analysis_attrs, "blocks": [list(plan.blocks[b]) for b in blocks],
+            "block_ids": list(blocks), "input_checksum": plan.input_checksum,
+            "n_frames_total": plan.n_frames}
+
+
+def run_tasks_mode(plan, block):
+    timer = RankTimer("analyze", rank=0, size=1, block=block, mode="tasks")
+    arrays, attrs = analyze_block(plan, block, timer)
+    with timer.phase("write"):
+        write_part(plan.part_path(f"block_{block:05d}"), arrays, part_attrs(plan, attrs, [block]))
+    timer.finish(plan.profile_path(f"analyze.block_{block:05d}"))
+
+
+def run_mpi_mode(plan):
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if size != plan.n_blocks:
+        raise SystemExit(f"analyze: {size} MPI ranks for {plan.n_blocks} blocks; "
+                         f"start it with mpiexec -n {plan.n_blocks}")
+    timer = RankTimer("analyze", rank=rank, size=size, block=rank, mode="mpi",
+                      gather=plan.gather)
+    arrays, attrs = analyze_block(plan, rank, timer)
+    with timer.phase("wait"):  # the straggler signal of paper 001
+        comm.Barrier()
+    with timer.phase("comm"):
+        faults.delay(rank, "comm")
+        gather = gather_rma if plan.gather == "rma" else gather_gatherv
+        gathered = {key: gather(comm, value, plan) for key, value in arrays.items()}
+    if rank == 0:
+        with timer.phase("write"):
+            write_part(plan.part_path("mpi"), gathered,
+                       part_attrs(plan, attrs, list(range(size))))
+    timer.finish(plan.profile_path(f"analyze.block_{rank:05d}"))
+
+
+def _row_layout(comm, value, plan):
+    """Per-rank element counts and displacements for a block's array, and the row shape."""
+    row_shape = value.shape[1:]
+    width = int(np.prod(row_shape)) if row_shape else 1
+    counts = np.array([(b - a) * width for a, b in plan.blocks], dtype=np.int64)
+    displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    return row_shape, counts, displs
+
+
+def gather_gatherv(comm, value, plan):
+    """Collect every rank's block on rank 0 with MPI_Gatherv, in frame order."""
+    row_shape, counts, displs = _row_layout(comm, value, plan)
+    send = np.ascontiguousarray(value).reshape(-1)
+    recv = None
+    if comm.Get_rank() == 0:
+        recv = np.empty(int(counts.sum()), dtype=send.dtype)
+    comm.Gatherv(send, [recv, (counts, displs)] if recv is not None else None, root=0)
+    return recv.reshape((-1,) + row_shape) if recv is not None else None
+
+
+def gather_rma(comm, value, plan):
+    """Each rank puts its block into a window on rank 0 (one-sided, like ga_put)."""
+    from mpi4py import MPI
+    row_shape, counts, displs = _row_layout(comm, value, plan)
+    send = np.ascontiguousarray(value).reshape(-1)
+    rank = comm.Get_rank()
+    itemsize = send.dtype.itemsize
+    buf = np.zeros(int(counts.sum()) if rank == 0 else 0, dtype=send.dtype)
+    win = MPI.Win.Create(buf if rank == 0 else None, disp_unit=itemsize, comm=comm)
+    win.Fence()
+    if send.size:
+        win.Put(send, 0, target=int(displs[rank]))
+    win.Fence()
+    win.Free()
+    return buf.reshape((-1,) + row_shape) if rank == 0 else None
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m trajflow.tasks.analyze",
+                                description="Analyse blocks of a trajectory (runs inside the pilot).")
+    p.add_argument("--plan", required=True, help="the run's plan.json")
+    p.add_argument("--block", type=int, help="tasks mode: the block to analyse")
+    args = p.parse_args(argv)
+    plan = RunPlan.load(decode_path_arg(args.plan))
+    if plan.mode == "tasks":
+        if args.block is None or not 0 <= args.block < plan.n_blocks:
+            p.error(f"tasks mode needs --block between 0 and {plan.n_blocks - 1}")
+        run_tasks_mode(plan, args.block)
+        return 0
+    try:
+        run_mpi_mode(plan)
+    except BaseException:
+        # One failed rank must not leave the others waiting at a collective.
+        traceback.print_exc()
+        sys.stderr.flush()
+        from mpi4py import MPI
+        MPI.COMM_WORLD.Abort(1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

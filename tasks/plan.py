@@ -1,0 +1,134 @@
+"""The run plan: the one contract between the workstation and the tasks.
+
+The client writes RUNDIR/plan.json once; every split, analyze and reduce task
+reads it and derives its paths from it, so a task's command line only says
+which plan and which block. Plain JSON keeps it readable by people and by
+tasks that must not import the client.
+"""
+import base64
+import dataclasses
+import json
+import os
+from typing import List, Optional, Tuple
+
+ANALYSES = ("rmsd", "dihedrals")
+IO_STRATEGIES = ("shared", "split", "h5md")
+MODES = ("mpi", "tasks")
+GATHERS = ("gatherv", "rma")
+DEFAULT_SELECTION = {"rmsd": "name CA", "dihedrals": "protein"}
+PLAN_FILE = "plan.json"
+
+
+def balanced_blocks(n_frames: int, n_blocks: int) -> List[Tuple[int, int]]:
+    """Split frames 0..n_frames-1 into n_blocks contiguous [start, stop) ranges.
+
+    The first n_frames % n_blocks blocks get one frame more; none is empty.
+    (The papers' ceil(n/N) blocks leave the last one short or empty.)
+    """
+    if n_blocks < 1:
+        raise ValueError(f"blocks must be at least 1, got {n_blocks}")
+    if n_blocks > n_frames:
+        raise ValueError(f"{n_blocks} blocks for {n_frames} frames: "
+                         f"use at most {n_frames} blocks")
+    base, extra = divmod(n_frames, n_blocks)
+    ranges, start = [], 0
+    for i in range(n_blocks):
+        stop = start + base + (1 if i < extra else 0)
+        ranges.append((start, stop))
+        start = stop
+    return ranges
+
+
+@dataclasses.dataclass
+class RunPlan:
+    """Everything a task needs to know; paths are absolute."""
+    workdir: str
+    topology: str
+    trajectories: List[str]
+    analysis: str
+    selection: str
+    io: str
+    mode: str
+    gather: str
+    n_frames: int
+    n_atoms: int
+    blocks: List[Tuple[int, int]]
+    repeat: int = 1
+    chunk_frames: int = 256
+    compression: Optional[str] = None
+    input_checksum: str = ""
+    created_by: str = "trajflow"
+
+    @property
+    def n_blocks(self) -> int:
+        return len(self.blocks)
+
+    # --- where things live under the work directory -------------------------
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.workdir, *parts)
+
+    def segment_path(self, block: int) -> str:
+        """The split stage's trajectory segment for one block."""
+        ext = segment_format(self.trajectories[0])
+        return self.path("split", f"block_{block:05d}.{ext.lower()}")
+
+    def segment_times_path(self, block: int) -> str:
+        return self.path("split", f"block_{block:05d}.time.npy")
+
+    def h5md_path(self) -> str:
+        return self.path("split", "trajectory.h5md")
+
+    def part_path(self, name: str) -> str:
+        """A block (tasks mode) or gathered (MPI mode) result before reduce."""
+        return self.path("parts", f"{name}.h5")
+
+    def result_path(self) -> str:
+        return self.path("result.h5")
+
+    def profile_path(self, name: str) -> str:
+        return self.path("profile", f"{name}.jsonl")
+
+    # --- serialisation -------------------------------------------------------
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["blocks"] = [list(b) for b in self.blocks]
+        return d
+
+    def save(self, path: Optional[str] = None) -> str:
+        path = path or self.path(PLAN_FILE)
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(self.to_dict(), fh, indent=1)
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def load(cls, path: str) -> "RunPlan":
+        with open(path, encoding="utf-8") as fh:
+            d = json.load(fh)
+        d["blocks"] = [tuple(b) for b in d["blocks"]]
+        return cls(**d)
+
+
+def segment_format(trajectory: str) -> str:
+    """Segments keep the input's format where MDAnalysis writes it, else DCD."""
+    ext = os.path.splitext(trajectory)[1].lstrip(".").upper()
+    return ext if ext in ("DCD", "XTC", "TRR") else "DCD"
+
+
+# RADICAL-Pilot wraps each argument in double quotes in the task's shell
+# script, so `$`, backticks and backslashes in a path would be expanded. A
+# path with any of those travels base64-encoded instead.
+_SHELL_ACTIVE = set('$`\\"!')
+
+
+def encode_path_arg(path: str) -> str:
+    if _SHELL_ACTIVE & set(path):
+        return "b64:" + base64.urlsafe_b64encode(path.encode()).decode()
+    return path
+
+
+def decode_path_arg(arg: str) -> str:
+    if arg.startswith("b64:"):
+        return base64.urlsafe_b64decode(arg[4:].encode()).decode()
+    return arg

@@ -1,0 +1,119 @@
+"""The reduce task: join the parts in frame order, check them, publish result.h5.
+
+A result is written only when every frame 0..n-1 is present exactly once and
+every part was made from this run's inputs and selection; result.h5 appears
+by rename, so a file by that name is always whole.
+"""
+import argparse
+import json
+import os
+import sys
+
+import h5py
+import numpy as np
+
+from .parts import read_part
+from .plan import RunPlan, decode_path_arg
+from .timing import RankTimer
+
+
+class IncompleteResult(Exception):
+    pass
+
+
+def expected_parts(plan):
+    if plan.mode == "mpi":
+        return [plan.part_path("mpi")]
+    return [plan.part_path(f"block_{b:05d}") for b in range(plan.n_blocks)]
+
+
+def join_parts(plan):
+    """Read and check every part; return (arrays in frame order, analysis attrs)."""
+    missing = [p for p in expected_parts(plan) if not os.path.exists(p)]
+    if missing:
+        raise IncompleteResult(f"{len(missing)} part(s) missing, e.g. {missing[0]}")
+    pieces, attrs = [], None
+    for path in expected_parts(plan):
+        arrays, a = read_part(path)
+        if a.get("input_checksum") != plan.input_checksum:
+            raise IncompleteResult(f"{path} was made from other inputs")
+        if a.get("selection") != plan.selection or a.get("analysis") != plan.analysis:
+            raise IncompleteResult(f"{path} was made with another analysis or selection")
+        for block_id, (start, stop) in zip(a["block_ids"], a["blocks"]):
+            if list(plan.blocks[block_id]) != [start, stop]:
+                raise IncompleteResult(f"{path}: block {block_id} is {start}-{stop}, "
+                                       f"the plan says {plan.blocks[block_id]}")
+        pieces.append(arrays)
+        attrs = a
+    joined = {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}
+    order = np.argsort(joined["frame"], kind="stable")
+    joined = {k: v[order] for k, v in joined.items()}
+    if not np.array_equal(joined["frame"], np.arange(plan.n_frames)):
+        n_seen = len(np.unique(joined["frame"]))
+        raise IncompleteResult(f"frames are not 0..{plan.n_frames - 1} exactly once "
+                               f"({len(joined['frame'])} rows, {n_seen} distinct frames)")
+    return joined, attrs
+
+
+def package_versions():
+    import importlib.metadata as md
+    out = {}
+    for name in ("trajflow", "MDAnalysis", "numpy", "h5py", "mpi4py", "radical.pilot", "radical.entk"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def write_result(plan, arrays, analysis_attrs):
+    final = plan.result_path()
+    tmp = f"{final}.tmp{os.getpid()}"
+    with h5py.File(tmp, "w") as f:
+        f.create_dataset("frame", data=arrays["frame"].astype(np.int64))
+        f.create_dataset("time", data=arrays["time"].astype(np.float64))
+        f["time"].attrs["unit"] = "ps"
+        for key, value in arrays.items():
+            if key not in ("frame", "time"):
+                f.create_dataset(key, data=value.astype(np.float64))
+        if "rmsd" in f:
+            f["rmsd"].attrs["unit"] = "Angstrom"
+        if "resids" in analysis_attrs:
+            f.create_dataset("resid", data=np.asarray(analysis_attrs["resids"], dtype=np.int64))
+        root = {
+            "analysis": plan.analysis, "selection": plan.selection,
+            "topology": plan.topology, "trajectories": json.dumps(plan.trajectories),
+            "io": plan.io, "mode": plan.mode, "gather": plan.gather,
+            "n_blocks": plan.n_blocks, "blocks": json.dumps(plan.blocks),
+            "ranks": plan.n_blocks if plan.mode == "mpi" else 1,
+            "tasks": 1 if plan.mode == "mpi" else plan.n_blocks,
+            "repeat": plan.repeat, "n_frames": plan.n_frames,
+            "input_checksum": plan.input_checksum, "compression": plan.compression or "none",
+            "versions": json.dumps(package_versions()),
+        }
+        for key, value in root.items():
+            f.attrs[key] = value
+    os.replace(tmp, final)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m trajflow.tasks.reduce",
+                                description="Join the analyze parts into result.h5 (runs inside the pilot).")
+    p.add_argument("--plan", required=True, help="the run's plan.json")
+    args = p.parse_args(argv)
+    plan = RunPlan.load(decode_path_arg(args.plan))
+    timer = RankTimer("reduce")
+    try:
+        with timer.phase("io"):
+            arrays, attrs = join_parts(plan)
+    except IncompleteResult as exc:
+        print(f"reduce: no result written: {exc}", file=sys.stderr)
+        return 4
+    with timer.phase("write"):
+        write_result(plan, arrays, attrs)
+    timer.finish(plan.profile_path("reduce"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""What runs on the workstation: the CLI, the EnTK pipeline, resources, demo data."""

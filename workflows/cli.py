@@ -1,0 +1,151 @@
+"""The `trajflow` command: run, demo.
+
+Exit codes: 0 every task DONE and result.h5 complete; 1 a task failed or a
+result is missing; 2 bad input (nothing was started or written); 130 Ctrl-C.
+"""
+import argparse
+import os
+import sys
+import time
+
+from trajflow.tasks.plan import ANALYSES, GATHERS, IO_STRATEGIES, MODES
+from .planning import InputError, make_plan, write_plan
+
+EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def add_run_options(p):
+    p.add_argument("--topology", required=True, metavar="T",
+                   help="topology file MDAnalysis reads (PSF, PDB, GRO, TPR, ...)")
+    p.add_argument("--trajectory", required=True, nargs="+", metavar="X",
+                   help="trajectory file(s); several are one continuous trajectory, in the order given")
+    p.add_argument("--analysis", required=True, choices=ANALYSES,
+                   help="rmsd: RMSD after optimal superposition onto frame 0; "
+                        "dihedrals: (cos, sin) of backbone phi/psi")
+    p.add_argument("--select", default=None, metavar="SEL",
+                   help="MDAnalysis selection (default: 'name CA' for rmsd, 'protein' for dihedrals)")
+    p.add_argument("--io", default="shared", choices=IO_STRATEGIES,
+                   help="shared: every block reads the one trajectory; split: one segment file "
+                        "per block; h5md: convert to H5MD, chunks of one frame (default: shared)")
+    p.add_argument("--compression", default=None, metavar="gzip:N",
+                   help="with --io h5md: compress the H5MD file (default: none)")
+    p.add_argument("--mode", default="mpi", choices=MODES,
+                   help="mpi: one analyze task with one rank per block; tasks: one single-core "
+                        "task per block (default: mpi)")
+    p.add_argument("--gather", default="gatherv", choices=GATHERS,
+                   help="mpi mode: collect results with Gatherv, or one-sided puts into an MPI "
+                        "window on rank 0 (default: gatherv)")
+    p.add_argument("--blocks", type=int, default=None, metavar="N",
+                   help="number of blocks (= ranks in mpi mode); balanced, none empty "
+                        "(default: --cpus)")
+    p.add_argument("--repeat", type=int, default=1, metavar="K",
+                   help="repeat the per-frame computation K times to raise t_compute/t_IO (default: 1)")
+    p.add_argument("--chunk", type=int, default=256, metavar="F",
+                   help="frames read and computed at a time; bounds memory per rank (default: 256)")
+    add_resource_options(p)
+    p.add_argument("--out", required=True, metavar="RUNDIR",
+                   help="new folder for result.h5, profiles and the plan")
+
+
+def add_resource_options(p):
+    p.add_argument("--resource", default="local.localhost", metavar="NAME",
+                   help="RADICAL-Pilot resource label (default: local.localhost)")
+    p.add_argument("--walltime", type=int, default=30, metavar="MIN",
+                   help="pilot walltime in minutes (default: 30)")
+    p.add_argument("--cpus", type=int, default=2, metavar="N",
+                   help="cores of the pilot (default: 2)")
+    p.add_argument("--queue", default=None, metavar="Q", help="batch queue (default: the resource's)")
+    p.add_argument("--project", default=None, metavar="P", help="allocation to charge (default: none)")
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="trajflow",
+        description="Parallel MD trajectory analysis (split -> analyze -> reduce) on RADICAL-EnTK.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="analyse a trajectory on a pilot",
+                         description="Analyse a trajectory on a RADICAL pilot; writes RUNDIR/result.h5.",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_run_options(run)
+    demo = sub.add_parser("demo", help="the main job on its default: AdK x100, rmsd and dihedrals",
+                          description="Build AdK (MDAnalysisTests PSF/DCD) concatenated 100x "
+                                      "(9,800 frames) once in a cache folder, then run rmsd and "
+                                      "dihedrals on one local pilot with 2 MPI ranks.")
+    demo.add_argument("--out", default=None, metavar="DIR",
+                      help="folder for the two runs (default: ./trajflow-demo-<time>)")
+    demo.add_argument("--copies", type=int, default=100, metavar="K",
+                      help="how many times to concatenate AdK's 98 frames (default: 100)")
+    add_resource_options(demo)
+    return parser
+
+
+def _validate_resource(args):
+    if args.walltime <= 0:
+        raise InputError(f"--walltime {args.walltime}: give the pilot's walltime in minutes, > 0")
+    if args.cpus < 1:
+        raise InputError(f"--cpus {args.cpus}: ask for at least 1 cpu")
+    from . import resources
+    try:
+        resources.check_resource(args.resource)
+    except ValueError as exc:
+        raise InputError(str(exc))
+
+
+def _report(report, runs):
+    for o in report.failed:
+        print(o.describe(), file=sys.stderr)
+    for name, plan, _ in runs:
+        path = report.results.get(name)
+        status = f"result: {path}" if path else "NO RESULT (the run did not complete)"
+        print(f"{name}: {status}")
+        print(f"{name}: profiles: {plan.path('profile')}")
+    print(f"RADICAL session: {report.session_dir}   wall time: {report.wall_s:.1f} s")
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def cmd_run(args):
+    _validate_resource(args)
+    plan = make_plan(args.topology, args.trajectory, args.analysis, args.out,
+                     selection=args.select, io=args.io, mode=args.mode, gather=args.gather,
+                     blocks=args.blocks, cpus=args.cpus, repeat=args.repeat,
+                     compression=args.compression, chunk_frames=args.chunk)
+    plan_path = write_plan(plan)
+    from .execute import run_plans
+    runs = [(os.path.basename(plan.workdir) or "run", plan, plan_path)]
+    report = run_plans(runs, args.resource, args.walltime, args.cpus, args.queue, args.project)
+    return _report(report, runs)
+
+
+def cmd_demo(args):
+    _validate_resource(args)
+    from .datasets import adk_concatenated
+    out = os.path.abspath(args.out or f"trajflow-demo-{time.strftime('%Y%m%d-%H%M%S')}")
+    print(f"building the demo trajectory (AdK x{args.copies}) in the cache, once ...")
+    top, traj = adk_concatenated(args.copies, "DCD")
+    print(f"  {traj}")
+    runs = []
+    for analysis in ANALYSES:
+        plan = make_plan(top, [traj], analysis, os.path.join(out, analysis), io="shared",
+                         mode="mpi", blocks=args.cpus, cpus=args.cpus)
+        runs.append((analysis, plan, write_plan(plan)))
+    from .execute import run_plans
+    print(f"running rmsd and dihedrals on {args.resource} with {args.cpus} MPI ranks ...")
+    report = run_plans(runs, args.resource, args.walltime, args.cpus, args.queue, args.project,
+                       session_root=out)
+    return _report(report, runs)
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        return {"run": cmd_run, "demo": cmd_demo}[args.command](args)
+    except InputError as exc:
+        print(f"trajflow: error: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        print("trajflow: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

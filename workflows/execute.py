@@ -1,0 +1,112 @@
+"""Run pipelines on a pilot with EnTK, and tell the truth about how they ended.
+
+EnTK reports a pipeline DONE and returns normally even when a task FAILED, so
+every task's final state is checked here; a failure is reported with the
+task, its exit code, where its sandbox is and the tail of its stderr.
+"""
+import contextlib
+import dataclasses
+import glob
+import os
+import re as regex
+import time
+from typing import List
+
+from trajflow.tasks.plan import RunPlan
+from . import resources
+from .pipeline import build_pipeline
+
+
+@dataclasses.dataclass
+class TaskOutcome:
+    pipeline: str
+    stage: str
+    name: str
+    state: str
+    exit_code: object
+    sandbox: str
+    stderr_tail: str
+
+    def describe(self) -> str:
+        lines = [f"task {self.pipeline}/{self.stage}/{self.name} ended {self.state}"
+                 + (f" with exit code {self.exit_code}" if self.exit_code is not None else "")]
+        if self.sandbox:
+            lines.append(f"  sandbox: {self.sandbox}")
+        if self.stderr_tail:
+            lines.append("  stderr (last lines):")
+            lines += ["    " + l for l in self.stderr_tail.splitlines()]
+        return "\n".join(lines)
+
+
+@dataclasses.dataclass
+class RunReport:
+    outcomes: List[TaskOutcome]
+    results: dict            # run name -> result path or None
+    session_dir: str
+    wall_s: float
+
+    @property
+    def failed(self):
+        return [o for o in self.outcomes if o.state != "DONE"]
+
+    @property
+    def ok(self):
+        return not self.failed and all(self.results.values())
+
+
+@contextlib.contextmanager
+def _working_dir(path):
+    old = os.getcwd()
+    os.makedirs(path, exist_ok=True)
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+def _stderr_tail(sandbox, n=15):
+    if not sandbox or not os.path.isdir(sandbox):
+        return ""
+    errs = sorted(glob.glob(os.path.join(sandbox, "*.err")))
+    if not errs:
+        return ""
+    with open(errs[0], errors="replace") as fh:
+        return "".join(fh.readlines()[-n:]).rstrip()
+
+
+def _exit_code(task):
+    m = regex.search(r"exit code:?\s*(-?\d+)", str(task.exception_detail or ""))
+    return int(m.group(1)) if m else None
+
+
+def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_root=None):
+    """Run [(name, plan, plan_path)] as pipelines on one pilot; return a RunReport."""
+    import radical.entk as re
+    t0 = time.time()
+    session_root = os.path.abspath(session_root or runs[0][1].workdir)
+    resources.activate_configs()
+    os.environ.setdefault("RADICAL_PROFILE", "TRUE")
+    os.environ.setdefault("RADICAL_LOG_LVL", "WARNING")
+    os.environ.setdefault("RADICAL_REPORT", "FALSE")
+    python = resources.task_python(resource)
+    pipelines = {name: build_pipeline(plan, path, python, name) for name, plan, path in runs}
+    with _working_dir(session_root):
+        appman = re.AppManager(autoterminate=True, base_path=session_root)
+        appman.resource_desc = resources.resource_description(resource, walltime, cpus, queue, project)
+        appman.workflow = set(pipelines.values())
+        appman.run()
+        session_dir = os.path.join(session_root, appman.sid)
+    outcomes = []
+    for name, pipe in pipelines.items():
+        for stage in pipe.stages:
+            for task in stage.tasks:
+                outcomes.append(TaskOutcome(
+                    pipeline=name, stage=stage.name, name=task.name, state=task.state,
+                    exit_code=_exit_code(task), sandbox=task.path or "",
+                    stderr_tail="" if task.state == "DONE" else _stderr_tail(task.path)))
+    results = {}
+    for name, plan, _ in runs:
+        path = plan.result_path()
+        results[name] = path if os.path.exists(path) else None
+    return RunReport(outcomes, results, session_dir, time.time() - t0)

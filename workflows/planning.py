@@ -1,0 +1,167 @@
+"""Turn what the user asked for into a checked RunPlan, before any pilot is requested.
+
+Everything that can be wrong with the input is found here, on the workstation,
+in seconds: each problem raises `InputError` with what is wrong and how to fix
+it, and the CLI exits 2. Nothing is written until every check has passed.
+"""
+import hashlib
+import os
+import warnings
+
+from trajflow.tasks.plan import (ANALYSES, DEFAULT_SELECTION, GATHERS, IO_STRATEGIES, MODES,
+                                 PLAN_FILE, RunPlan, balanced_blocks)
+from trajflow.tasks.h5md import parse_compression
+
+RUN_MARKER = ".trajflow-run"
+
+
+class InputError(Exception):
+    """Bad input: the message names the problem and the fix."""
+
+
+def _check_readable(path, what):
+    if not os.path.exists(path):
+        raise InputError(f"{what} {path!r} does not exist: check the path")
+    if not os.path.isfile(path):
+        raise InputError(f"{what} {path!r} is not a file: give the file itself")
+    if not os.access(path, os.R_OK):
+        raise InputError(f"{what} {path!r} is not readable: fix its permissions (chmod u+r)")
+
+
+def open_inputs(topology, trajectories):
+    """Open the inputs with MDAnalysis as the tasks will; InputError if it cannot."""
+    import MDAnalysis as mda
+    _check_readable(topology, "topology")
+    for t in trajectories:
+        _check_readable(t, "trajectory")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            u = mda.Universe(topology)
+        except Exception as exc:
+            raise InputError(f"MDAnalysis cannot read topology {topology!r} ({exc}); "
+                             "give a topology format MDAnalysis reads (PSF, PDB, GRO, TPR, ...)")
+        sizes = []
+        for t in trajectories:
+            try:
+                sizes.append(mda.Universe(topology, t).trajectory.n_frames)
+            except ValueError as exc:
+                if "number of atoms" in str(exc).lower() or "atoms" in str(exc).lower():
+                    raise InputError(f"trajectory {t!r} does not match topology {topology!r}: "
+                                     f"{exc}; give the topology this trajectory was written with")
+                raise InputError(f"MDAnalysis cannot read trajectory {t!r} ({exc}); "
+                                 "give a format MDAnalysis reads (DCD, XTC, TRR, H5MD, ...)")
+            except Exception as exc:
+                raise InputError(f"MDAnalysis cannot read trajectory {t!r} ({exc}); "
+                                 "give a format MDAnalysis reads (DCD, XTC, TRR, H5MD, ...)")
+        u.load_new(trajectories[0] if len(trajectories) == 1 else list(trajectories))
+    return u
+
+
+def input_checksum(paths):
+    """A fingerprint of the inputs: size, mtime and sha256 of the first and last MiB.
+
+    Hashing terabytes would take longer than the analysis; this catches a
+    replaced or rewritten file, which is what resume and reduce must refuse.
+    """
+    h = hashlib.sha256()
+    for p in paths:
+        st = os.stat(p)
+        h.update(f"{os.path.abspath(p)}|{st.st_size}|{st.st_mtime_ns}|".encode())
+        with open(p, "rb") as fh:
+            h.update(fh.read(1 << 20))
+            if st.st_size > 1 << 20:
+                fh.seek(max(st.st_size - (1 << 20), 1 << 20))
+                h.update(fh.read(1 << 20))
+    return h.hexdigest()
+
+
+def check_outdir(out):
+    """RUNDIR must be new (or empty); never write into a user's folder or an old run."""
+    out = os.path.abspath(out)
+    if os.path.exists(out):
+        if not os.path.isdir(out):
+            raise InputError(f"--out {out!r} exists and is not a folder: choose a new folder name")
+        entries = os.listdir(out)
+        if entries and not os.path.exists(os.path.join(out, RUN_MARKER)):
+            raise InputError(f"--out {out!r} exists, is not empty and is not a trajflow run: "
+                             "choose a new folder (trajflow never writes into other files)")
+        if entries:
+            raise InputError(f"--out {out!r} holds an earlier trajflow run: choose a new folder, "
+                             "or remove the old run first")
+    parent = os.path.dirname(out)
+    probe = parent
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.access(probe, os.W_OK):
+        raise InputError(f"--out {out!r} cannot be created: {probe!r} is not writable; "
+                         "choose a folder you can write to")
+    return out
+
+
+def make_plan(topology, trajectories, analysis, out, selection=None, io="shared",
+              mode="mpi", gather="gatherv", blocks=None, cpus=2, repeat=1,
+              compression=None, chunk_frames=256) -> RunPlan:
+    """Check everything and return the plan (not yet written)."""
+    if analysis not in ANALYSES:
+        raise InputError(f"unknown analysis {analysis!r}: choose one of {', '.join(ANALYSES)}")
+    for value, allowed, flag in ((io, IO_STRATEGIES, "--io"), (mode, MODES, "--mode"),
+                                 (gather, GATHERS, "--gather")):
+        if value not in allowed:
+            raise InputError(f"unknown {flag} {value!r}: choose one of {', '.join(allowed)}")
+    if not trajectories:
+        raise InputError("no trajectory given: pass --trajectory FILE [FILE ...]")
+    if cpus < 1:
+        raise InputError(f"--cpus {cpus}: ask for at least 1 cpu")
+    if repeat < 1:
+        raise InputError(f"--repeat {repeat}: repeat the computation at least once")
+    if chunk_frames < 1:
+        raise InputError(f"chunk of {chunk_frames} frames: use at least 1")
+    try:
+        parse_compression(compression)
+    except ValueError as exc:
+        raise InputError(f"--compression: {exc}")
+    if compression and io != "h5md":
+        raise InputError("--compression applies to --io h5md only: drop it or use --io h5md")
+    topology = os.path.abspath(topology)
+    trajectories = [os.path.abspath(t) for t in trajectories]
+    out = check_outdir(out)
+    u = open_inputs(topology, trajectories)
+    selection = selection or DEFAULT_SELECTION[analysis]
+    _check_selection(u, selection, analysis)
+    n_frames = u.trajectory.n_frames
+    n_blocks = cpus if blocks is None else blocks
+    if n_blocks < 1:
+        raise InputError(f"--blocks {n_blocks}: use at least 1 block")
+    if n_blocks > n_frames:
+        raise InputError(f"--blocks {n_blocks} is more than the trajectory's {n_frames} frames: "
+                         f"use at most {n_frames} blocks")
+    if mode == "mpi" and n_blocks > cpus:
+        raise InputError(f"--mode mpi runs one rank per block: {n_blocks} ranks do not fit in "
+                         f"--cpus {cpus}; ask for --cpus {n_blocks} or fewer --blocks")
+    return RunPlan(workdir=out, topology=topology, trajectories=trajectories,
+                   analysis=analysis, selection=selection, io=io, mode=mode, gather=gather,
+                   n_frames=n_frames, n_atoms=len(u.atoms),
+                   blocks=balanced_blocks(n_frames, n_blocks), repeat=repeat,
+                   chunk_frames=chunk_frames, compression=compression,
+                   input_checksum=input_checksum([topology] + trajectories))
+
+
+def _check_selection(u, selection, analysis):
+    from trajflow.tasks.analyses import ANALYSIS_CLASSES
+    try:
+        ANALYSIS_CLASSES[analysis](u, selection)
+    except ValueError as exc:
+        raise InputError(f"--select: {exc}; change the selection")
+    except Exception as exc:  # MDAnalysis' SelectionError for a malformed selection
+        raise InputError(f"--select {selection!r} is not a valid MDAnalysis selection ({exc}); "
+                         "see the MDAnalysis selection language")
+
+
+def write_plan(plan: RunPlan) -> str:
+    """Create RUNDIR and its folders and write plan.json; returns the plan's path."""
+    for sub in ("", "parts", "profile", "split"):
+        os.makedirs(plan.path(sub), exist_ok=True)
+    with open(plan.path(RUN_MARKER), "w", encoding="utf-8") as fh:
+        fh.write("This folder is a trajflow run.\n")
+    return plan.save(plan.path(PLAN_FILE))

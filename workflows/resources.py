@@ -1,0 +1,146 @@
+"""Resources: which machine the pilot goes to, and the RADICAL configs to get there.
+
+RADICAL-Pilot merges user resource configs from
+$RADICAL_CONFIG_USER_DIR/.radical/pilot/configs/resource_<facility>.json over
+its own. trajflow ships configs of its own (resource_configs/), and must not
+hide the user's: `prepare_config_dir` builds one folder holding a copy of the
+user's ~/.radical tree with trajflow's configs merged underneath it (the
+user's keys win), points RADICAL_CONFIG_USER_DIR at it, and fills in the
+placeholder ${TRAJFLOW_VENV_BIN} (the bin folder holding this Python and the
+`mpiexec` of the mpich wheel).
+"""
+import atexit
+import copy
+import glob
+import json
+import os
+import shutil
+import sys
+import tempfile
+from importlib import resources as importlib_resources
+
+VENV_BIN_PLACEHOLDER = "${TRAJFLOW_VENV_BIN}"
+
+
+def venv_bin() -> str:
+    return os.path.dirname(os.path.abspath(sys.executable))
+
+
+def shipped_config_files():
+    folder = importlib_resources.files("trajflow.resource_configs")
+    return sorted(str(p) for p in folder.iterdir() if p.name.startswith("resource_")
+                  and p.name.endswith(".json"))
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    """`over` on top of `base`, dict by dict (lists and values are replaced)."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _fill_placeholders(obj):
+    if isinstance(obj, str):
+        return obj.replace(VENV_BIN_PLACEHOLDER, venv_bin())
+    if isinstance(obj, list):
+        return [_fill_placeholders(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _fill_placeholders(v) for k, v in obj.items()}
+    return obj
+
+
+def user_radical_dir() -> str:
+    base = os.environ.get("RADICAL_CONFIG_USER_DIR") or os.path.expanduser("~")
+    return os.path.join(base, ".radical")
+
+
+def prepare_config_dir(target: str) -> str:
+    """Build <target>/.radical (user's configs + ours) and point RADICAL at it."""
+    dest = os.path.join(target, ".radical")
+    src = user_radical_dir()
+    if os.path.abspath(src) == os.path.abspath(dest):
+        return target
+    if os.path.isdir(dest):
+        shutil.rmtree(dest)
+    if os.path.isdir(src):
+        shutil.copytree(src, dest, symlinks=True,
+                        ignore=shutil.ignore_patterns("*.log", "*.prof"))
+    configs = os.path.join(dest, "pilot", "configs")
+    os.makedirs(configs, exist_ok=True)
+    for shipped in shipped_config_files():
+        name = os.path.basename(shipped)
+        with open(shipped, encoding="utf-8") as fh:
+            ours = json.load(fh)
+        mine = os.path.join(configs, name)
+        users = {}
+        if os.path.exists(mine):
+            with open(mine, encoding="utf-8") as fh:
+                users = json.load(fh)
+        merged = _fill_placeholders(deep_merge(ours, users))
+        with open(mine, "w", encoding="utf-8") as fh:
+            json.dump(merged, fh, indent=2)
+    os.environ["RADICAL_CONFIG_USER_DIR"] = target
+    return target
+
+
+_ACTIVE = {}
+
+
+def activate_configs() -> str:
+    """Once per process: a private config folder (user's + ours), removed at exit."""
+    if "dir" not in _ACTIVE:
+        folder = tempfile.mkdtemp(prefix="trajflow-radical-config-")
+        atexit.register(shutil.rmtree, folder, True)
+        prepare_config_dir(folder)
+        _ACTIVE["dir"] = folder
+    return _ACTIVE["dir"]
+
+
+def check_resource(resource: str):
+    """ValueError naming the known resources if RADICAL-Pilot has no config for `resource`."""
+    activate_configs()
+    if resource_config(resource) is None:
+        known = known_resources()
+        sites = sorted({k.split(".")[0] for k in known})
+        raise ValueError(f"unknown resource {resource!r}: RADICAL-Pilot has no config for it. "
+                         f"Known facilities: {', '.join(sites)}; `trajflow resources` lists "
+                         "all labels, and the README says how to add your cluster")
+
+
+def known_resources() -> list:
+    """Every resource label RADICAL-Pilot knows with the current config dir."""
+    import radical.pilot as rp
+    cfgs = rp.utils.get_resource_configs()
+    return sorted(f"{site}.{name}" for site in cfgs for name in cfgs[site])
+
+
+def resource_config(resource: str):
+    import radical.pilot as rp
+    return rp.utils.get_resource_config(resource=resource)
+
+
+def is_local(resource: str) -> bool:
+    return resource.startswith("local.")
+
+
+def resource_description(resource, walltime, cpus, queue=None, project=None) -> dict:
+    """The pilot description EnTK's AppManager takes."""
+    desc = {"resource": resource, "walltime": int(walltime), "cpus": int(cpus)}
+    if queue:
+        desc["queue"] = queue
+    if project:
+        desc["project"] = project
+    return desc
+
+
+def task_python(resource: str) -> str:
+    """The Python that runs tasks: this one locally; on a cluster, the one its config's pre_exec provides."""
+    return sys.executable if is_local(resource) else "python3"
+
+
+def all_user_configs():
+    return sorted(glob.glob(os.path.join(user_radical_dir(), "pilot", "configs", "resource_*.json")))
