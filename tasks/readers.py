@@ -74,8 +74,19 @@ class UniverseBlockReader:
             boxes = None if pieces[0][2] is None else np.concatenate([b for _, _, b in pieces])
             if self.times is not None:
                 times = np.asarray(self.times[pos:end], dtype=np.float64)
+            elif len(self.parts) > 1:
+                times = self._chain_times(pos, end)
             frames = np.arange(pos, end, dtype=np.int64) + self.frame_offset
             yield Chunk(frames, times, coords, boxes)
+
+    def _chain_times(self, start, stop):
+        """ChainReader's cumulative time (`trajectory.time`, what rms.RMSD reports):
+        the earlier files' total times plus this file's frames times its dt."""
+        traj = self.u.trajectory
+        frames = np.arange(start, stop)
+        part = np.searchsorted(self.part_starts, frames, side="right") - 1
+        offsets = np.concatenate([[0.0], np.cumsum(traj.total_times)])
+        return offsets[part] + (frames - self.part_starts[part]) * np.asarray(traj.dts)[part]
 
     def _read_in_part(self, p, lo, hi):
         reader = self.parts[p]
@@ -97,7 +108,7 @@ class UniverseBlockReader:
 
     def _read_dcd(self, reader, lo, hi):
         """DCD in bulk: coordinates by `timeseries`, times linear in the frame as DCD defines them."""
-        coords = reader.timeseries(asel=self.u.atoms[self.idx], start=lo, stop=hi, order="fac")
+        coords = reader.timeseries(atomgroup=self.u.atoms[self.idx], start=lo, stop=hi, order="fac")
         t0 = reader[lo].time
         times = t0 + np.arange(hi - lo) * reader.ts.dt
         boxes = np.zeros((hi - lo, 6), dtype=np.float32) if self.need_boxes else None

@@ -39,8 +39,8 @@ def write_segment(plan, u, block, timer):
     times = np.empty(stop - start, dtype=np.float64)
     with timer.phase("write"):
         with mda.Writer(tmp, n_atoms=len(u.atoms), format=segment_format(plan.trajectories[0])) as w:
-            for i, ts in enumerate(u.trajectory[start:stop]):
-                times[i] = ts.time
+            for i, _ in enumerate(u.trajectory[start:stop]):
+                times[i] = u.trajectory.time  # cumulative over chained files
                 w.write(u.atoms)
         tmp_times = plan.segment_times_path(block) + f".tmp{os.getpid()}.npy"
         np.save(tmp_times, times)

@@ -85,6 +85,7 @@ def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_
     import radical.entk as re
     t0 = time.time()
     session_root = os.path.abspath(session_root or runs[0][1].workdir)
+    resources.activate_venv()
     resources.activate_configs()
     os.environ.setdefault("RADICAL_PROFILE", "TRUE")
     os.environ.setdefault("RADICAL_LOG_LVL", "WARNING")

@@ -109,6 +109,8 @@ def make_plan(topology, trajectories, analysis, out, selection=None, io="shared"
                                  (gather, GATHERS, "--gather")):
         if value not in allowed:
             raise InputError(f"unknown {flag} {value!r}: choose one of {', '.join(allowed)}")
+    if isinstance(trajectories, str):
+        trajectories = [trajectories]
     if not trajectories:
         raise InputError("no trajectory given: pass --trajectory FILE [FILE ...]")
     if cpus < 1:
@@ -129,7 +131,7 @@ def make_plan(topology, trajectories, analysis, out, selection=None, io="shared"
     u = open_inputs(topology, trajectories)
     selection = selection or DEFAULT_SELECTION[analysis]
     _check_selection(u, selection, analysis)
-    n_frames = u.trajectory.n_frames
+    n_frames = int(u.trajectory.n_frames)
     n_blocks = cpus if blocks is None else blocks
     if n_blocks < 1:
         raise InputError(f"--blocks {n_blocks}: use at least 1 block")

@@ -26,6 +26,20 @@ def venv_bin() -> str:
     return os.path.dirname(os.path.abspath(sys.executable))
 
 
+def activate_venv():
+    """Make the environment look like an activated virtualenv of this Python.
+
+    RADICAL-Pilot's bootstrapper finds its agent through $VIRTUAL_ENV and
+    $PATH; a `trajflow` started by its full path, without `activate`, would
+    otherwise launch a pilot that cannot find `radical-pilot-agent_0`.
+    """
+    if sys.prefix != sys.base_prefix:
+        os.environ["VIRTUAL_ENV"] = sys.prefix
+    path = os.environ.get("PATH", "").split(os.pathsep)
+    if venv_bin() not in path[:1]:
+        os.environ["PATH"] = os.pathsep.join([venv_bin()] + [p for p in path if p != venv_bin()])
+
+
 def shipped_config_files():
     folder = importlib_resources.files("trajflow.resource_configs")
     return sorted(str(p) for p in folder.iterdir() if p.name.startswith("resource_")

@@ -1,0 +1,96 @@
+"""The command line: --help tells every default; bad input exits 2 at once,
+names the problem and the fix, starts no RADICAL session and writes nothing."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+TRAJFLOW = os.path.join(os.path.dirname(sys.executable), "trajflow")
+
+
+def trajflow(*args, cwd=None):
+    return subprocess.run([TRAJFLOW, *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+def test_help_explains_every_option_with_its_default():
+    out = trajflow("run", "--help").stdout
+    for opt in ("--topology", "--trajectory", "--analysis", "--select", "--io", "--mode", "--gather",
+                "--blocks", "--repeat", "--resource", "--walltime", "--cpus", "--queue",
+                "--project", "--out", "--compression"):
+        assert opt in out
+    assert "default: shared" in out and "default: mpi" in out and "local.localhost" in out
+    assert "default" in trajflow("demo", "--help").stdout
+
+
+@pytest.fixture
+def base(adk, tmp_path):
+    return ["run", "--topology", adk[0], "--trajectory", adk[1], "--out", str(tmp_path / "run")]
+
+
+def _with(base, **over):
+    args = list(base)
+    for k, v in over.items():
+        flag = "--" + k
+        if flag in args:
+            args[args.index(flag) + 1] = v
+        else:
+            args += [flag, v]
+    return args
+
+
+BAD = [
+    (dict(analysis="rmsd", topology="/nonexistent.psf"), "does not exist"),
+    (dict(analysis="rmsd", trajectory="/nonexistent.dcd"), "does not exist"),
+    (dict(analysis="rmsd", select="resname NOPE"), "matches no atoms"),
+    (dict(analysis="dihedrals", select="resname TIP3 or name OH2"), "no atoms"),
+    (dict(analysis="dihedrals", select="name CA"), "phi and psi"),
+    (dict(analysis="rmsd", blocks="0"), "at least 1 block"),
+    (dict(analysis="rmsd", blocks="99", mode="tasks"), "at most 98"),
+    (dict(analysis="rmsd", blocks="3", cpus="2"), "do not fit"),
+    (dict(analysis="rmsd", cpus="0"), "at least 1 cpu"),
+    (dict(analysis="rmsd", walltime="0"), "walltime"),
+    (dict(analysis="rmsd", resource="nowhere.cluster"), "unknown resource"),
+    (dict(analysis="rmsd", io="h5md", compression="lz4"), "gzip"),
+]
+
+
+@pytest.mark.parametrize("over,message", BAD)
+def test_bad_input_exits_2_with_a_clear_message(base, tmp_path, over, message):
+    proc = trajflow(*_with(base, **over), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert proc.stderr.startswith("trajflow: error:")
+    assert not os.path.exists(tmp_path / "run")
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("re.session")]
+
+
+def test_mismatched_topology_and_trajectory(adk, adk_xtc, tmp_path):
+    from MDAnalysisTests.datafiles import GRO
+    proc = trajflow("run", "--topology", GRO, "--trajectory", adk[1], "--analysis", "rmsd",
+                    "--out", str(tmp_path / "run"))
+    assert proc.returncode == 2 and "does not match topology" in proc.stderr
+
+
+def test_unreadable_format(adk, tmp_path):
+    junk = tmp_path / "junk.dcd"
+    junk.write_bytes(b"not a trajectory" * 10)
+    proc = trajflow("run", "--topology", adk[0], "--trajectory", str(junk), "--analysis", "rmsd",
+                    "--out", str(tmp_path / "run"))
+    assert proc.returncode == 2 and "cannot read trajectory" in proc.stderr
+
+
+def test_never_writes_into_a_users_folder(adk, tmp_path):
+    precious = tmp_path / "thesis"
+    precious.mkdir()
+    (precious / "chapter1.tex").write_text("years of work")
+    proc = trajflow("run", "--topology", adk[0], "--trajectory", adk[1], "--analysis", "rmsd",
+                    "--out", str(precious))
+    assert proc.returncode == 2 and "not a trajflow run" in proc.stderr
+    assert os.listdir(precious) == ["chapter1.tex"]
+
+
+def test_unknown_analysis_is_refused_by_argparse(adk, tmp_path):
+    proc = trajflow("run", "--topology", adk[0], "--trajectory", adk[1], "--analysis", "sasa",
+                    "--out", str(tmp_path / "r"))
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr

@@ -1,0 +1,98 @@
+"""The real RADICAL-EnTK pipeline on a local pilot, end to end.
+
+One session carries three pipelines on one pilot (a local pilot costs ~40 s):
+rmsd in MPI mode over the shared DCD, dihedrals as single-core tasks over
+split XTC segments, and a run whose inputs vanish after planning, which must
+fail with the task named and leave no result.
+"""
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from trajflow.workflows.execute import run_plans
+from trajflow.workflows.planning import make_plan, write_plan
+
+pytestmark = pytest.mark.entk
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory, adk, adk_xtc):
+    root = tmp_path_factory.mktemp("entk")
+    doomed_top = str(root / "doomed.psf")
+    shutil.copy(adk[0], doomed_top)
+    specs = [
+        ("rmsd_mpi", dict(topology=adk[0], trajectories=[adk[1]], analysis="rmsd", io="shared",
+                          mode="mpi", gather="gatherv", blocks=2, cpus=2)),
+        ("dihedrals_tasks", dict(topology=adk_xtc[0], trajectories=[adk_xtc[1]], analysis="dihedrals",
+                                 io="split", mode="tasks", blocks=2, cpus=2)),
+        ("doomed", dict(topology=doomed_top, trajectories=[adk[1]], analysis="rmsd", io="shared",
+                        mode="mpi", blocks=2, cpus=2)),
+    ]
+    runs = []
+    for name, kw in specs:
+        plan = make_plan(out=str(root / name), chunk_frames=16, **kw)
+        runs.append((name, plan, write_plan(plan)))
+    os.remove(doomed_top)  # the split task of "doomed" must now fail
+    report = run_plans(runs, "local.localhost", walltime=10, cpus=2, session_root=str(root))
+    return report, {name: plan for name, plan, _ in runs}
+
+
+def test_good_pipelines_end_done_with_mdanalysis_results(session, adk, adk_xtc, reference_results):
+    report, plans = session
+    for o in report.outcomes:
+        if o.pipeline != "doomed":
+            assert o.state == "DONE", o.describe()
+    with h5py.File(report.results["rmsd_mpi"]) as f:
+        ref = reference_results(adk[0], [adk[1]], "rmsd")
+        np.testing.assert_allclose(f["rmsd"][()], ref["rmsd"], atol=1e-4)
+        assert f.attrs["mode"] == "mpi" and f.attrs["ranks"] == 2
+    with h5py.File(report.results["dihedrals_tasks"]) as f:
+        ref = reference_results(adk_xtc[0], [adk_xtc[1]], "dihedrals")
+        np.testing.assert_allclose(f["features"][()], ref["features"], atol=1e-6)
+        assert f.attrs["tasks"] == 2
+
+
+def test_failed_task_is_reported_and_no_result_is_published(session):
+    report, plans = session
+    assert not report.ok
+    failed = [o for o in report.failed if o.pipeline == "doomed"]
+    assert failed and failed[0].stage == "split" and failed[0].state == "FAILED"
+    assert failed[0].exit_code not in (None, 0)
+    assert "doomed.psf" in failed[0].stderr_tail  # the real cause, from the task's stderr
+    assert report.results["doomed"] is None
+    assert not os.path.exists(plans["doomed"].result_path())
+    # nothing after the failed stage ran
+    assert not [o for o in report.outcomes if o.pipeline == "doomed" and o.state == "DONE"]
+
+
+def test_every_rank_left_a_timing_record_also_in_radicals_profile(session):
+    report, plans = session
+    ranks = [json.loads(open(p).readline())
+             for p in sorted(glob.glob(plans["rmsd_mpi"].profile_path("analyze.*")))]
+    assert sorted(r["rank"] for r in ranks) == [0, 1]
+    for r in ranks:
+        assert r["frames"] == 49 and r["t_total"] > 0
+        assert r["t_total"] >= r["t_io"] + r["t_compute"] + r["t_wait"] + r["t_comm"]
+    sandbox = next(o.sandbox for o in report.outcomes
+                   if o.pipeline == "rmsd_mpi" and o.stage == "analyze")
+    prof = open(glob.glob(os.path.join(sandbox, "*.prof"))[0]).read()
+    assert "app_compute_start" in prof and "rank=0" in prof and "rank=1" in prof
+
+
+def test_cli_run_exits_zero_and_says_where_things_are(tmp_path, adk):
+    out = tmp_path / "cli run"  # a space in the path, on purpose
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "trajflow"), "run",
+                           "--topology", adk[0], "--trajectory", adk[1], "--analysis", "rmsd",
+                           "--mode", "mpi", "--gather", "rma", "--cpus", "2", "--walltime", "10",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert str(out / "result.h5") in proc.stdout
+    with h5py.File(out / "result.h5") as f:
+        assert f["rmsd"].shape == (98,) and f.attrs["gather"] == "rma"

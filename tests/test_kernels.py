@@ -1,0 +1,109 @@
+"""The kernels against MDAnalysis' own computations, on real frames and edge cases."""
+import numpy as np
+import pytest
+import MDAnalysis as mda
+from MDAnalysis.analysis import rms
+from MDAnalysis.lib.distances import calc_dihedrals
+
+from trajflow.tasks import kernels
+
+
+@pytest.fixture(scope="module")
+def ca_frames(adk):
+    u = mda.Universe(*adk)
+    ca = u.select_atoms("name CA")
+    return u.trajectory.timeseries(ca, order="fac"), ca.masses
+
+
+def mda_rmsd(frames, ref, weights=None):
+    return np.array([rms.rmsd(x, ref, weights=weights, center=True, superposition=True)
+                     for x in frames])
+
+
+def test_rmsd_matches_qcprot_on_every_adk_frame(ca_frames):
+    frames, _ = ca_frames
+    for ref in (frames[0], frames[50]):
+        np.testing.assert_allclose(kernels.qcp_rmsd(frames, ref), mda_rmsd(frames, ref), atol=1e-5)
+
+
+def test_weighted_rmsd_matches_qcprot(ca_frames):
+    frames, masses = ca_frames
+    np.testing.assert_allclose(kernels.qcp_rmsd(frames, frames[3], masses),
+                               mda_rmsd(frames, frames[3], masses), atol=1e-5)
+
+
+def test_rmsd_edge_cases(ca_frames):
+    frames, _ = ca_frames
+    ref = frames[0].astype(np.float64)
+    # identical frames, and a rigidly rotated + translated copy: zero
+    rot = np.array([[0.0, -1, 0], [1, 0, 0], [0, 0, 1]])
+    moved = ref @ rot.T + [5.0, -3.0, 2.0]
+    out = kernels.qcp_rmsd(np.stack([ref, ref, moved]), ref)
+    np.testing.assert_allclose(out, 0.0, atol=1e-5)
+    # near-identical: tiny noise
+    noisy = ref + np.random.default_rng(1).normal(scale=1e-3, size=ref.shape)
+    np.testing.assert_allclose(kernels.qcp_rmsd(noisy[None], ref), mda_rmsd(noisy[None], ref), atol=1e-5)
+    # reflected structure: proper rotations only, as qcprot
+    mirrored = ref * [-1.0, 1.0, 1.0]
+    got = kernels.qcp_rmsd(mirrored[None], ref)
+    np.testing.assert_allclose(got, mda_rmsd(mirrored[None], ref), atol=1e-5)
+    assert got[0] > 1.0
+    # one frame, float32 input, one atom
+    np.testing.assert_allclose(kernels.qcp_rmsd(frames[7:8], frames[0]),
+                               mda_rmsd(frames[7:8], frames[0]), atol=1e-5)
+    assert kernels.qcp_rmsd(frames[:, :1], frames[0, :1]).max() < 1e-6
+    assert kernels.qcp_rmsd(frames[:0], frames[0]).shape == (0,)
+
+
+def test_rmsd_rejects_bad_shapes(ca_frames):
+    frames, _ = ca_frames
+    with pytest.raises(ValueError, match="n_atoms >= 1"):
+        kernels.qcp_rmsd(frames[:, :0], frames[0, :0])
+    with pytest.raises(ValueError, match="atoms"):
+        kernels.qcp_rmsd(frames[:, :10], frames[0])
+
+
+def test_chunked_equals_one_chunk(ca_frames):
+    frames, _ = ca_frames
+    whole = kernels.qcp_rmsd(frames, frames[0])
+    pieces = np.concatenate([kernels.qcp_rmsd(frames[i:i + 7], frames[0]) for i in range(0, len(frames), 7)])
+    np.testing.assert_allclose(whole, pieces, rtol=0, atol=1e-12)
+
+
+def _random_quads(n_atoms, n, seed=0):
+    rng = np.random.default_rng(seed)
+    return np.array([rng.choice(n_atoms, 4, replace=False) for _ in range(n)])
+
+
+def test_dihedrals_match_calc_dihedrals_without_box(adk):
+    u = mda.Universe(*adk)
+    x = u.trajectory.timeseries(order="fac")[:20]
+    quads = _random_quads(len(u.atoms), 300)
+    cos, sin = kernels.dihedral_cos_sin(x, quads)
+    for f in range(len(x)):
+        ang = calc_dihedrals(*(x[f][quads[:, i]] for i in range(4)))
+        np.testing.assert_allclose(cos[f], np.cos(ang), atol=1e-6)
+        np.testing.assert_allclose(sin[f], np.sin(ang), atol=1e-6)
+
+
+@pytest.mark.parametrize("box", [[30.0, 40.0, 50.0, 90.0, 90.0, 90.0],
+                                 [30.0, 30.0, 30.0, 60.0, 60.0, 90.0]])
+def test_dihedrals_follow_minimum_image(box):
+    """Atoms scattered through a cell: bonds cross it, so the minimum image matters."""
+    rng = np.random.default_rng(2)
+    x = rng.uniform(0, 30, size=(3, 200, 3)).astype(np.float32)
+    quads = _random_quads(200, 100, seed=3)
+    boxes = np.array([box] * 3, dtype=np.float32)
+    cos, sin = kernels.dihedral_cos_sin(x, quads, boxes)
+    for f in range(3):
+        ang = calc_dihedrals(*(x[f][quads[:, i]] for i in range(4)), box=boxes[f])
+        # MDAnalysis wraps triclinic positions in float32 first: agree to its precision
+        np.testing.assert_allclose(cos[f], np.cos(ang), atol=2e-5)
+        np.testing.assert_allclose(sin[f], np.sin(ang), atol=2e-5)
+
+
+def test_features_layout():
+    c1, s1, c2, s2 = (np.full((2, 3), v) for v in (1.0, 2.0, 3.0, 4.0))
+    f = kernels.interleave_features(c1, s1, c2, s2)
+    assert f.shape == (2, 12)
+    np.testing.assert_array_equal(f[0, :4], [1, 2, 3, 4])

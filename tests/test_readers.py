@@ -1,0 +1,70 @@
+"""Block readers give what MDAnalysis gives, chunk by chunk, with bounded memory."""
+import numpy as np
+import pytest
+import MDAnalysis as mda
+
+from trajflow.tasks.h5md import H5MDWriter
+from trajflow.tasks.readers import H5MDChunkReader, UniverseBlockReader, open_universe
+
+
+def mda_frames(top, trajs, idx, start, stop):
+    u = mda.Universe(top, trajs[0] if len(trajs) == 1 else trajs)
+    out = [(u.trajectory.time, ts.positions[idx].copy()) for ts in u.trajectory[start:stop]]
+    return np.array([t for t, _ in out]), np.array([x for _, x in out])
+
+
+def collect(reader, start, stop, chunk):
+    chunks = list(reader.chunks(start, stop, chunk))
+    assert all(len(c.frames) <= chunk for c in chunks)
+    return (np.concatenate([c.frames for c in chunks]), np.concatenate([c.times for c in chunks]),
+            np.concatenate([c.coords for c in chunks]))
+
+
+@pytest.mark.parametrize("fmt", ["dcd", "xtc", "chain"])
+def test_universe_reader_matches_mdanalysis(adk, adk_xtc, fmt):
+    top = adk[0]
+    trajs = {"dcd": [adk[1]], "xtc": [adk_xtc[1]], "chain": [adk[1], adk_xtc[1]]}[fmt]
+    u = open_universe(top, trajs)
+    idx = u.select_atoms("name CA").indices
+    reader = UniverseBlockReader(u, idx)
+    start, stop = (90, 110) if fmt == "chain" else (5, 60)
+    frames, times, coords = collect(reader, start, stop, 7)
+    ref_t, ref_x = mda_frames(top, trajs, idx, start, stop)
+    np.testing.assert_array_equal(frames, np.arange(start, stop))
+    np.testing.assert_allclose(times, ref_t, rtol=0, atol=1e-9)
+    np.testing.assert_array_equal(coords, ref_x)
+
+
+def test_h5md_reader_matches_mdanalysis(adk, tmp_path):
+    top, dcd = adk
+    u = mda.Universe(top, dcd)
+    x = u.trajectory.timeseries(order="fac")
+    path = str(tmp_path / "a.h5md")
+    w = H5MDWriter(path, x.shape[1], len(x), compression="gzip:1")
+    w.write(np.arange(len(x)) * 2.0, x)
+    w.close()
+    idx = u.select_atoms("name CA").indices
+    frames, times, coords = collect(H5MDChunkReader(path, idx), 10, 50, 16)
+    ref_t, ref_x = mda_frames(top, [path], idx, 10, 50)  # MDAnalysis' own H5MD reader
+    np.testing.assert_allclose(times, ref_t)
+    np.testing.assert_allclose(coords, ref_x, atol=1e-5)
+    np.testing.assert_array_equal(coords, x[10:50][:, idx])
+
+
+def test_memory_is_bounded_by_the_chunk(adk, tmp_path):
+    """A long trajectory (AdK x20, 1960 frames, all atoms) read 32 frames at a time."""
+    top, dcd = adk
+    u = mda.Universe(top, dcd)
+    x = u.trajectory.timeseries(order="fac")
+    path = str(tmp_path / "long.h5md")
+    w = H5MDWriter(path, x.shape[1], 20 * len(x))
+    for c in range(20):
+        w.write((np.arange(len(x)) + c * len(x)) * 1.0, x)
+    w.close()
+    idx = np.arange(x.shape[1])
+    largest, n = 0, 0
+    for chunk in H5MDChunkReader(path, idx).chunks(0, 20 * len(x), 32):
+        largest = max(largest, chunk.coords.nbytes)
+        n += len(chunk.frames)
+    assert n == 20 * len(x)
+    assert largest == 32 * x.shape[1] * 3 * 4  # never more than one chunk of coordinates

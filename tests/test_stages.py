@@ -1,0 +1,71 @@
+"""The task programs, run as the pilot runs them (python -m ..., mpiexec -n N), without EnTK.
+
+For every io x mode x gather and N in {1, 2, 3}: rmsd within 1e-4 Å of
+MDAnalysis' rms.RMSD and dihedral features within 1e-6 of cos/sin of its
+Ramachandran angles, on the AdK DCD and on an XTC made from it.
+"""
+import itertools
+
+import h5py
+import numpy as np
+import pytest
+
+from stages import plan_and_run
+
+STRATEGIES = [("shared", "mpi", "gatherv"), ("shared", "mpi", "rma"), ("shared", "tasks", "gatherv"),
+              ("split", "mpi", "gatherv"), ("split", "mpi", "rma"), ("split", "tasks", "gatherv"),
+              ("h5md", "mpi", "gatherv"), ("h5md", "mpi", "rma"), ("h5md", "tasks", "gatherv")]
+TOLERANCE = {"rmsd": 1e-4, "features": 1e-6}
+
+
+def check_result(path, expected, analysis, n_blocks, io, mode):
+    key = "rmsd" if analysis == "rmsd" else "features"
+    with h5py.File(path, "r") as f:
+        np.testing.assert_array_equal(f["frame"][()], expected["frame"])
+        np.testing.assert_allclose(f["time"][()], expected["time"], rtol=1e-6, atol=1e-6)
+        got = f[key][()]
+        assert got.shape == expected[key].shape
+        np.testing.assert_allclose(got, expected[key], rtol=0, atol=TOLERANCE[key])
+        assert f.attrs["n_blocks"] == n_blocks and f.attrs["io"] == io and f.attrs["mode"] == mode
+        assert f.attrs["analysis"] == analysis
+
+
+@pytest.mark.parametrize("fmt", ["dcd", "xtc"])
+@pytest.mark.parametrize("analysis", ["rmsd", "dihedrals"])
+@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("io,mode,gather", STRATEGIES)
+def test_result_equals_mdanalysis(tmp_path, adk, adk_xtc, reference_results,
+                                  io, mode, gather, n, analysis, fmt):
+    top, traj = adk if fmt == "dcd" else adk_xtc
+    path, _ = plan_and_run(tmp_path / "run", top, [traj], analysis, io=io, mode=mode,
+                           gather=gather, blocks=n, cpus=n, chunk_frames=16)
+    check_result(path, reference_results(top, [traj], analysis), analysis, n, io, mode)
+
+
+@pytest.mark.parametrize("io", ["shared", "split", "h5md"])
+def test_several_files_are_one_trajectory(tmp_path, adk, adk_xtc, reference_results, io):
+    """DCD then XTC: one continuous trajectory with MDAnalysis' ChainReader frame/time semantics."""
+    top = adk[0]
+    trajs = [adk[1], adk_xtc[1]]
+    path, plan = plan_and_run(tmp_path / "run", top, trajs, "rmsd", io=io, mode="mpi",
+                              blocks=3, cpus=3, chunk_frames=32)
+    assert plan.n_frames == 196
+    check_result(path, reference_results(top, trajs, "rmsd"), "rmsd", 3, io, "mpi")
+
+
+def test_repeat_multiplies_compute_not_the_result(tmp_path, adk, reference_results):
+    path, _ = plan_and_run(tmp_path / "run", adk[0], [adk[1]], "rmsd", mode="tasks", blocks=2, cpus=2, repeat=5)
+    check_result(path, reference_results(adk[0], [adk[1]], "rmsd"), "rmsd", 2, "shared", "tasks")
+    with h5py.File(path) as f:
+        assert f.attrs["repeat"] == 5
+
+
+def test_h5md_split_is_chunked_one_frame_and_compressed(tmp_path, adk):
+    _, plan = plan_and_run(tmp_path / "run", adk[0], [adk[1]], "rmsd", io="h5md", mode="mpi", blocks=2,
+                           cpus=2, compression="gzip:3")
+    with h5py.File(plan.h5md_path()) as f:
+        value = f["particles/trajectory/position/value"]
+        assert value.chunks == (1, 3341, 3)
+        assert value.compression == "gzip" and value.compression_opts == 3
+        assert np.all(np.diff(f["particles/trajectory/position/step"][()]) == 1)
+        assert np.all(np.diff(f["particles/trajectory/position/time"][()]) > 0)
