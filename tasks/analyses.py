@@ -99,15 +99,19 @@ class Dihedrals(BlockAnalysis):
         ag = self.u.select_atoms(self.selection)
         if len(ag) == 0:
             raise ValueError(f"selection {self.selection!r} matches no atoms")
+        no_angles = (f"selection {self.selection!r} has no residue with both phi and psi "
+                     "(it needs protein residues that are not chain termini, with backbone "
+                     "atoms C, N and CA)")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             # MDAnalysis' own residue logic, so the angles are exactly its Ramachandran's
-            rama = Ramachandran(ag)
+            try:
+                rama = Ramachandran(ag)
+            except (TypeError, ValueError) as exc:  # it fails outright when none is left
+                raise ValueError(f"{no_angles}: {exc}") from None
         groups = [rama.ag1, rama.ag2, rama.ag3, rama.ag4, rama.ag5]
         if len(rama.ag2) == 0:
-            raise ValueError(f"selection {self.selection!r} has no residue with both "
-                             "phi and psi (needs protein backbone atoms C, N, CA and "
-                             "neighbouring residues)")
+            raise ValueError(no_angles)
         self.residues = rama.ag3.resids
         indices = np.unique(np.concatenate([g.indices for g in groups]))
         local = [np.searchsorted(indices, g.indices) for g in groups]

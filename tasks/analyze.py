@@ -20,7 +20,7 @@ from . import faults
 from .analyses import ANALYSIS_CLASSES
 from .parts import write_part
 from .plan import RunPlan, decode_path_arg
-from .readers import H5MDChunkReader, UniverseBlockReader, open_universe
+from .readers import H5MDChunkReader, UniverseBlockReader, open_topology, open_universe
 from .timing import RankTimer
 
 
@@ -49,9 +49,7 @@ def open_block_source(plan, analysis_cls, block, timer):
                                      frame_offset=b_start, times=times)
         return analysis, source, 0, b_stop - b_start, None
     if plan.io == "h5md":
-        import MDAnalysis as mda
-        with timer.phase("open_topology"):
-            u = mda.Universe(plan.topology)
+        u = open_topology(plan.topology, timer)
         analysis = analysis_cls(u, plan.selection, plan.repeat)
         with timer.phase("open_trajectory"):
             source = H5MDChunkReader(plan.h5md_path(), analysis.atom_indices, analysis.need_boxes)

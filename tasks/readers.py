@@ -44,6 +44,23 @@ def open_universe(topology, trajectories, timer=None):
     return u
 
 
+def open_topology(topology, timer):
+    """A Universe of the topology alone, for strategies that read coordinates with h5py.
+
+    A topology without coordinates (PSF) gets a one-frame in-memory placeholder,
+    because MDAnalysis' analysis set-up (Ramachandran) expects a trajectory.
+    """
+    import warnings
+    import MDAnalysis as mda
+    from MDAnalysis.coordinates.memory import MemoryReader
+    warnings.filterwarnings("ignore", module="MDAnalysis")
+    with timer.phase("open_topology"):
+        u = mda.Universe(topology)
+        if not hasattr(u, "trajectory"):
+            u.load_new(np.zeros((1, len(u.atoms), 3), dtype=np.float32), format=MemoryReader)
+    return u
+
+
 class UniverseBlockReader:
     """Chunks of a Universe's trajectory, one sub-reader at a time for chained files."""
 

@@ -44,7 +44,7 @@ BAD = [
     (dict(analysis="rmsd", trajectory="/nonexistent.dcd"), "does not exist"),
     (dict(analysis="rmsd", select="resname NOPE"), "matches no atoms"),
     (dict(analysis="dihedrals", select="resname TIP3 or name OH2"), "no atoms"),
-    (dict(analysis="dihedrals", select="name CA"), "phi and psi"),
+    (dict(analysis="dihedrals", select="resid 1"), "phi and psi"),
     (dict(analysis="rmsd", blocks="0"), "at least 1 block"),
     (dict(analysis="rmsd", blocks="99", mode="tasks"), "at most 98"),
     (dict(analysis="rmsd", blocks="3", cpus="2"), "do not fit"),

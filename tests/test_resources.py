@@ -7,7 +7,7 @@ import sys
 
 def _load_in_fresh_process(home, resource="local.localhost"):
     code = ("import json, os; from trajflow.workflows import resources as r; "
-            "r.activate_configs(); c = r.resource_config(%r); "
+            "r.activate_configs(); c = r.resource_config(%r).as_dict(); "
             "print(json.dumps({'lm': c['launch_methods'], 'cpn': c['cores_per_node'], "
             "'known': r.known_resources()}))" % resource)
     env = {**os.environ, "HOME": str(home)}

@@ -3,6 +3,7 @@
 Exit codes: 0 every task DONE and result.h5 complete; 1 a task failed or a
 result is missing; 2 bad input (nothing was started or written); 130 Ctrl-C.
 """
+import radical.utils  # noqa: F401  radical before logging, or fork() may deadlock (its own warning)
 import argparse
 import os
 import sys

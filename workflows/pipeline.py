@@ -30,14 +30,14 @@ def stage_specs(plan: RunPlan, plan_path: str) -> Dict[str, List[TaskSpec]]:
     if plan.io == "split" and plan.mode == "mpi":
         split = [TaskSpec("split", "trajflow.tasks.split", p + ["--mpi"], ranks=n, mpi=True)]
     elif plan.io == "split":
-        split = [TaskSpec(f"split.block_{b:05d}", "trajflow.tasks.split", p + ["--block", str(b)])
+        split = [TaskSpec(f"split.b{b:05d}", "trajflow.tasks.split", p + ["--block", str(b)])
                  for b in range(n)]
     else:
         split = [TaskSpec(f"split.{plan.io}", "trajflow.tasks.split", p)]
     if plan.mode == "mpi":
         analyze = [TaskSpec("analyze", "trajflow.tasks.analyze", p, ranks=n, mpi=True)]
     else:
-        analyze = [TaskSpec(f"analyze.block_{b:05d}", "trajflow.tasks.analyze", p + ["--block", str(b)])
+        analyze = [TaskSpec(f"analyze.b{b:05d}", "trajflow.tasks.analyze", p + ["--block", str(b)])
                    for b in range(n)]
     reduce = [TaskSpec("reduce", "trajflow.tasks.reduce", p)]
     return {"split": split, "analyze": analyze, "reduce": reduce}
@@ -48,18 +48,23 @@ def task_environment() -> Dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith("TRAJFLOW_TEST_")}
 
 
+def entk_name(text: str) -> str:
+    """EnTK accepts only letters, digits and '.' in names."""
+    return "".join(c if c.isascii() and (c.isalnum() or c == ".") else "." for c in text) or "run"
+
+
 def build_pipeline(plan: RunPlan, plan_path: str, python: str, name: str):
     """One EnTK Pipeline for one run."""
     import radical.entk as re
     pipeline = re.Pipeline()
-    pipeline.name = name
+    pipeline.name = entk_name(name)
     env = task_environment()
     for stage_name, specs in stage_specs(plan, plan_path).items():
         stage = re.Stage()
         stage.name = stage_name
         for spec in specs:
             task = re.Task()
-            task.name = spec.name
+            task.name = entk_name(spec.name)
             task.executable = python
             task.arguments = ["-m", spec.module] + spec.args
             task.environment = dict(env)
