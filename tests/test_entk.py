@@ -64,6 +64,8 @@ def test_failed_task_is_reported_and_no_result_is_published(session):
     assert not report.ok
     failed = [o for o in report.failed if o.pipeline == "doomed"]
     assert failed and failed[0].stage == "split" and failed[0].state == "FAILED"
+    assert failed[0].attempt == 2  # retried once, as asked, then given up
+    assert report.stopped["doomed"] == "split"
     assert failed[0].exit_code not in (None, 0)
     assert "doomed.psf" in failed[0].stderr_tail  # the real cause, from the task's stderr
     assert report.results["doomed"] is None

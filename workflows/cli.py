@@ -57,6 +57,8 @@ def add_resource_options(p):
                    help="cores of the pilot (default: 2)")
     p.add_argument("--queue", default=None, metavar="Q", help="batch queue (default: the resource's)")
     p.add_argument("--project", default=None, metavar="P", help="allocation to charge (default: none)")
+    p.add_argument("--retries", type=int, default=1, metavar="R",
+                   help="run a failed task again up to R times before the run fails (default: 1)")
 
 
 def build_parser():
@@ -85,6 +87,8 @@ def _validate_resource(args):
         raise InputError(f"--walltime {args.walltime}: give the pilot's walltime in minutes, > 0")
     if args.cpus < 1:
         raise InputError(f"--cpus {args.cpus}: ask for at least 1 cpu")
+    if args.retries < 0:
+        raise InputError(f"--retries {args.retries}: give 0 or more")
     from . import resources
     try:
         resources.check_resource(args.resource)
@@ -93,8 +97,15 @@ def _validate_resource(args):
 
 
 def _report(report, runs):
+    for o in report.retried:
+        print(f"retried: {o.pipeline}/{o.stage}/{o.name} failed on attempt {o.attempt} "
+              f"(exit code {o.exit_code}) and was run again", file=sys.stderr)
     for o in report.failed:
         print(o.describe(), file=sys.stderr)
+    for name, stage in report.stopped.items():
+        if stage:
+            print(f"{name}: stopped after the {stage} stage failed; later stages did not run",
+                  file=sys.stderr)
     for name, plan, _ in runs:
         path = report.results.get(name)
         status = f"result: {path}" if path else "NO RESULT (the run did not complete)"
@@ -113,7 +124,8 @@ def cmd_run(args):
     plan_path = write_plan(plan)
     from .execute import run_plans
     runs = [(os.path.basename(plan.workdir) or "run", plan, plan_path)]
-    report = run_plans(runs, args.resource, args.walltime, args.cpus, args.queue, args.project)
+    report = run_plans(runs, args.resource, args.walltime, args.cpus, args.queue, args.project,
+                       retries=args.retries)
     return _report(report, runs)
 
 
@@ -132,7 +144,7 @@ def cmd_demo(args):
     from .execute import run_plans
     print(f"running rmsd and dihedrals on {args.resource} with {args.cpus} MPI ranks ...")
     report = run_plans(runs, args.resource, args.walltime, args.cpus, args.queue, args.project,
-                       session_root=out)
+                       session_root=out, retries=args.retries)
     return _report(report, runs)
 
 

@@ -14,13 +14,14 @@ from typing import List
 
 from trajflow.tasks.plan import RunPlan
 from . import resources
-from .pipeline import build_pipeline
+from .pipeline import RunPipeline
 
 
 @dataclasses.dataclass
 class TaskOutcome:
     pipeline: str
-    stage: str
+    stage: str        # split, analyze or reduce
+    attempt: int
     name: str
     state: str
     exit_code: object
@@ -28,7 +29,8 @@ class TaskOutcome:
     stderr_tail: str
 
     def describe(self) -> str:
-        lines = [f"task {self.pipeline}/{self.stage}/{self.name} ended {self.state}"
+        lines = [f"task {self.pipeline}/{self.stage}/{self.name} (attempt {self.attempt}) "
+                 f"ended {self.state}"
                  + (f" with exit code {self.exit_code}" if self.exit_code is not None else "")]
         if self.sandbox:
             lines.append(f"  sandbox: {self.sandbox}")
@@ -45,13 +47,23 @@ class RunReport:
     session_dir: str
     wall_s: float
 
+    stopped: dict = dataclasses.field(default_factory=dict)  # run name -> stage it stopped at
+
     @property
     def failed(self):
-        return [o for o in self.outcomes if o.state != "DONE"]
+        """Tasks whose last attempt did not end DONE."""
+        last = {}
+        for o in self.outcomes:
+            last[(o.pipeline, o.stage, o.name)] = o
+        return [o for o in last.values() if o.state != "DONE"]
+
+    @property
+    def retried(self):
+        return [o for o in self.outcomes if o.state != "DONE" and o not in self.failed]
 
     @property
     def ok(self):
-        return not self.failed and all(self.results.values())
+        return not self.failed and not any(self.stopped.values()) and all(self.results.values())
 
 
 @contextlib.contextmanager
@@ -80,8 +92,12 @@ def _exit_code(task):
     return int(m.group(1)) if m else None
 
 
-def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_root=None):
-    """Run [(name, plan, plan_path)] as pipelines on one pilot; return a RunReport."""
+def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_root=None,
+              retries=1):
+    """Run [(name, plan, plan_path)] as pipelines on one pilot; return a RunReport.
+
+    A failed task is run again up to `retries` times before its run fails.
+    """
     import radical.entk as re
     t0 = time.time()
     session_root = os.path.abspath(session_root or runs[0][1].workdir)
@@ -91,23 +107,26 @@ def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_
     os.environ.setdefault("RADICAL_LOG_LVL", "WARNING")
     os.environ.setdefault("RADICAL_REPORT", "FALSE")
     python = resources.task_python(resource)
-    pipelines = {name: build_pipeline(plan, path, python, name) for name, plan, path in runs}
+    pipelines = {name: RunPipeline(plan, path, python, name, retries) for name, plan, path in runs}
     with _working_dir(session_root):
         appman = re.AppManager(autoterminate=True, base_path=session_root)
         appman.resource_desc = resources.resource_description(resource, walltime, cpus, queue, project)
-        appman.workflow = set(pipelines.values())
+        appman.workflow = set(p.pipeline for p in pipelines.values())
         appman.run()
         session_dir = os.path.join(session_root, appman.sid)
     outcomes = []
-    for name, pipe in pipelines.items():
-        for stage in pipe.stages:
+    for name, run in pipelines.items():
+        for stage in run.pipeline.stages:
+            stage_name, _, attempt = stage.name.partition(".attempt")
             for task in stage.tasks:
                 outcomes.append(TaskOutcome(
-                    pipeline=name, stage=stage.name, name=task.name, state=task.state,
+                    pipeline=name, stage=stage_name, attempt=int(attempt or 1),
+                    name=task.name, state=task.state,
                     exit_code=_exit_code(task), sandbox=task.path or "",
                     stderr_tail="" if task.state == "DONE" else _stderr_tail(task.path)))
     results = {}
     for name, plan, _ in runs:
         path = plan.result_path()
         results[name] = path if os.path.exists(path) else None
-    return RunReport(outcomes, results, session_dir, time.time() - t0)
+    stopped = {name: run.stopped_at for name, run in pipelines.items()}
+    return RunReport(outcomes, results, session_dir, time.time() - t0, stopped)

@@ -53,26 +53,62 @@ def entk_name(text: str) -> str:
     return "".join(c if c.isascii() and (c.isalnum() or c == ".") else "." for c in text) or "run"
 
 
-def build_pipeline(plan: RunPlan, plan_path: str, python: str, name: str):
-    """One EnTK Pipeline for one run."""
-    import radical.entk as re
-    pipeline = re.Pipeline()
-    pipeline.name = entk_name(name)
-    env = task_environment()
-    for stage_name, specs in stage_specs(plan, plan_path).items():
-        stage = re.Stage()
-        stage.name = stage_name
+class RunPipeline:
+    """One run's EnTK Pipeline, grown a stage at a time.
+
+    Only split is there at the start; each stage's post_exec (run by EnTK on
+    the client when the stage has ended) adds the next stage if every task
+    ended DONE, re-runs just the failed tasks while retries remain, and
+    otherwise adds nothing, so the pipeline stops there: no analyze after a
+    failed split, no reduce over missing parts.
+    """
+
+    ORDER = ("split", "analyze", "reduce")
+
+    def __init__(self, plan: RunPlan, plan_path: str, python: str, name: str, retries: int = 0):
+        import radical.entk as re
+        self.re = re
+        self.name = name
+        self.python = python
+        self.retries = retries
+        self.specs = stage_specs(plan, plan_path)
+        self.env = task_environment()
+        self.attempts = {}       # stage name -> attempts so far
+        self.stopped_at = None   # the stage that failed for good, if any
+        self.pipeline = re.Pipeline()
+        self.pipeline.name = entk_name(name)
+        self._add_stage("split", self.specs["split"])
+
+    def _add_stage(self, stage_name, specs):
+        self.attempts[stage_name] = self.attempts.get(stage_name, 0) + 1
+        stage = self.re.Stage()
+        stage.name = entk_name(f"{stage_name}.attempt{self.attempts[stage_name]}")
+        by_task_name = {}
         for spec in specs:
-            task = re.Task()
-            task.name = entk_name(spec.name)
-            task.executable = python
-            task.arguments = ["-m", spec.module] + spec.args
-            task.environment = dict(env)
-            task.cpu_reqs = {"cpu_processes": spec.ranks,
-                             "cpu_process_type": "MPI" if spec.mpi else None,
-                             "cpu_threads": 1, "cpu_thread_type": None}
-            # a failed task fails its pipeline: reduce never runs on partial parts
-            task.error_is_fatal = True
-            stage.add_tasks(task)
-        pipeline.add_stages(stage)
-    return pipeline
+            stage.add_tasks(self._task(spec))
+            by_task_name[entk_name(spec.name)] = spec
+        stage.post_exec = lambda: self._after(stage_name, stage, by_task_name)
+        self.pipeline.add_stages(stage)
+
+    def _task(self, spec: TaskSpec):
+        task = self.re.Task()
+        task.name = entk_name(spec.name)
+        task.executable = self.python
+        task.arguments = ["-m", spec.module] + spec.args
+        task.environment = dict(self.env)
+        task.cpu_reqs = {"cpu_processes": spec.ranks,
+                         "cpu_process_type": "MPI" if spec.mpi else None,
+                         "cpu_threads": 1, "cpu_thread_type": None}
+        return task
+
+    def _after(self, stage_name, stage, by_task_name):
+        failed = [by_task_name[t.name] for t in stage.tasks if t.state != "DONE"]
+        if failed and self.attempts[stage_name] <= self.retries:
+            self._add_stage(stage_name, failed)
+        elif failed:
+            self.stopped_at = stage_name
+        else:
+            following = self.ORDER.index(stage_name) + 1
+            if following < len(self.ORDER):
+                nxt = self.ORDER[following]
+                self._add_stage(nxt, self.specs[nxt])
