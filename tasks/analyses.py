@@ -114,15 +114,12 @@ class Dihedrals(BlockAnalysis):
             raise ValueError(no_angles)
         self.residues = rama.ag3.resids
         indices = np.unique(np.concatenate([g.indices for g in groups]))
-        local = [np.searchsorted(indices, g.indices) for g in groups]
-        self.phi = np.stack(local[0:4], axis=1)
-        self.psi = np.stack(local[1:5], axis=1)
+        # per residue: C(i-1), N, CA, C, N(i+1) as indices into the atoms read
+        self.chain = np.stack([np.searchsorted(indices, g.indices) for g in groups], axis=1)
         return indices
 
     def _process_chunk(self, chunk):
-        cos_phi, sin_phi = kernels.dihedral_cos_sin(chunk.coords, self.phi, chunk.boxes)
-        cos_psi, sin_psi = kernels.dihedral_cos_sin(chunk.coords, self.psi, chunk.boxes)
-        return {"features": kernels.interleave_features(cos_phi, sin_phi, cos_psi, sin_psi)}
+        return {"features": kernels.backbone_features(chunk.coords, self.chain, chunk.boxes)}
 
     def _conclude(self):
         return {"n_residues": int(len(self.residues)),

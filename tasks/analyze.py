@@ -24,7 +24,7 @@ from .readers import H5MDChunkReader, UniverseBlockReader, open_topology, open_u
 from .timing import RankTimer
 
 
-def open_block_source(plan, analysis_cls, block, timer):
+def open_block_source(plan, analysis_cls, block, timer, comm=None):
     """Open this block's data as the plan's io strategy says.
 
     Returns (analysis, source, start, stop, reference_source): frames
@@ -52,15 +52,17 @@ def open_block_source(plan, analysis_cls, block, timer):
         u = open_topology(plan.topology, timer)
         analysis = analysis_cls(u, plan.selection, plan.repeat)
         with timer.phase("open_trajectory"):
-            source = H5MDChunkReader(plan.h5md_path(), analysis.atom_indices, analysis.need_boxes)
+            source = H5MDChunkReader(plan.h5md_path(), analysis.atom_indices,
+                                     analysis.need_boxes, comm)
         return analysis, source, b_start, b_stop, source
     raise ValueError(f"unknown io strategy {plan.io!r}")
 
 
-def analyze_block(plan, block, timer):
+def analyze_block(plan, block, timer, comm=None):
     """Run the analysis over one block; returns (arrays, attrs)."""
     analysis_cls = ANALYSIS_CLASSES[plan.analysis]
-    analysis, source, start, stop, reference = open_block_source(plan, analysis_cls, block, timer)
+    analysis, source, start, stop, reference = open_block_source(plan, analysis_cls, block,
+                                                                 timer, comm)
     if reference is not None:
         analysis.prepare(reference)
     arrays = analysis.run_block(source, start, stop, plan.chunk_frames, timer, block=block)
@@ -91,7 +93,7 @@ def run_mpi_mode(plan):
                          f"start it with mpiexec -n {plan.n_blocks}")
     timer = RankTimer("analyze", rank=rank, size=size, block=rank, mode="mpi",
                       gather=plan.gather)
-    arrays, attrs = analyze_block(plan, rank, timer)
+    arrays, attrs = analyze_block(plan, rank, timer, comm)
     with timer.phase("wait"):  # the straggler signal of paper 001
         comm.Barrier()
     with timer.phase("comm"):

@@ -65,8 +65,13 @@ class H5MDWriter:
 class H5MDBlockReader:
     """Reads [start, stop) of chosen atoms from an H5MD file in chunks."""
 
-    def __init__(self, path, atom_indices):
-        self.file = h5py.File(path, "r")
+    def __init__(self, path, atom_indices, comm=None):
+        # With an MPI build of h5py, the ranks of an MPI task open the file
+        # together (driver mpio, paper 001); otherwise each opens it on its own.
+        if comm is not None and h5py.get_config().mpi:
+            self.file = h5py.File(path, "r", driver="mpio", comm=comm)
+        else:
+            self.file = h5py.File(path, "r")
         group = self.file["particles"][next(iter(self.file["particles"]))]
         pos = group["position"]
         self.value = pos["value"]

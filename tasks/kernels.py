@@ -125,28 +125,60 @@ def dihedral_cos_sin(chunk, quads, boxes=None):
 
     chunk: (n_frames, n_atoms, 3); quads: (n_dihedrals, 4) indices into the
     chunk's atom axis; boxes: (n_frames, 6) unit cells or None. Returns two
-    (n_frames, n_dihedrals) arrays. The angle is MDAnalysis' `calc_dihedrals`
-    convention; bond vectors follow the minimum image when a box is given,
-    as MDAnalysis does. cos/sin come straight from the two projections, so no
-    angle is ever formed.
+    (n_frames, n_dihedrals) arrays, in MDAnalysis' `calc_dihedrals` convention;
+    bond vectors follow the minimum image when a box is given, as there.
     """
-    x = np.asarray(chunk)
     quads = np.asarray(quads, dtype=np.intp)
-    # Differences in the input precision, then float64: MDAnalysis' C code
-    # does the same, which matters for molecules broken across the cell.
-    b1, b2, b3 = ((x[:, quads[:, i + 1]] - x[:, quads[:, i]]).astype(np.float64)
-                  for i in range(3))
-    if boxes is not None:
-        b1, b2, b3 = (minimum_image(b, boxes) for b in (b1, b2, b3))
-    n1 = np.cross(b1, b2)
-    n2 = np.cross(b2, b3)
-    # MDAnalysis: x = n1.n2, y = (n1 x n2).b2 / |b2|, angle = atan2(y, x)
-    xproj = np.einsum("fdi,fdi->fd", n1, n2)
-    yproj = np.einsum("fdi,fdi->fd", np.cross(n1, n2), b2) / np.linalg.norm(b2, axis=2)
-    norm = np.hypot(xproj, yproj)
+    b1, b2, b3 = _bonds(chunk, quads, boxes)
+    return _cos_sin(_cross(b1, b2), _cross(b2, b3), b2, b3)
+
+
+def backbone_features(chunk, chain, boxes=None):
+    """[cos φ, sin φ, cos ψ, sin ψ] per residue for every frame of a chunk.
+
+    chain: (n_residues, 5) indices of C(i-1), N, CA, C, N(i+1). φ and ψ share
+    two of their three bonds and one plane normal, so each is computed once.
+    Returns (n_frames, 4 * n_residues).
+    """
+    b0, b1, b2, b3 = _bonds(chunk, np.asarray(chain, dtype=np.intp), boxes)
+    n1, n2, n3 = _cross(b0, b1), _cross(b1, b2), _cross(b2, b3)
+    cos_phi, sin_phi = _cos_sin(n1, n2, b1, b2)
+    cos_psi, sin_psi = _cos_sin(n2, n3, b2, b3)
+    return interleave_features(cos_phi, sin_phi, cos_psi, sin_psi)
+
+
+def _bonds(chunk, chain, boxes):
+    """Bond vectors between consecutive atoms of each row of `chain`, as
+    coordinate-major float64 arrays (3, n_frames, n_rows) so that every
+    later step works on long contiguous rows. The differences are taken in
+    the input precision first, as MDAnalysis' C code does (it matters for
+    molecules broken across the cell)."""
+    x = np.asarray(chunk)
+    bonds = []
+    for k in range(chain.shape[1] - 1):
+        d = x[:, chain[:, k + 1]] - x[:, chain[:, k]]
+        if boxes is not None:
+            d = minimum_image(d, boxes)
+        bonds.append(np.ascontiguousarray(d.transpose(2, 0, 1), dtype=np.float64))
+    return bonds
+
+
+def _cross(a, b):
+    return np.stack([a[1] * b[2] - a[2] * b[1],
+                     a[2] * b[0] - a[0] * b[2],
+                     a[0] * b[1] - a[1] * b[0]])
+
+
+def _cos_sin(n1, n2, b_mid, b_next):
+    """Dihedral from plane normals n1 = b1 x b2, n2 = b2 x b3: MDAnalysis takes
+    atan2((n1 x n2).b2 / |b2|, n1.n2); (n1 x n2) = b2 (n1.b3), so the y term
+    is |b2| (n1.b3). cos and sin come from the two projections directly."""
+    x = np.einsum("ifr,ifr->fr", n1, n2)
+    y = np.sqrt(np.einsum("ifr,ifr->fr", b_mid, b_mid)) * np.einsum("ifr,ifr->fr", n1, b_next)
+    norm = np.hypot(x, y)
     with np.errstate(invalid="ignore", divide="ignore"):
-        cos = np.where(norm > 0, xproj / norm, 1.0)
-        sin = np.where(norm > 0, yproj / norm, 0.0)
+        cos = np.where(norm > 0, x / norm, 1.0)
+        sin = np.where(norm > 0, y / norm, 0.0)
     return cos, sin
 
 
@@ -164,8 +196,10 @@ def minimum_image(vectors, boxes):
     Frames without a cell (lengths all zero) are left alone.
     """
     boxes = np.asarray(boxes, dtype=np.float64)
-    out = np.array(vectors, dtype=np.float64, copy=True)
     has_box = np.all(boxes[:, :3] > 0, axis=1)
+    if not has_box.any():
+        return vectors
+    out = np.array(vectors, dtype=np.float64, copy=True)
     ortho = has_box & np.all(boxes[:, 3:] == 90.0, axis=1)
     if ortho.any():
         l = boxes[ortho][:, None, :3]

@@ -138,8 +138,8 @@ class UniverseBlockReader:
 class H5MDChunkReader:
     """Chunks of an H5MD file through h5py."""
 
-    def __init__(self, path, atom_indices, need_boxes=False):
-        self.h5 = H5MDBlockReader(path, atom_indices)
+    def __init__(self, path, atom_indices, need_boxes=False, comm=None):
+        self.h5 = H5MDBlockReader(path, atom_indices, comm)
         self.need_boxes = need_boxes
 
     @property

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from trajflow.workflows.pipeline import stage_specs
+from trajflow.workflows.pipeline import stage_specs, task_environment
 from trajflow.workflows.planning import make_plan, write_plan
 
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
@@ -17,7 +17,7 @@ def run_spec(spec, env=None, timeout=300):
     argv = spec.argv(sys.executable)
     if spec.mpi:
         argv = [MPIEXEC, "-n", str(spec.ranks)] + argv
-    return subprocess.run(argv, env={**os.environ, **(env or {})}, capture_output=True,
+    return subprocess.run(argv, env={**os.environ, **task_environment(), **(env or {})}, capture_output=True,
                           text=True, timeout=timeout)
 
 

@@ -44,8 +44,12 @@ def stage_specs(plan: RunPlan, plan_path: str) -> Dict[str, List[TaskSpec]]:
 
 
 def task_environment() -> Dict[str, str]:
-    """Variables the tasks must see: the documented testing hooks, if set."""
-    return {k: v for k, v in os.environ.items() if k.startswith("TRAJFLOW_TEST_")}
+    """Variables the tasks must see: one BLAS/OpenMP thread per rank (a rank is
+    given one core; more threads would fight the other ranks for it), and the
+    documented testing hooks, if set."""
+    env = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env.update({k: v for k, v in os.environ.items() if k.startswith("TRAJFLOW_TEST_")})
+    return env
 
 
 def entk_name(text: str) -> str:

@@ -1,0 +1,215 @@
+"""`trajflow bench`: our kernels and readers against the baselines, side by side, in one run.
+
+Every number is microseconds per frame (or seconds where named), measured in
+this process on the same data one after another, best of `repeats` runs, so
+that ratios are fair on a noisy machine. Baselines: MDAnalysis' own classes,
+the papers' per-frame loops (paper 000, Appendix B), and mdtraj's SSE QCP
+(the fastest RMSD known; an optional, benchmark-only dependency).
+"""
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import warnings
+
+import numpy as np
+
+from trajflow.tasks import kernels
+from trajflow.tasks.analyses import Dihedrals, RMSD
+from trajflow.tasks.readers import H5MDChunkReader, UniverseBlockReader, open_universe
+from .datasets import adk_concatenated
+
+
+def best_of(fn, repeats):
+    """Smallest wall time of `repeats` calls of fn() (the least disturbed run)."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def per_frame_us(seconds, n_frames):
+    return seconds / n_frames * 1e6
+
+
+def _ours_e2e(reader, analysis, n_frames, chunk=256):
+    """Read + compute over the whole trajectory the way the analyze task does."""
+    out = []
+    for c in reader.chunks(0, n_frames, chunk):
+        out.append(analysis._process_chunk(c))
+    return out
+
+
+def bench_rmsd(top, paths, repeats, loop_frames):
+    import MDAnalysis as mda
+    from MDAnalysis.analysis import rms
+    r = {}
+    u = mda.Universe(top, paths["DCD"])
+    n = u.trajectory.n_frames
+    ca = u.select_atoms("name CA")
+    coords = u.trajectory.timeseries(atomgroup=ca, order="fac")
+    ref = coords[0].astype(np.float64)
+    r["ours_compute_us"] = per_frame_us(best_of(lambda: kernels.qcp_rmsd(coords, ref), repeats), n)
+    r["mdtraj_compute_us"] = _mdtraj_rmsd_us(coords, repeats)
+    sub = coords[:loop_frames]
+    r["mda_loop_compute_us"] = per_frame_us(best_of(lambda: [
+        rms.rmsd(x, ref, center=True, superposition=True) for x in sub], repeats), len(sub))
+
+    analysis = RMSD(u, "name CA")
+    analysis.reference = ref
+    dcd = UniverseBlockReader(u, analysis.atom_indices)
+    r["ours_e2e_dcd_us"] = per_frame_us(best_of(lambda: _ours_e2e(dcd, analysis, n), repeats), n)
+    r["mda_rmsd_run_dcd_us"] = per_frame_us(best_of(
+        lambda: rms.RMSD(u, select="name CA").run(), 1), n)
+    r["mda_mp2_rmsd_run_dcd_us"] = per_frame_us(best_of(
+        lambda: rms.RMSD(u, select="name CA").run(backend="multiprocessing", n_workers=2), 1), n)
+
+    def seed_loop():  # paper 000, Appendix B.1, per frame
+        for ts in u.trajectory:
+            rms.rmsd(ca.positions, ref, center=True, superposition=True)
+    r["seed_loop_e2e_dcd_us"] = per_frame_us(best_of(seed_loop, 1), n)
+
+    ux = mda.Universe(top, paths["XTC"])
+    xtc = UniverseBlockReader(ux, analysis.atom_indices)
+    r["ours_e2e_xtc_us"] = per_frame_us(best_of(lambda: _ours_e2e(xtc, analysis, n), repeats), n)
+    h5 = H5MDChunkReader(paths["H5MD"], analysis.atom_indices)
+    r["ours_e2e_h5md_us"] = per_frame_us(best_of(lambda: _ours_e2e(h5, analysis, n), repeats), n)
+    uh = mda.Universe(top, paths["H5MD"])
+    cah = uh.select_atoms("name CA")
+    m = min(n, 20 * loop_frames)
+    r["mda_h5md_iter_us"] = per_frame_us(best_of(
+        lambda: [cah.positions for _ in uh.trajectory[:m]], 1), m)
+    return r
+
+
+def _mdtraj_rmsd_us(coords, repeats):
+    try:
+        import mdtraj as md
+    except ImportError:
+        return None
+    top = md.Topology()
+    chain = top.add_chain()
+    for _ in range(coords.shape[1]):
+        top.add_atom("CA", md.element.carbon, top.add_residue("ALA", chain))
+    traj = md.Trajectory(coords / 10.0, top)
+    traj.center_coordinates()
+    return per_frame_us(best_of(
+        lambda: md.rmsd(traj, traj, 0, precentered=True, parallel=False), repeats), len(coords))
+
+
+def bench_dihedrals(top, paths, repeats, loop_frames):
+    import MDAnalysis as mda
+    from MDAnalysis.lib.distances import calc_dihedrals
+    from itertools import chain as ichain
+    r = {}
+    u = mda.Universe(top, paths["DCD"])
+    n = u.trajectory.n_frames
+    analysis = Dihedrals(u, "protein")
+    coords = u.trajectory.timeseries(atomgroup=u.atoms[analysis.atom_indices], order="fac")
+    r["ours_compute_us"] = per_frame_us(best_of(
+        lambda: [kernels.backbone_features(coords[i:i + 256], analysis.chain)
+                 for i in range(0, n, 256)], repeats), n)
+    # the papers' featurisation: a Python loop over MDAnalysis Dihedral objects (Appendix B.3)
+    residues = u.select_atoms("protein").residues[1:-1]
+    dihedrals = list(ichain.from_iterable((res.phi_selection().dihedral, res.psi_selection().dihedral)
+                                         for res in residues))
+
+    def seed_loop():
+        for _ in u.trajectory[:loop_frames]:
+            x = np.deg2rad([d.value() for d in dihedrals])
+            np.ravel(np.transpose([np.cos(x), np.sin(x)]))
+    r["seed_loop_compute_us"] = per_frame_us(best_of(seed_loop, 1), loop_frames)
+    q = analysis.chain
+    full = coords[:loop_frames]
+
+    def mda_all_at_once():
+        for x in full:
+            phi = calc_dihedrals(x[q[:, 0]], x[q[:, 1]], x[q[:, 2]], x[q[:, 3]])
+            psi = calc_dihedrals(x[q[:, 1]], x[q[:, 2]], x[q[:, 3]], x[q[:, 4]])
+            np.stack([np.cos(phi), np.sin(phi), np.cos(psi), np.sin(psi)], axis=1).ravel()
+    r["mda_calc_dihedrals_compute_us"] = per_frame_us(best_of(mda_all_at_once, repeats), len(full))
+    dcd = UniverseBlockReader(u, analysis.atom_indices)
+    r["ours_e2e_dcd_us"] = per_frame_us(best_of(lambda: _ours_e2e(dcd, analysis, n), repeats), n)
+    return r
+
+
+def bench_parallel(top, dcd, workdir):
+    """The analyze stage alone under mpiexec -n 1 and -n 2: the slowest rank's t_total."""
+    from .planning import make_plan, write_plan
+    from .pipeline import stage_specs, task_environment
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    times = {}
+    for n in (1, 2):
+        plan = make_plan(top, [dcd], "rmsd", os.path.join(workdir, f"parallel_{n}"),
+                         mode="mpi", blocks=n, cpus=n)
+        plan_path = write_plan(plan)
+        spec = stage_specs(plan, plan_path)["analyze"][0]
+        subprocess.run([mpiexec, "-n", str(n)] + spec.argv(sys.executable), check=True,
+                       env={**os.environ, **task_environment()})
+        totals = []
+        for b in range(n):
+            with open(plan.profile_path(f"analyze.block_{b:05d}")) as fh:
+                totals.append(json.loads(fh.readline())["t_total"])
+        times[n] = max(totals)
+    return {"analyze_1rank_s": times[1], "analyze_2rank_s": times[2],
+            "efficiency_2": times[1] / (2 * times[2])}
+
+
+def run_bench(copies=100, repeats=3, loop_frames=200, workdir=None, with_parallel=True):
+    import MDAnalysis as mda
+    warnings.filterwarnings("ignore")
+    paths = {}
+    for fmt in ("DCD", "XTC", "H5MD"):
+        top, paths[fmt] = adk_concatenated(copies, fmt)
+    u = mda.Universe(top, paths["DCD"])
+    result = {"system": {"machine": platform.machine(), "python": platform.python_version(),
+                         "cpus": os.cpu_count(), "n_frames": int(u.trajectory.n_frames),
+                         "n_atoms": len(u.atoms), "n_ca": len(u.select_atoms("name CA")),
+                         "numpy": np.__version__, "MDAnalysis": mda.__version__,
+                         "repeats": repeats, "loop_frames": loop_frames}}
+    result["rmsd"] = bench_rmsd(top, paths, repeats, loop_frames)
+    result["dihedrals"] = bench_dihedrals(top, paths, repeats, loop_frames // 4)
+    if with_parallel:
+        import tempfile
+        with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+            result["parallel"] = bench_parallel(top, paths["DCD"], tmp)
+    return result
+
+
+def ratios(result):
+    """The comparisons the targets are stated in: (label, value, target text)."""
+    r, d = result["rmsd"], result["dihedrals"]
+    rows = []
+
+    def ratio(label, a, b, target):
+        if a is not None and b is not None and b > 0:
+            rows.append((label, a / b, target))
+    ratio("rmsd compute: ours / mdtraj", r["ours_compute_us"], r["mdtraj_compute_us"], "<= 1.5")
+    ratio("rmsd compute: MDAnalysis loop / ours", r["mda_loop_compute_us"], r["ours_compute_us"], ">= 30")
+    ratio("dihedral compute: papers' loop / ours", d["seed_loop_compute_us"], d["ours_compute_us"], ">= 1000")
+    ratio("rmsd e2e DCD: rms.RMSD.run / ours", r["mda_rmsd_run_dcd_us"], r["ours_e2e_dcd_us"], ">= 8")
+    ratio("rmsd e2e DCD: MDA 2-worker run / ours (1 rank)", r["mda_mp2_rmsd_run_dcd_us"],
+          r["ours_e2e_dcd_us"], "> 1")
+    ratio("rmsd e2e H5MD: MDA H5MD iteration / ours", r["mda_h5md_iter_us"], r["ours_e2e_h5md_us"], ">= 10")
+    return rows
+
+
+def format_table(result):
+    lines = [f"AdK x{result['system']['n_frames'] // 98}: {result['system']['n_frames']} frames, "
+             f"{result['system']['n_atoms']} atoms, {result['system']['n_ca']} CA"]
+    for section in ("rmsd", "dihedrals"):
+        lines.append(f"\n{section} (us per frame)")
+        for key, value in result[section].items():
+            lines.append(f"  {key:34s} {'n/a' if value is None else f'{value:12.2f}'}")
+    if "parallel" in result:
+        p = result["parallel"]
+        lines.append(f"\nanalyze stage (rmsd, DCD): 1 rank {p['analyze_1rank_s']:.3f} s, 2 ranks "
+                     f"{p['analyze_2rank_s']:.3f} s, efficiency {p['efficiency_2']:.2f} (target >= 0.85)")
+    lines.append("\nratios")
+    for label, value, target in ratios(result):
+        lines.append(f"  {label:50s} {value:10.2f}   target {target}")
+    return "\n".join(lines)
