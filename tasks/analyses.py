@@ -8,6 +8,7 @@ block loop in `run_block` is the one place where I/O and compute are timed.
 import warnings
 
 import numpy as np
+from MDAnalysis.analysis.dihedrals import Ramachandran
 
 from . import kernels, faults
 
@@ -95,7 +96,6 @@ class Dihedrals(BlockAnalysis):
     need_boxes = True
 
     def _setup(self):
-        from MDAnalysis.analysis.dihedrals import Ramachandran
         ag = self.u.select_atoms(self.selection)
         if len(ag) == 0:
             raise ValueError(f"selection {self.selection!r} matches no atoms")

