@@ -31,7 +31,8 @@ def open_block_source(plan, analysis_cls, block, timer, comm=None):
     [start, stop) of `source` are the block; `reference_source` holds frame 0.
     """
     b_start, b_stop = plan.blocks[block]
-    faults.delay(block, "open")
+    with timer.phase("open_topology"):
+        faults.delay(block, "open")
     if plan.io == "shared":
         u = open_universe(plan.topology, plan.trajectories, timer)
         analysis = analysis_cls(u, plan.selection, plan.repeat)
@@ -79,7 +80,9 @@ def part_attrs(plan, analysis_attrs, blocks):
 def run_tasks_mode(plan, block):
     timer = RankTimer("analyze", rank=0, size=1, block=block, mode="tasks")
     arrays, attrs = analyze_block(plan, block, timer)
-    with timer.phase("write"):
+    # tasks mode hands its block to reduce through a part file: its "gather"
+    with timer.phase("comm"):
+        faults.delay(block, "comm")
         write_part(plan.part_path(f"block_{block:05d}"), arrays, part_attrs(plan, attrs, [block]))
     timer.finish(plan.profile_path(f"analyze.block_{block:05d}"))
 
@@ -97,9 +100,9 @@ def run_mpi_mode(plan):
     with timer.phase("wait"):  # the straggler signal of paper 001
         comm.Barrier()
     with timer.phase("comm"):
-        faults.delay(rank, "comm")
         gather = gather_rma if plan.gather == "rma" else gather_gatherv
         gathered = {key: gather(comm, value, plan) for key, value in arrays.items()}
+        faults.delay(rank, "comm")  # after its data is out: only this rank is slowed
     if rank == 0:
         with timer.phase("write"):
             write_part(plan.part_path("mpi"), gathered,

@@ -50,6 +50,7 @@ class RankTimer:
     def record(self) -> dict:
         return {"task": self.task, "rank": self.rank, "size": self.size,
                 "host": socket.gethostname(), "pid": os.getpid(),
+                "rp_task_id": os.environ.get("RP_TASK_ID"),
                 "t_start": self.t_start, "t_stop": self.t_stop,
                 **self.info, **self.totals(),
                 "intervals": [list(iv) for iv in self.intervals]}

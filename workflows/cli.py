@@ -79,6 +79,18 @@ def build_parser():
     demo.add_argument("--copies", type=int, default=100, metavar="K",
                       help="how many times to concatenate AdK's 98 frames (default: 100)")
     add_resource_options(demo)
+    insp = sub.add_parser("inspect", help="phase table, stragglers and advice for finished runs",
+                          description="Read RUNDIR(s) alone (plan, per-rank records, RADICAL task "
+                                      "profiles) and print a phase table per task and rank, the "
+                                      "stragglers with the numbers behind them, and the papers' "
+                                      "advice; with several runs of one input, S(N) and E(N).")
+    insp.add_argument("rundirs", nargs="+", metavar="RUNDIR", help="one or more trajflow runs")
+    insp.add_argument("--html", default=None, metavar="FILE",
+                      help="write a self-contained offline HTML report (default: none)")
+    insp.add_argument("--json", default=None, metavar="FILE",
+                      help="write every record and flag as JSON (default: none)")
+    insp.add_argument("--csv", default=None, metavar="FILE",
+                      help="write every record and flag as CSV (default: none)")
     bench = sub.add_parser("bench", help="our kernels and readers against MDAnalysis, the papers' "
                                          "loops and mdtraj, side by side",
                            description="Measure, in one run on AdK concatenated K times (DCD, XTC "
@@ -125,8 +137,27 @@ def _report(report, runs):
         status = f"result: {path}" if path else "NO RESULT (the run did not complete)"
         print(f"{name}: {status}")
         print(f"{name}: profiles: {plan.path('profile')}")
+        _summarise(plan)
     print(f"RADICAL session: {report.session_dir}   wall time: {report.wall_s:.1f} s")
     return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def _summarise(plan):
+    """The short profile summary at the end of a run, and the HTML report beside the result."""
+    from .inspection import inspect_runs, straggler_lines
+    from .report_html import write_html
+    try:
+        report = inspect_runs([plan.workdir])
+        html_path = plan.path("report.html")
+        write_html(report, html_path, f"trajflow run {plan.workdir}")
+    except Exception as exc:  # the report must never hide the result
+        print(f"  (no profile summary: {exc})")
+        return
+    for line in straggler_lines(report["stragglers"], report["records"]):
+        print("  " + line)
+    for a in report["advice"].values():
+        print("  advice: " + a["text"])
+    print(f"  timeline and phases: {html_path}  (trajflow inspect {plan.workdir} for the table)")
 
 
 def cmd_run(args):
@@ -162,6 +193,27 @@ def cmd_demo(args):
     return _report(report, runs)
 
 
+def cmd_inspect(args):
+    from .inspection import inspect_runs, summary_text, write_csv, write_json
+    for d in args.rundirs:
+        if not os.path.exists(os.path.join(d, "plan.json")):
+            raise InputError(f"{d!r} is not a trajflow run (no plan.json): give a --out folder of "
+                             "trajflow run")
+    report = inspect_runs(args.rundirs)
+    print(summary_text(report))
+    if args.html:
+        from .report_html import write_html
+        write_html(report, args.html)
+        print(f"HTML report: {args.html}")
+    if args.json:
+        write_json(report, args.json)
+        print(f"JSON: {args.json}")
+    if args.csv:
+        write_csv(report, args.csv)
+        print(f"CSV: {args.csv}")
+    return EXIT_OK
+
+
 def cmd_bench(args):
     import json
     from .bench import format_table, run_bench
@@ -180,7 +232,8 @@ def cmd_bench(args):
 def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
-        return {"run": cmd_run, "demo": cmd_demo, "bench": cmd_bench}[args.command](args)
+        return {"run": cmd_run, "demo": cmd_demo, "bench": cmd_bench,
+                "inspect": cmd_inspect}[args.command](args)
     except InputError as exc:
         print(f"trajflow: error: {exc}", file=sys.stderr)
         return EXIT_INPUT

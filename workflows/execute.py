@@ -7,7 +7,9 @@ task, its exit code, where its sandbox is and the tail of its stderr.
 import contextlib
 import dataclasses
 import glob
+import json
 import os
+import shutil
 import re as regex
 import time
 from typing import List
@@ -92,6 +94,20 @@ def _exit_code(task):
     return int(m.group(1)) if m else None
 
 
+def keep_task_files(outcome, dest_root):
+    """Copy a task's RADICAL profile, stdout and stderr from the pilot sandbox
+    into RUNDIR/radical/, so that RUNDIR alone is enough to inspect the run."""
+    if not outcome.sandbox or not os.path.isdir(outcome.sandbox):
+        return
+    dest = os.path.join(dest_root, f"{outcome.stage}.{outcome.name}.attempt{outcome.attempt}")
+    os.makedirs(dest, exist_ok=True)
+    for path in glob.glob(os.path.join(outcome.sandbox, "*")):
+        if path.endswith((".prof", ".out", ".err")) and os.path.isfile(path):
+            shutil.copy2(path, dest)
+    with open(os.path.join(dest, "outcome.json"), "w", encoding="utf-8") as fh:
+        json.dump(dataclasses.asdict(outcome), fh, indent=1)
+
+
 def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_root=None,
               retries=1):
     """Run [(name, plan, plan_path)] as pipelines on one pilot; return a RunReport.
@@ -124,6 +140,9 @@ def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_
                     name=task.name, state=task.state,
                     exit_code=_exit_code(task), sandbox=task.path or "",
                     stderr_tail="" if task.state == "DONE" else _stderr_tail(task.path)))
+    plans = {name: plan for name, plan, _ in runs}
+    for o in outcomes:
+        keep_task_files(o, plans[o.pipeline].path("radical"))
     results = {}
     for name, plan, _ in runs:
         path = plan.result_path()

@@ -1,0 +1,109 @@
+"""Stragglers found and explained: the rule on known numbers, and injected delays in real runs."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from stages import plan_and_run
+from trajflow.workflows.inspection import find_stragglers, inspect_runs, summary_text
+
+TRAJFLOW = os.path.join(os.path.dirname(sys.executable), "trajflow")
+
+
+def rec(rank, io=0.1, compute=0.1, open_=0.05, wait=0.0, start=0.0, frames=100, mode="mpi"):
+    total = io + compute + open_ + wait
+    return {"run": "r", "task": "analyze", "io": "shared", "mode": mode, "rank": rank, "block": rank,
+            "host": "h", "frames": frames, "t_start": start, "t_stop": start + total,
+            "t_open_topology": open_, "t_open_trajectory": 0.0, "t_io": io, "t_compute": compute,
+            "t_wait": wait, "t_comm": 0.0, "t_write": 0.0, "t_convert": 0.0, "t_overhead": 0.0,
+            "t_launch": 0.0, "t_total": total, "t_work": total - wait}
+
+
+def test_rule_flags_the_slow_rank_and_names_the_phase():
+    records = [rec(0, wait=2.0), rec(1, wait=2.0), rec(2, io=2.1), rec(3, wait=2.0), rec(4, wait=2.0)]
+    flags = find_stragglers(records)
+    assert [f["rank"] for f in flags] == [2]
+    f = flags[0]
+    assert f["cause"] == "io"
+    assert f["median_s"] == pytest.approx(0.25)
+    assert f["excess_s"] == pytest.approx(2.0)
+    assert f["impact_s"] == pytest.approx(2.0)      # the others waited for it at the barrier
+    assert f["ratio_to_median"] == pytest.approx(2.25 / 0.25)
+
+
+def test_rule_keeps_quiet_on_noise_and_on_small_groups():
+    noisy = [rec(i, io=0.1 + 0.01 * i) for i in range(8)]
+    assert find_stragglers(noisy) == []
+    assert find_stragglers([rec(0), rec(1, io=5.0)]) == []  # two members: nothing to compare
+
+
+def test_rule_normalises_by_frames_and_says_mixed():
+    # one block twice as long does twice the work: not a straggler
+    records = [rec(i) for i in range(4)] + [rec(4, io=0.2, compute=0.2, open_=0.1, frames=200)]
+    assert find_stragglers(records) == []
+    # excess spread over io and compute: no phase holds half of it
+    records = [rec(i) for i in range(4)] + [rec(4, io=0.9, compute=0.9, open_=0.85)]
+    assert find_stragglers(records)[0]["cause"] == "mixed"
+
+
+def test_tasks_run_one_after_another_push_back_everything_after():
+    records = [rec(i, start=i * 0.3, mode="tasks") for i in range(4)]
+    records[1] = rec(1, start=0.3, compute=1.1, mode="tasks")
+    for r in records[2:]:
+        r["t_start"] += 1.0
+        r["t_stop"] += 1.0
+    [f] = find_stragglers(records)
+    assert f["block"] == 1 and f["cause"] == "compute" and f["impact_s"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("mode", ["mpi", "tasks"])
+@pytest.mark.parametrize("phase,cause", [("open", "open"), ("io", "io"), ("compute", "compute"),
+                                         ("comm", "comm")])
+def test_injected_delay_is_found_exactly(tmp_path, adk, mode, phase, cause):
+    run = tmp_path / "run"
+    plan_and_run(run, adk[0], [adk[1]], "rmsd", env={"TRAJFLOW_TEST_DELAY": f"2:{phase}:1.0"},
+                 mode=mode, blocks=4, cpus=4, chunk_frames=8)
+    out = tmp_path / "report.json"
+    proc = subprocess.run([TRAJFLOW, "inspect", str(run), "--json", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    flags = json.loads(out.read_text())["stragglers"]
+    assert [(f["task"], f["block"], f["cause"]) for f in flags] == [("analyze", 2, cause)], proc.stdout
+    assert flags[0]["excess_s"] >= 0.9
+    assert "stragglers (most harmful first)" in proc.stdout
+
+
+def test_clean_run_flags_nothing_and_gives_advice(tmp_path, adk):
+    run = tmp_path / "run"
+    plan_and_run(run, adk[0], [adk[1]], "rmsd", mode="mpi", blocks=3, cpus=3)
+    report = inspect_runs([str(run)])
+    assert report["stragglers"] == []
+    text = summary_text(report)
+    assert "stragglers: none" in text
+    assert "I/O bound" in text and "--io split or --io h5md" in text  # RMSD is I/O bound
+
+
+def test_scaling_over_rank_counts(tmp_path, adk):
+    runs = []
+    for n in (1, 2, 3):
+        plan_and_run(tmp_path / f"n{n}", adk[0], [adk[1]], "rmsd", mode="mpi", blocks=n, cpus=n,
+                     repeat=20)
+        runs.append(str(tmp_path / f"n{n}"))
+    rows = inspect_runs(runs)["scaling"]
+    assert [r["N"] for r in rows] == [1, 2, 3]
+    assert rows[0]["S_total"] == pytest.approx(1.0) and rows[0]["E_total"] == pytest.approx(1.0)
+    assert rows[1]["S_total"] > 1.0  # compute-heavy (repeat 20): two ranks are faster than one
+
+
+def test_csv_and_html_are_written(tmp_path, adk):
+    run = tmp_path / "run"
+    plan_and_run(run, adk[0], [adk[1]], "dihedrals", mode="tasks", blocks=3, cpus=3)
+    proc = subprocess.run([TRAJFLOW, "inspect", str(run), "--csv", str(tmp_path / "r.csv"),
+                           "--html", str(tmp_path / "r.html")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    rows = (tmp_path / "r.csv").read_text().splitlines()
+    assert rows[0].startswith("kind,") and sum(r.startswith("record,") for r in rows) == 5
+    page = (tmp_path / "r.html").read_text()
+    assert "<img" in page and "http://" not in page and "https://" not in page

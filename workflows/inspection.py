@@ -1,0 +1,254 @@
+"""Inspect runs: every task's and rank's phases on one timeline, stragglers found and explained.
+
+Reads only RUNDIR: plan.json, profile/*.jsonl (the tasks' own timing records)
+and radical/*/ (each task's RADICAL-Pilot profile, copied there by the
+client). RADICAL's per-rank records do not say which rank they are, and
+radical.analytics pairs the first rank's start with the next stop, so rank
+truth comes from our records; RADICAL gives each task's launch time.
+
+The straggler rule is ../shared/notes/method.md's: among like members (the
+ranks of one MPI task, the tasks of one stage), flag a member whose duration
+exceeds median + 3 x 1.4826 x MAD, is at least 1.5 x the median and exceeds
+it by more than a floor; blame the phase holding the largest share of the
+excess ("mixed" when none holds half); rank flags by how much sooner the
+stage would have ended had the member run at the median.
+"""
+import csv
+import glob
+import json
+import os
+import statistics
+
+from trajflow.tasks.plan import PLAN_FILE, RunPlan
+
+# phases as the report names them, from the record's t_* fields
+PHASES = {"open": ("t_open_topology", "t_open_trajectory"), "io": ("t_io",),
+          "compute": ("t_compute",), "comm": ("t_comm",), "write": ("t_write", "t_convert"),
+          "launch": ("t_launch",), "other": ("t_overhead",)}
+MAD_SCALE = 1.4826
+FLOOR_S = 0.2           # a straggler is late by more than this ...
+FLOOR_SHARE = 0.05      # ... and by more than this share of the group's makespan
+MIN_GROUP = 3           # median and MAD mean nothing for fewer members
+
+
+def load_run(rundir):
+    """(plan, records) of one run; records are the profile lines, with RADICAL launch times."""
+    rundir = os.path.abspath(rundir)
+    plan_path = os.path.join(rundir, PLAN_FILE)
+    if not os.path.exists(plan_path):
+        raise FileNotFoundError(f"{rundir} is not a trajflow run (no {PLAN_FILE})")
+    plan = RunPlan.load(plan_path)
+    records = []
+    for path in sorted(glob.glob(os.path.join(rundir, "profile", "*.jsonl"))):
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                if line.strip():
+                    rec = json.loads(line)
+                    rec["source"] = os.path.basename(path)
+                    records.append(rec)
+    launches = radical_launch_starts(rundir)
+    for rec in records:
+        start = launches.get(rec.get("rp_task_id"))
+        rec["t_launch"] = max(0.0, rec["t_start"] - start) if start else 0.0
+        rec["t_work"] = rec["t_total"] - rec.get("t_wait", 0.0) + rec["t_launch"]
+        rec["run"] = os.path.basename(rundir)
+    return plan, records
+
+
+def radical_launch_starts(rundir):
+    """RADICAL task id -> the time its launch began, from the copied task profiles."""
+    starts = {}
+    for prof in glob.glob(os.path.join(rundir, "radical", "*", "*.prof")):
+        with open(prof, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                parts = line.rstrip("\n").split(",")
+                if len(parts) >= 5 and parts[1] == "launch_start":
+                    starts.setdefault(parts[4], float(parts[0]))
+    return starts
+
+
+def phase_times(rec):
+    return {p: sum(rec.get(k, 0.0) for k in keys) for p, keys in PHASES.items()}
+
+
+def group_key(rec):
+    """Like with like: the ranks of one MPI task, or the tasks of one stage."""
+    return (rec["run"], rec["task"], rec.get("io", ""))
+
+
+def find_stragglers(records):
+    """Flags with the numbers behind them, most harmful first."""
+    groups = {}
+    for rec in records:
+        groups.setdefault(group_key(rec), []).append(rec)
+    flags = []
+    for key, members in groups.items():
+        if len(members) < MIN_GROUP:
+            continue
+        frames = [m.get("frames") or 0 for m in members]
+        median_frames = statistics.median(frames) or 1
+        # normalise by frames: a block one frame longer is not a straggler
+        dur = [m["t_work"] * (median_frames / f if f else 1.0) for m, f in zip(members, frames)]
+        med = statistics.median(dur)
+        mad = statistics.median(abs(d - med) for d in dur)
+        makespan = max(m["t_stop"] for m in members) - min(m["t_start"] for m in members)
+        floor = max(FLOOR_S, FLOOR_SHARE * makespan)
+        threshold = max(med + 3 * MAD_SCALE * mad, 1.5 * med, med + floor)
+        phase_meds = {p: statistics.median(phase_times(m)[p] for m in members) for p in PHASES}
+        for m, d in zip(members, dur):
+            if d <= threshold:
+                continue
+            excess = d - med
+            by_phase = {p: phase_times(m)[p] - phase_meds[p] for p in PHASES}
+            cause, top = max(by_phase.items(), key=lambda kv: kv[1])
+            if top < 0.5 * excess:
+                cause = "mixed"
+            flags.append({
+                "run": key[0], "task": key[1], "rank": m.get("rank"), "block": m.get("block"),
+                "host": m.get("host"), "frames": m.get("frames"), "duration_s": d,
+                "median_s": med, "mad_s": mad, "threshold_s": threshold, "excess_s": excess,
+                "ratio_to_median": d / med if med else float("inf"), "cause": cause,
+                "excess_by_phase_s": by_phase, "impact_s": _impact(m, members, excess),
+                "group_size": len(members)})
+    return sorted(flags, key=lambda f: -f["impact_s"])
+
+
+def _impact(member, members, excess):
+    """How much sooner the group would have ended had `member` run at the median."""
+    if member.get("mode") == "mpi" and member["task"] == "analyze":
+        return excess  # the other ranks wait for it at the barrier
+    if any(m["t_start"] >= member["t_stop"] for m in members if m is not member):
+        return excess  # members ran one after another: everything after it was pushed back
+    end = max(m["t_stop"] for m in members)
+    others = max((m["t_stop"] for m in members if m is not member), default=0.0)
+    return end - max(others, member["t_stop"] - excess)
+
+
+def advice(plan, records):
+    """Paper 000, section 8: what t_compute/t_IO says to do for this run."""
+    analyze = [r for r in records if r["task"] == "analyze"]
+    if not analyze:
+        return {"ratio": None, "text": "no analyze records: the run did not reach the analyze stage"}
+    t_io = sum(r["t_io"] for r in analyze)
+    t_compute = sum(r["t_compute"] for r in analyze)
+    ratio = t_compute / t_io if t_io > 0 else float("inf")
+    if ratio >= 100:
+        text = f"compute bound (t_compute/t_IO = {ratio:.1f}): it scales; add ranks."
+    elif plan.io == "shared":
+        text = (f"I/O bound (t_compute/t_IO = {ratio:.2f}): every rank reads the one shared file; "
+                "use --io split or --io h5md (paper 000 section 8).")
+    else:
+        text = (f"I/O bound (t_compute/t_IO = {ratio:.2f}) with --io {plan.io}: the split already "
+                "removes file contention; at scale prefer H5MD with one-frame chunks and MPI-IO.")
+    comm = sum(r["t_comm"] for r in analyze)
+    if plan.mode == "mpi" and plan.gather == "gatherv" and comm > 0.1 * max(r["t_total"] for r in analyze):
+        text += " The gather takes over 10% of the job: try --gather rma (one-sided puts)."
+    return {"ratio": ratio, "t_io": t_io, "t_compute": t_compute, "text": text}
+
+
+def phase_table(records):
+    cols = ["open", "io", "compute", "wait", "comm", "write", "launch", "other"]
+    head = f"{'run':16s} {'task':8s} {'rank':>4s} {'block':>5s} {'frames':>7s} " + \
+        " ".join(f"{c:>8s}" for c in cols) + f" {'total':>8s}"
+    lines = [head, "-" * len(head)]
+    for r in sorted(records, key=lambda r: (r["run"], r["t_start"], r.get("rank", 0))):
+        p = phase_times(r)
+        p["wait"] = r.get("t_wait", 0.0)
+        lines.append(f"{r['run'][:16]:16s} {r['task']:8s} {r.get('rank', 0):4d} "
+                     f"{str(r.get('block', '')):>5s} {str(r.get('frames', '')):>7s} " +
+                     " ".join(f"{p[c]:8.3f}" for c in cols) + f" {r['t_total']:8.3f}")
+    return "\n".join(lines)
+
+
+def straggler_lines(flags, records):
+    if not flags:
+        sizes = {}
+        for r in records:
+            sizes.setdefault(group_key(r), 0)
+            sizes[group_key(r)] += 1
+        judged = sum(1 for n in sizes.values() if n >= MIN_GROUP)
+        if not judged:
+            return [f"stragglers: not judged (every group has fewer than {MIN_GROUP} members)"]
+        return [f"stragglers: none (in {judged} group(s) of {MIN_GROUP} or more members)"]
+    lines = ["stragglers (most harmful first):"]
+    for f in flags:
+        lines.append(
+            f"  {f['run']} {f['task']} rank {f['rank']} block {f['block']} on {f['host']}: "
+            f"{f['duration_s']:.2f} s vs median {f['median_s']:.2f} s ({f['ratio_to_median']:.1f}x, "
+            f"threshold {f['threshold_s']:.2f} s); cause: {f['cause']} "
+            f"(+{f['excess_by_phase_s'].get(f['cause'], f['excess_s']):.2f} s of "
+            f"+{f['excess_s']:.2f} s); the group would have ended {f['impact_s']:.2f} s sooner")
+    return lines
+
+
+def scaling(runs):
+    """S(N) and E(N) per phase over runs of the same input and analysis at different rank counts."""
+    rows = []
+    by_input = {}
+    for plan, records in runs:
+        analyze = [r for r in records if r["task"] == "analyze"]
+        if not analyze:
+            continue
+        key = (plan.input_checksum, plan.analysis, plan.io, plan.mode)
+        phases = {p: max(phase_times(r)[p] for r in analyze) for p in ("open", "io", "compute", "comm")}
+        phases["wait"] = max(r.get("t_wait", 0.0) for r in analyze)
+        phases["total"] = max(r["t_total"] for r in analyze)
+        by_input.setdefault(key, []).append((plan.n_blocks, phases))
+    for key, points in by_input.items():
+        points.sort(key=lambda p: p[0])
+        n0, base = points[0]  # the baseline: S(n0) = n0, as if it scaled perfectly up to n0
+        for n, ph in points:
+            row = {"analysis": key[1], "io": key[2], "mode": key[3], "N": n}
+            for p, t in ph.items():
+                speedup = n0 * base[p] / t if t > 0 else None
+                row[f"t_{p}"] = t
+                row[f"S_{p}"] = speedup
+                row[f"E_{p}"] = speedup / n if speedup is not None else None
+            rows.append(row)
+    return rows
+
+
+def inspect_runs(rundirs):
+    runs = [load_run(d) for d in rundirs]
+    records = [r for _, rs in runs for r in rs]
+    flags = find_stragglers(records)
+    advices = {os.path.basename(p.workdir): advice(p, rs) for p, rs in runs}
+    return {"runs": [p.to_dict() for p, _ in runs], "records": records, "stragglers": flags,
+            "advice": advices, "scaling": scaling(runs) if len(runs) > 1 else []}
+
+
+def summary_text(report):
+    lines = [phase_table(report["records"]), ""]
+    lines += straggler_lines(report["stragglers"], report["records"])
+    for run, a in report["advice"].items():
+        lines.append(f"advice for {run}: {a['text']}")
+    if report["scaling"]:
+        lines.append("\nscaling (slowest rank per phase; S = t(N0) N0 / t(N), E = S / N):")
+        lines.append(f"  {'analysis':10s} {'io':7s} {'mode':6s} {'N':>3s} {'t_total':>9s} "
+                     f"{'S':>6s} {'E':>6s} {'E_io':>6s} {'E_compute':>9s}")
+        for r in report["scaling"]:
+            lines.append(f"  {r['analysis']:10s} {r['io']:7s} {r['mode']:6s} {r['N']:3d} "
+                         f"{r['t_total']:9.3f} {r['S_total']:6.2f} {r['E_total']:6.2f} "
+                         f"{_fmt(r['E_io']):>6s} {_fmt(r['E_compute']):>9s}")
+    return "\n".join(lines)
+
+
+def _fmt(v):
+    return "n/a" if v is None else f"{v:.2f}"
+
+
+def write_json(report, path):
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(report, fh, indent=1, default=str)
+
+
+def write_csv(report, path):
+    """One row per task/rank record (intervals left out), then one per straggler flag."""
+    keys = sorted({k for r in report["records"] for k in r if k != "intervals"})
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(["kind"] + keys)
+        for r in report["records"]:
+            w.writerow(["record"] + [r.get(k, "") for k in keys])
+        for f in report["stragglers"]:
+            w.writerow(["straggler"] + [json.dumps(f, default=str)])
