@@ -84,7 +84,7 @@ class RMSD(BlockAnalysis):
         return ag.indices
 
     def _prepare(self, first_chunk):
-        self.reference = first_chunk.coords[0].astype(np.float64)
+        self.reference = kernels.prepare_reference(first_chunk.coords[0])
 
     def _process_chunk(self, chunk):
         return {"rmsd": kernels.qcp_rmsd(chunk.coords, self.reference)}

@@ -16,10 +16,10 @@ import traceback
 
 import numpy as np
 
-from . import faults
+from . import faults, kernels
 from .analyses import ANALYSIS_CLASSES  # noqa: imports MDAnalysis before any rank's clock starts
 from .parts import write_part
-from .plan import RunPlan, decode_path_arg
+from .plan import RunPlan, chunk_size, decode_path_arg
 from .readers import H5MDChunkReader, UniverseBlockReader, open_topology, open_universe
 from .timing import RankTimer
 
@@ -66,7 +66,8 @@ def analyze_block(plan, block, timer, comm=None):
                                                                  timer, comm)
     if reference is not None:
         analysis.prepare(reference)
-    arrays = analysis.run_block(source, start, stop, plan.chunk_frames, timer, block=block)
+    frames_per_chunk = chunk_size(plan.chunk_frames, len(analysis.atom_indices))
+    arrays = analysis.run_block(source, start, stop, frames_per_chunk, timer, block=block)
     source.close()
     return arrays, analysis.attrs()
 
@@ -154,6 +155,7 @@ def main(argv=None):
     p.add_argument("--block", type=int, help="tasks mode: the block to analyse")
     args = p.parse_args(argv)
     plan = RunPlan.load(decode_path_arg(args.plan))
+    kernels.warm_up()
     if plan.mode == "tasks":
         if args.block is None or not 0 <= args.block < plan.n_blocks:
             p.error(f"tasks mode needs --block between 0 and {plan.n_blocks - 1}")

@@ -54,7 +54,7 @@ class RunPlan:
     n_atoms: int
     blocks: List[Tuple[int, int]]
     repeat: int = 1
-    chunk_frames: int = 256
+    chunk_frames: int = 0        # 0: sized by bytes, see chunk_size()
     compression: Optional[str] = None
     input_checksum: str = ""
     created_by: str = "trajflow"
@@ -108,6 +108,16 @@ class RunPlan:
             d = json.load(fh)
         d["blocks"] = [tuple(b) for b in d["blocks"]]
         return cls(**d)
+
+
+CHUNK_BYTES = 8 << 20  # coordinates read at a time per rank when --chunk is not given
+
+
+def chunk_size(chunk_frames: int, n_atoms: int) -> int:
+    """Frames per chunk: as asked, or as many as fit CHUNK_BYTES of float32 xyz (16..4096)."""
+    if chunk_frames > 0:
+        return chunk_frames
+    return int(min(4096, max(16, CHUNK_BYTES // (12 * max(1, n_atoms)))))
 
 
 def segment_format(trajectory: str) -> str:

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 
 from .h5md import H5MDWriter
-from .plan import RunPlan, decode_path_arg, segment_format
+from .plan import RunPlan, chunk_size, decode_path_arg, segment_format
 from .readers import UniverseBlockReader, open_universe
 from .timing import RankTimer
 
@@ -55,7 +55,7 @@ def convert_h5md(plan, u, timer):
     reader = UniverseBlockReader(u, np.arange(len(u.atoms)))
     writer = H5MDWriter(tmp, len(u.atoms), plan.n_frames, plan.compression)
     try:
-        chunks = reader.chunks(0, plan.n_frames, plan.chunk_frames)
+        chunks = reader.chunks(0, plan.n_frames, chunk_size(plan.chunk_frames, len(u.atoms)))
         while True:
             with timer.phase("io"):
                 chunk = next(chunks, None)

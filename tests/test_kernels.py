@@ -102,8 +102,17 @@ def test_dihedrals_follow_minimum_image(box):
         np.testing.assert_allclose(sin[f], np.sin(ang), atol=2e-5)
 
 
-def test_features_layout():
-    c1, s1, c2, s2 = (np.full((2, 3), v) for v in (1.0, 2.0, 3.0, 4.0))
-    f = kernels.interleave_features(c1, s1, c2, s2)
-    assert f.shape == (2, 12)
-    np.testing.assert_array_equal(f[0, :4], [1, 2, 3, 4])
+def test_backbone_features_layout_and_agreement(adk):
+    """[cos φ, sin φ, cos ψ, sin ψ] per residue, each the dihedral of four consecutive chain atoms."""
+    u = mda.Universe(*adk)
+    x = u.trajectory.timeseries(order="fac")[:5]
+    chain = _random_quads(len(u.atoms), 40, seed=5)
+    chain = np.concatenate([chain, chain[:, :1]], axis=1)  # five atoms a row
+    feats = kernels.backbone_features(x, chain)
+    assert feats.shape == (5, 160)
+    cos_phi, sin_phi = kernels.dihedral_cos_sin(x, chain[:, :4])
+    cos_psi, sin_psi = kernels.dihedral_cos_sin(x, chain[:, 1:])
+    np.testing.assert_array_equal(feats[:, 0::4], cos_phi)
+    np.testing.assert_array_equal(feats[:, 1::4], sin_phi)
+    np.testing.assert_array_equal(feats[:, 2::4], cos_psi)
+    np.testing.assert_array_equal(feats[:, 3::4], sin_psi)

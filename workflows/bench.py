@@ -18,6 +18,7 @@ import numpy as np
 
 from trajflow.tasks import kernels
 from trajflow.tasks.analyses import Dihedrals, RMSD
+from trajflow.tasks.plan import chunk_size
 from trajflow.tasks.readers import H5MDChunkReader, UniverseBlockReader, open_universe
 from .datasets import adk_concatenated
 
@@ -36,10 +37,10 @@ def per_frame_us(seconds, n_frames):
     return seconds / n_frames * 1e6
 
 
-def _ours_e2e(reader, analysis, n_frames, chunk=256):
+def _ours_e2e(reader, analysis, n_frames):
     """Read + compute over the whole trajectory the way the analyze task does."""
     out = []
-    for c in reader.chunks(0, n_frames, chunk):
+    for c in reader.chunks(0, n_frames, chunk_size(0, len(analysis.atom_indices))):
         out.append(analysis._process_chunk(c))
     return out
 
@@ -52,14 +53,15 @@ def bench_rmsd(top, paths, repeats, loop_frames):
     n = u.trajectory.n_frames
     ca = u.select_atoms("name CA")
     coords = u.trajectory.timeseries(atomgroup=ca, order="fac")
-    ref = coords[0].astype(np.float64)
-    chunk = 256  # as the analyze task feeds the kernel
+    ref = kernels.prepare_reference(coords[0])
+    chunk = chunk_size(0, len(ca))  # as the analyze task feeds the kernel
     r["ours_compute_us"] = per_frame_us(best_of(
         lambda: [kernels.qcp_rmsd(coords[i:i + chunk], ref) for i in range(0, n, chunk)], repeats), n)
     r["mdtraj_compute_us"] = _mdtraj_rmsd_us(coords, repeats)
     sub = coords[:loop_frames]
+    ref0 = coords[0].astype(np.float64)
     r["mda_loop_compute_us"] = per_frame_us(best_of(lambda: [
-        rms.rmsd(x, ref, center=True, superposition=True) for x in sub], repeats), len(sub))
+        rms.rmsd(x, ref0, center=True, superposition=True) for x in sub], repeats), len(sub))
 
     analysis = RMSD(u, "name CA")
     analysis.reference = ref
@@ -72,7 +74,7 @@ def bench_rmsd(top, paths, repeats, loop_frames):
 
     def seed_loop():  # paper 000, Appendix B.1, per frame
         for ts in u.trajectory:
-            rms.rmsd(ca.positions, ref, center=True, superposition=True)
+            rms.rmsd(ca.positions, ref0, center=True, superposition=True)
     r["seed_loop_e2e_dcd_us"] = per_frame_us(best_of(seed_loop, 1), n)
 
     ux = mda.Universe(top, paths["XTC"])
@@ -112,9 +114,10 @@ def bench_dihedrals(top, paths, repeats, loop_frames):
     n = u.trajectory.n_frames
     analysis = Dihedrals(u, "protein")
     coords = u.trajectory.timeseries(atomgroup=u.atoms[analysis.atom_indices], order="fac")
+    chunk = chunk_size(0, len(analysis.atom_indices))
     r["ours_compute_us"] = per_frame_us(best_of(
-        lambda: [kernels.backbone_features(coords[i:i + 256], analysis.chain)
-                 for i in range(0, n, 256)], repeats), n)
+        lambda: [kernels.backbone_features(coords[i:i + chunk], analysis.chain)
+                 for i in range(0, n, chunk)], repeats), n)
     # the papers' featurisation: a Python loop over MDAnalysis Dihedral objects (Appendix B.3)
     residues = u.select_atoms("protein").residues[1:-1]
     dihedrals = list(ichain.from_iterable((res.phi_selection().dihedral, res.psi_selection().dihedral)

@@ -41,8 +41,9 @@ def add_run_options(p):
                         "(default: --cpus)")
     p.add_argument("--repeat", type=int, default=1, metavar="K",
                    help="repeat the per-frame computation K times to raise t_compute/t_IO (default: 1)")
-    p.add_argument("--chunk", type=int, default=256, metavar="F",
-                   help="frames read and computed at a time; bounds memory per rank (default: 256)")
+    p.add_argument("--chunk", type=int, default=0, metavar="F",
+                   help="frames read and computed at a time; bounds memory per rank "
+                        "(default: 0, as many as fit 8 MiB of coordinates, 16 to 4096)")
     add_resource_options(p)
     p.add_argument("--out", required=True, metavar="RUNDIR",
                    help="new folder for result.h5, profiles and the plan")

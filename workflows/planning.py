@@ -101,7 +101,7 @@ def check_outdir(out):
 
 def make_plan(topology, trajectories, analysis, out, selection=None, io="shared",
               mode="mpi", gather="gatherv", blocks=None, cpus=2, repeat=1,
-              compression=None, chunk_frames=256) -> RunPlan:
+              compression=None, chunk_frames=0) -> RunPlan:
     """Check everything and return the plan (not yet written)."""
     if analysis not in ANALYSES:
         raise InputError(f"unknown analysis {analysis!r}: choose one of {', '.join(ANALYSES)}")
@@ -117,8 +117,8 @@ def make_plan(topology, trajectories, analysis, out, selection=None, io="shared"
         raise InputError(f"--cpus {cpus}: ask for at least 1 cpu")
     if repeat < 1:
         raise InputError(f"--repeat {repeat}: repeat the computation at least once")
-    if chunk_frames < 1:
-        raise InputError(f"chunk of {chunk_frames} frames: use at least 1")
+    if chunk_frames < 0:
+        raise InputError(f"--chunk {chunk_frames}: give a number of frames, or 0 for automatic")
     try:
         parse_compression(compression)
     except ValueError as exc:
