@@ -1,14 +1,15 @@
 """The analyses, as a small base class in the shape of MDAnalysis' AnalysisBase.
 
-A `BlockAnalysis` is set up from the topology (which atoms it needs), is
-`_prepare`d with frame 0, turns each chunk of frames into result rows with
-`_process_chunk` (a kernel call), and says what it is in `_conclude`. The
-block loop in `run_block` is the one place where I/O and compute are timed.
+A `BlockAnalysis` resolves its atoms once, on the workstation (`select`:
+which atoms, and for dihedrals which quadruplets), so that no analyze rank
+parses the topology; in the task it is `_prepare`d with frame 0, turns each
+chunk of frames into result rows with `_process_chunk` (a kernel call), and
+says what it is in `_conclude`. The block loop in `run_block` is the one
+place where I/O and compute are timed.
 """
 import warnings
 
 import numpy as np
-from MDAnalysis.analysis.dihedrals import Ramachandran
 
 from . import kernels, faults
 
@@ -17,17 +18,20 @@ class BlockAnalysis:
     name = ""
     need_boxes = False
 
-    def __init__(self, universe, selection, repeat=1):
-        self.u = universe
+    def __init__(self, selected: dict, selection: str = "", repeat: int = 1):
+        """`selected`: the arrays `select` returned (as saved in the run's selection file)."""
+        self.selected = selected
         self.selection = selection
         self.repeat = max(1, int(repeat))
-        self.atom_indices = self._setup()
+        self.atom_indices = np.asarray(selected["atom_indices"], dtype=np.intp)
 
-    # --- the hooks a concrete analysis fills in ------------------------------
-    def _setup(self) -> np.ndarray:
-        """Return the sorted atom indices this analysis reads."""
+    @classmethod
+    def select(cls, universe, selection) -> dict:
+        """Resolve the selection on a Universe: arrays the tasks need, at least
+        `atom_indices` (sorted). ValueError with the reason if it cannot be used."""
         raise NotImplementedError
 
+    # --- the hooks a concrete analysis fills in ------------------------------
     def _prepare(self, first_chunk):
         """Take what is needed from frame 0 (a chunk holding it)."""
 
@@ -77,11 +81,12 @@ class RMSD(BlockAnalysis):
     """RMSD of the selection after optimal superposition onto its frame-0 structure."""
     name = "rmsd"
 
-    def _setup(self):
-        ag = self.u.select_atoms(self.selection)
+    @classmethod
+    def select(cls, universe, selection):
+        ag = universe.select_atoms(selection)
         if len(ag) == 0:
-            raise ValueError(f"selection {self.selection!r} matches no atoms")
-        return ag.indices
+            raise ValueError(f"selection {selection!r} matches no atoms")
+        return {"atom_indices": ag.indices}
 
     def _prepare(self, first_chunk):
         self.reference = kernels.prepare_reference(first_chunk.coords[0])
@@ -95,11 +100,13 @@ class Dihedrals(BlockAnalysis):
     name = "dihedrals"
     need_boxes = True
 
-    def _setup(self):
-        ag = self.u.select_atoms(self.selection)
+    @classmethod
+    def select(cls, universe, selection):
+        from MDAnalysis.analysis.dihedrals import Ramachandran
+        ag = universe.select_atoms(selection)
         if len(ag) == 0:
-            raise ValueError(f"selection {self.selection!r} matches no atoms")
-        no_angles = (f"selection {self.selection!r} has no residue with both phi and psi "
+            raise ValueError(f"selection {selection!r} matches no atoms")
+        no_angles = (f"selection {selection!r} has no residue with both phi and psi "
                      "(it needs protein residues that are not chain termini, with backbone "
                      "atoms C, N and CA)")
         with warnings.catch_warnings():
@@ -112,19 +119,19 @@ class Dihedrals(BlockAnalysis):
         groups = [rama.ag1, rama.ag2, rama.ag3, rama.ag4, rama.ag5]
         if len(rama.ag2) == 0:
             raise ValueError(no_angles)
-        self.residues = rama.ag3.resids
         indices = np.unique(np.concatenate([g.indices for g in groups]))
         # per residue: C(i-1), N, CA, C, N(i+1) as indices into the atoms read
-        self.chain = np.stack([np.searchsorted(indices, g.indices) for g in groups], axis=1)
-        return indices
+        chain = np.stack([np.searchsorted(indices, g.indices) for g in groups], axis=1)
+        return {"atom_indices": indices, "chain": chain, "resids": rama.ag3.resids}
 
     def _process_chunk(self, chunk):
-        return {"features": kernels.backbone_features(chunk.coords, self.chain, chunk.boxes)}
+        return {"features": kernels.backbone_features(chunk.coords, self.selected["chain"],
+                                                      chunk.boxes)}
 
     def _conclude(self):
-        return {"n_residues": int(len(self.residues)),
+        return {"n_residues": int(len(self.selected["resids"])),
                 "feature_layout": "cos phi, sin phi, cos psi, sin psi per residue",
-                "resids": self.residues.astype(np.int64)}
+                "resids": np.asarray(self.selected["resids"], dtype=np.int64)}
 
 
 ANALYSIS_CLASSES = {cls.name: cls for cls in (RMSD, Dihedrals)}

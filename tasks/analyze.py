@@ -20,52 +20,44 @@ from . import faults, kernels
 from .analyses import ANALYSIS_CLASSES  # noqa: imports MDAnalysis before any rank's clock starts
 from .parts import write_part
 from .plan import RunPlan, chunk_size, decode_path_arg
-from .readers import H5MDChunkReader, UniverseBlockReader, open_topology, open_universe
+from .readers import H5MDChunkReader, TrajectoryBlockReader, open_trajectory
 from .timing import RankTimer
 
 
-def open_block_source(plan, analysis_cls, block, timer, comm=None):
+def open_block_source(plan, analysis, block, timer, comm=None):
     """Open this block's data as the plan's io strategy says.
 
-    Returns (analysis, source, start, stop, reference_source): frames
-    [start, stop) of `source` are the block; `reference_source` holds frame 0.
+    Returns (source, start, stop, reference_source): frames [start, stop) of
+    `source` are the block; `reference_source` holds frame 0.
     """
     b_start, b_stop = plan.blocks[block]
-    with timer.phase("open_topology"):
-        faults.delay(block, "open")
+    idx, boxes = analysis.atom_indices, analysis.need_boxes
     if plan.io == "shared":
-        u = open_universe(plan.topology, plan.trajectories, timer)
-        analysis = analysis_cls(u, plan.selection, plan.repeat)
-        source = UniverseBlockReader(u, analysis.atom_indices, analysis.need_boxes)
-        return analysis, source, b_start, b_stop, source
+        source = TrajectoryBlockReader(open_trajectory(plan.trajectories, timer), idx, boxes)
+        return source, b_start, b_stop, source
     if plan.io == "split":
-        u = open_universe(plan.topology, [plan.segment_path(0)], timer)
-        analysis = analysis_cls(u, plan.selection, plan.repeat)
-        ref = UniverseBlockReader(u, analysis.atom_indices, analysis.need_boxes)
-        analysis.prepare(ref)  # frame 0 lives in block 0's segment
+        # frame 0 lives in block 0's segment
+        reference = TrajectoryBlockReader(open_trajectory([plan.segment_path(0)], timer), idx, boxes)
+        traj = reference.traj if block == 0 else open_trajectory([plan.segment_path(block)], timer)
         with timer.phase("open_trajectory"):
-            u.load_new(plan.segment_path(block))
             times = np.load(plan.segment_times_path(block))
-        source = UniverseBlockReader(u, analysis.atom_indices, analysis.need_boxes,
-                                     frame_offset=b_start, times=times)
-        return analysis, source, 0, b_stop - b_start, None
+        source = TrajectoryBlockReader(traj, idx, boxes, frame_offset=b_start, times=times)
+        return source, 0, b_stop - b_start, reference
     if plan.io == "h5md":
-        u = open_topology(plan.topology, timer)
-        analysis = analysis_cls(u, plan.selection, plan.repeat)
         with timer.phase("open_trajectory"):
-            source = H5MDChunkReader(plan.h5md_path(), analysis.atom_indices,
-                                     analysis.need_boxes, comm)
-        return analysis, source, b_start, b_stop, source
+            source = H5MDChunkReader(plan.h5md_path(), idx, boxes, comm)
+        return source, b_start, b_stop, source
     raise ValueError(f"unknown io strategy {plan.io!r}")
 
 
 def analyze_block(plan, block, timer, comm=None):
     """Run the analysis over one block; returns (arrays, attrs)."""
-    analysis_cls = ANALYSIS_CLASSES[plan.analysis]
-    analysis, source, start, stop, reference = open_block_source(plan, analysis_cls, block,
-                                                                 timer, comm)
-    if reference is not None:
-        analysis.prepare(reference)
+    with timer.phase("open_topology"):  # the atoms, resolved on the workstation
+        faults.delay(block, "open")
+        selected = plan.load_selection()
+    analysis = ANALYSIS_CLASSES[plan.analysis](selected, plan.selection, plan.repeat)
+    source, start, stop, reference = open_block_source(plan, analysis, block, timer, comm)
+    analysis.prepare(reference)
     frames_per_chunk = chunk_size(plan.chunk_frames, len(analysis.atom_indices))
     arrays = analysis.run_block(source, start, stop, frames_per_chunk, timer, block=block)
     source.close()

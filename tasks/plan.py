@@ -11,6 +11,8 @@ import json
 import os
 from typing import List, Optional, Tuple
 
+import numpy as np
+
 ANALYSES = ("rmsd", "dihedrals")
 IO_STRATEGIES = ("shared", "split", "h5md")
 MODES = ("mpi", "tasks")
@@ -58,6 +60,8 @@ class RunPlan:
     compression: Optional[str] = None
     input_checksum: str = ""
     created_by: str = "trajflow"
+    # the resolved atoms; kept in selection.npz beside plan.json, not in it
+    selected: Optional[dict] = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def n_blocks(self) -> int:
@@ -82,6 +86,20 @@ class RunPlan:
         """A block (tasks mode) or gathered (MPI mode) result before reduce."""
         return self.path("parts", f"{name}.h5")
 
+    def selection_path(self) -> str:
+        """The atoms (and dihedral quadruplets) resolved once on the workstation."""
+        return self.path("selection.npz")
+
+    def save_selection(self, arrays: dict) -> str:
+        tmp = self.path("selection.tmp.npz")
+        np.savez(tmp, **arrays)
+        os.replace(tmp, self.selection_path())
+        return self.selection_path()
+
+    def load_selection(self) -> dict:
+        with np.load(self.selection_path()) as data:
+            return {k: data[k] for k in data.files}
+
     def result_path(self) -> str:
         return self.path("result.h5")
 
@@ -90,8 +108,9 @@ class RunPlan:
 
     # --- serialisation -------------------------------------------------------
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "selected"}
         d["blocks"] = [list(b) for b in self.blocks]
+        d["trajectories"] = list(self.trajectories)
         return d
 
     def save(self, path: Optional[str] = None) -> str:

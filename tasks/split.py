@@ -15,7 +15,7 @@ import numpy as np
 
 from .h5md import H5MDWriter
 from .plan import RunPlan, chunk_size, decode_path_arg, segment_format
-from .readers import UniverseBlockReader, open_universe
+from .readers import TrajectoryBlockReader, open_universe
 from .timing import RankTimer
 
 
@@ -52,7 +52,7 @@ def convert_h5md(plan, u, timer):
     """All frames, all atoms, into one H5MD file, chunk by chunk."""
     final = plan.h5md_path()
     tmp = f"{final}.tmp{os.getpid()}"
-    reader = UniverseBlockReader(u, np.arange(len(u.atoms)))
+    reader = TrajectoryBlockReader(u.trajectory, np.arange(len(u.atoms)))
     writer = H5MDWriter(tmp, len(u.atoms), plan.n_frames, plan.compression)
     try:
         chunks = reader.chunks(0, plan.n_frames, chunk_size(plan.chunk_frames, len(u.atoms)))

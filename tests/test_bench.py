@@ -16,7 +16,7 @@ KEYS = {"rmsd": ["ours_compute_us", "mdtraj_compute_us", "mda_loop_compute_us", 
 def test_bench_prints_ratios_and_writes_json(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run([TRAJFLOW, "bench", "--copies", "2", "--repeats", "1", "--loop-frames", "8",
-                           "--json", str(out)], capture_output=True, text=True, timeout=600,
+                           "--no-entk", "--json", str(out)], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "TRAJFLOW_CACHE": str(tmp_path / "cache")})
     assert proc.returncode == 0, proc.stderr
     assert "ratios" in proc.stdout and "rmsd compute: ours / mdtraj" in proc.stdout

@@ -4,7 +4,7 @@ import pytest
 import MDAnalysis as mda
 
 from trajflow.tasks.h5md import H5MDWriter
-from trajflow.tasks.readers import H5MDChunkReader, UniverseBlockReader, open_universe
+from trajflow.tasks.readers import H5MDChunkReader, TrajectoryBlockReader, open_trajectory
 
 
 def mda_frames(top, trajs, idx, start, stop):
@@ -24,9 +24,8 @@ def collect(reader, start, stop, chunk):
 def test_universe_reader_matches_mdanalysis(adk, adk_xtc, fmt):
     top = adk[0]
     trajs = {"dcd": [adk[1]], "xtc": [adk_xtc[1]], "chain": [adk[1], adk_xtc[1]]}[fmt]
-    u = open_universe(top, trajs)
-    idx = u.select_atoms("name CA").indices
-    reader = UniverseBlockReader(u, idx)
+    idx = mda.Universe(top).select_atoms("name CA").indices
+    reader = TrajectoryBlockReader(open_trajectory(trajs), idx)
     start, stop = (90, 110) if fmt == "chain" else (5, 60)
     frames, times, coords = collect(reader, start, stop, 7)
     ref_t, ref_x = mda_frames(top, trajs, idx, start, stop)

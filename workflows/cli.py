@@ -105,6 +105,8 @@ def build_parser():
                        help="frames timed for the slow per-frame baselines (default: 200)")
     bench.add_argument("--no-parallel", action="store_true",
                        help="skip the analyze stage under mpiexec -n 1 and -n 2 (default: run it)")
+    bench.add_argument("--no-entk", action="store_true",
+                       help="skip the one-block EnTK run on a local pilot, ~40 s (default: run it)")
     bench.add_argument("--json", default=None, metavar="FILE", help="also write the numbers as JSON")
     return parser
 
@@ -221,7 +223,7 @@ def cmd_bench(args):
     if args.copies < 1 or args.repeats < 1 or args.loop_frames < 1:
         raise InputError("--copies, --repeats and --loop-frames must be at least 1")
     result = run_bench(args.copies, args.repeats, args.loop_frames,
-                       with_parallel=not args.no_parallel)
+                       with_parallel=not args.no_parallel, with_entk=not args.no_entk)
     print(format_table(result))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:

