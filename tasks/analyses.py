@@ -48,7 +48,7 @@ class BlockAnalysis:
         first = next(iter(reference_source.chunks(0, 1, 1)))
         self._prepare(first)
 
-    def run_block(self, source, start, stop, chunk_frames, timer, block=0):
+    def run_block(self, source, start, stop, chunk_frames, timer, block=0, mpi_rank=None):
         """Read [start, stop) chunk by chunk, compute, and return the block's arrays."""
         out = {"frame": [], "time": []}
         chunks = source.chunks(start, stop, chunk_frames)
@@ -64,6 +64,8 @@ class BlockAnalysis:
                 faults.delay(block, "compute")
                 for _ in range(self.repeat):  # the papers' workload multiplier
                     rows = self._process_chunk(chunk)
+            if mpi_rank is not None:
+                faults.maybe_kill(mpi_rank)  # testing hook: mid-loop, after a chunk
             out["frame"].append(chunk.frames)
             out["time"].append(chunk.times)
             for key, value in rows.items():

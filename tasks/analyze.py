@@ -12,6 +12,7 @@ A frame's way: reader -> kernel (analyses.py) -> gather -> part -> reduce.
 import argparse
 import os
 import sys
+import time
 import traceback
 
 import numpy as np
@@ -52,6 +53,7 @@ def open_block_source(plan, analysis, block, timer, comm=None):
 
 def analyze_block(plan, block, timer, comm=None):
     """Run the analysis over one block; returns (arrays, attrs)."""
+    faults.maybe_fail(plan.workdir, block)
     with timer.phase("open_topology"):  # the atoms, resolved on the workstation
         faults.delay(block, "open")
         selected = plan.load_selection()
@@ -59,7 +61,8 @@ def analyze_block(plan, block, timer, comm=None):
     source, start, stop, reference = open_block_source(plan, analysis, block, timer, comm)
     analysis.prepare(reference)
     frames_per_chunk = chunk_size(plan.chunk_frames, len(analysis.atom_indices))
-    arrays = analysis.run_block(source, start, stop, frames_per_chunk, timer, block=block)
+    arrays = analysis.run_block(source, start, stop, frames_per_chunk, timer, block=block,
+                                mpi_rank=block if comm is not None else None)
     source.close()
     return arrays, analysis.attrs()
 
@@ -91,7 +94,7 @@ def run_mpi_mode(plan):
                       gather=plan.gather)
     arrays, attrs = analyze_block(plan, rank, timer, comm)
     with timer.phase("wait"):  # the straggler signal of paper 001
-        comm.Barrier()
+        barrier_or_abort(comm, plan.collective_timeout_s)
     with timer.phase("comm"):
         gather = gather_rma if plan.gather == "rma" else gather_gatherv
         gathered = {key: gather(comm, value, plan) for key, value in arrays.items()}
@@ -101,6 +104,20 @@ def run_mpi_mode(plan):
             write_part(plan.part_path("mpi"), gathered,
                        part_attrs(plan, attrs, list(range(size))))
     timer.finish(plan.profile_path(f"analyze.block_{rank:05d}"))
+
+
+def barrier_or_abort(comm, timeout_s):
+    """A barrier that gives up: a rank that died or hangs must not leave the
+    others waiting until the walltime; after `timeout_s` the job is aborted."""
+    from mpi4py import MPI
+    request = comm.Ibarrier()
+    t0 = time.time()
+    while not request.Test():
+        if time.time() - t0 > timeout_s:
+            print(f"analyze rank {comm.Get_rank()}: the other ranks did not reach the gather "
+                  f"within {timeout_s:.0f} s; aborting the job", file=sys.stderr, flush=True)
+            MPI.COMM_WORLD.Abort(5)
+        time.sleep(0.0005)
 
 
 def _row_layout(comm, value, plan):
@@ -155,12 +172,14 @@ def main(argv=None):
         return 0
     try:
         run_mpi_mode(plan)
-    except BaseException:
+    except BaseException as exc:
         # One failed rank must not leave the others waiting at a collective.
-        traceback.print_exc()
+        code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1
+        if not isinstance(exc, SystemExit):
+            traceback.print_exc()
         sys.stderr.flush()
         from mpi4py import MPI
-        MPI.COMM_WORLD.Abort(1)
+        MPI.COMM_WORLD.Abort(code)
     return 0
 
 

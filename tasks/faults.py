@@ -3,29 +3,49 @@
 TRAJFLOW_TEST_DELAY=<block>:<phase>:<seconds>[,...] makes that block sleep in
 that phase (open, io, compute, comm), so that tests can check the profiler
 finds exactly that straggler and names that phase.
+
+TRAJFLOW_TEST_FAIL=<block>:<times> makes the analyze work of that block exit
+with code 3 on its first <times> attempts (counted in RUNDIR/faults/), so
+that tests can check retries, and failure once retries are spent.
+
+TRAJFLOW_TEST_KILL=<rank> makes that MPI rank SIGKILL itself in the middle
+of its loop, so that tests can check nothing hangs and nothing is published.
 """
 import os
+import signal
+import sys
 import time
 
-_PHASE_ALIASES = {"open": "open", "io": "io", "compute": "compute", "comm": "comm"}
+_PHASES = ("open", "io", "compute", "comm")
+FAIL_EXIT_CODE = 3
 
 
-def _parse_delays():
-    spec = os.environ.get("TRAJFLOW_TEST_DELAY", "").strip()
-    delays = {}
+def _parse(name, fields, convert):
+    spec = os.environ.get(name, "").strip()
+    out = []
     if not spec:
-        return delays
+        return out
     for item in spec.split(","):
+        parts = item.split(":")
         try:
-            block, phase, seconds = item.split(":")
-            delays[(int(block), _PHASE_ALIASES[phase])] = float(seconds)
+            if len(parts) != len(fields):
+                raise ValueError
+            out.append(tuple(c(p) for c, p in zip(convert, parts)))
         except (ValueError, KeyError):
-            raise SystemExit(f"TRAJFLOW_TEST_DELAY={spec!r}: expected <block>:<phase>:<seconds> "
-                             f"with phase one of {sorted(_PHASE_ALIASES)}")
-    return delays
+            raise SystemExit(f"{name}={spec!r}: expected {':'.join(fields)}[,...]")
+    return out
 
 
-_DELAYS = _parse_delays()
+def _phase(p):
+    if p not in _PHASES:
+        raise ValueError(p)
+    return p
+
+
+_DELAYS = {(b, p): s for b, p, s in _parse("TRAJFLOW_TEST_DELAY", ("block", "phase", "seconds"),
+                                           (int, _phase, float))}
+_FAILS = {b: n for b, n in _parse("TRAJFLOW_TEST_FAIL", ("block", "times"), (int, int))}
+_KILLS = {r for (r,) in _parse("TRAJFLOW_TEST_KILL", ("rank",), (int,))}
 _DONE = set()
 
 
@@ -35,3 +55,26 @@ def delay(block, phase):
     if key in _DELAYS and key not in _DONE:
         _DONE.add(key)
         time.sleep(_DELAYS[key])
+
+
+def maybe_fail(workdir, block):
+    """Exit 3 while this block has failed fewer times than TRAJFLOW_TEST_FAIL asks."""
+    if block not in _FAILS:
+        return
+    folder = os.path.join(workdir, "faults")
+    os.makedirs(folder, exist_ok=True)
+    counter = os.path.join(folder, f"fail_block_{block:05d}.count")
+    done = int(open(counter).read()) if os.path.exists(counter) else 0
+    if done < _FAILS[block]:
+        with open(counter, "w") as fh:
+            fh.write(str(done + 1))
+        print(f"TRAJFLOW_TEST_FAIL: block {block} fails on purpose "
+              f"(attempt {done + 1} of {_FAILS[block]} failing ones)", file=sys.stderr, flush=True)
+        sys.exit(FAIL_EXIT_CODE)
+
+
+def maybe_kill(rank):
+    """SIGKILL this process if TRAJFLOW_TEST_KILL names its rank."""
+    if rank in _KILLS:
+        print(f"TRAJFLOW_TEST_KILL: rank {rank} kills itself", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)

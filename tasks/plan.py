@@ -59,6 +59,7 @@ class RunPlan:
     chunk_frames: int = 0        # 0: sized by bytes, see chunk_size()
     compression: Optional[str] = None
     input_checksum: str = ""
+    collective_timeout_s: float = 1800.0  # an MPI rank waits this long for the others
     created_by: str = "trajflow"
     # the resolved atoms; kept in selection.npz beside plan.json, not in it
     selected: Optional[dict] = dataclasses.field(default=None, repr=False, compare=False)

@@ -1,9 +1,11 @@
 """The real RADICAL-EnTK pipeline on a local pilot, end to end.
 
-One session carries three pipelines on one pilot (a local pilot costs ~40 s):
-rmsd in MPI mode over the shared DCD, dihedrals as single-core tasks over
-split XTC segments, and a run whose inputs vanish after planning, which must
-fail with the task named and leave no result.
+One session carries all these pipelines on one pilot (a local pilot costs
+~40 s): rmsd in MPI mode over the shared DCD; dihedrals as single-core tasks
+over split XTC segments, in a folder whose name has spaces, quotes, ';', '$'
+and non-ASCII letters; a run whose inputs vanish after planning; a block that
+fails once and recovers on its retry; an MPI task that keeps failing; and an
+MPI rank that kills itself. Failed runs must name the task and leave no result.
 """
 import glob
 import json
@@ -27,27 +29,31 @@ def session(tmp_path_factory, adk, adk_xtc):
     root = tmp_path_factory.mktemp("entk")
     doomed_top = str(root / "doomed.psf")
     shutil.copy(adk[0], doomed_top)
+    dcd = dict(topology=adk[0], trajectories=[adk[1]], analysis="rmsd", io="shared")
     specs = [
-        ("rmsd_mpi", dict(topology=adk[0], trajectories=[adk[1]], analysis="rmsd", io="shared",
-                          mode="mpi", gather="gatherv", blocks=2, cpus=2)),
+        ("rmsd_mpi", dict(dcd, mode="mpi", gather="gatherv", blocks=2, cpus=2), {}),
         ("dihedrals_tasks", dict(topology=adk_xtc[0], trajectories=[adk_xtc[1]], analysis="dihedrals",
-                                 io="split", mode="tasks", blocks=2, cpus=2)),
-        ("doomed", dict(topology=doomed_top, trajectories=[adk[1]], analysis="rmsd", io="shared",
-                        mode="mpi", blocks=2, cpus=2)),
+                                 io="split", mode="tasks", blocks=2, cpus=2), {}),
+        ("doomed", dict(dcd, topology=doomed_top, mode="mpi", blocks=2, cpus=2), {}),
+        ("fail_once", dict(dcd, mode="tasks", blocks=2, cpus=2), {"TRAJFLOW_TEST_FAIL": "1:1"}),
+        ("fail_always", dict(dcd, mode="mpi", blocks=2, cpus=2), {"TRAJFLOW_TEST_FAIL": "0:5"}),
+        ("killed_rank", dict(dcd, mode="mpi", blocks=2, cpus=2), {"TRAJFLOW_TEST_KILL": "1"}),
     ]
+    folders = {"dihedrals_tasks": 'dih "q" $HOME;ü x'}
     runs = []
-    for name, kw in specs:
-        plan = make_plan(out=str(root / name), chunk_frames=16, **kw)
+    for name, kw, _ in specs:
+        plan = make_plan(out=str(root / folders.get(name, name)), chunk_frames=16, **kw)
         runs.append((name, plan, write_plan(plan)))
     os.remove(doomed_top)  # the split task of "doomed" must now fail
-    report = run_plans(runs, "local.localhost", walltime=10, cpus=2, session_root=str(root))
+    report = run_plans(runs, "local.localhost", walltime=15, cpus=2, session_root=str(root),
+                       retries=1, envs={name: env for name, _, env in specs})
     return report, {name: plan for name, plan, _ in runs}
 
 
 def test_good_pipelines_end_done_with_mdanalysis_results(session, adk, adk_xtc, reference_results):
     report, plans = session
     for o in report.outcomes:
-        if o.pipeline != "doomed":
+        if o.pipeline in ("rmsd_mpi", "dihedrals_tasks"):
             assert o.state == "DONE", o.describe()
     with h5py.File(report.results["rmsd_mpi"]) as f:
         ref = reference_results(adk[0], [adk[1]], "rmsd")
@@ -72,6 +78,30 @@ def test_failed_task_is_reported_and_no_result_is_published(session):
     assert not os.path.exists(plans["doomed"].result_path())
     # nothing after the failed stage ran
     assert not [o for o in report.outcomes if o.pipeline == "doomed" and o.state == "DONE"]
+
+
+def test_a_block_that_fails_once_is_retried_and_the_result_is_right(session, adk, reference_results):
+    report, plans = session
+    retried = [o for o in report.retried if o.pipeline == "fail_once"]
+    assert [(o.stage, o.name, o.exit_code) for o in retried] == [("analyze", "analyze.b00001", 3)]
+    assert "fail_once" not in [o.pipeline for o in report.failed]
+    with h5py.File(report.results["fail_once"]) as f:
+        np.testing.assert_allclose(f["rmsd"][()], reference_results(adk[0], [adk[1]], "rmsd")["rmsd"],
+                                   atol=1e-4)
+
+
+@pytest.mark.parametrize("name,code", [("fail_always", 3), ("killed_rank", None)])
+def test_a_task_that_keeps_failing_fails_the_run_and_publishes_nothing(session, name, code):
+    report, plans = session
+    [failed] = [o for o in report.failed if o.pipeline == name]
+    assert failed.stage == "analyze" and failed.attempt == 2 and failed.state == "FAILED"
+    if code is not None:
+        assert failed.exit_code == code
+    assert failed.exit_code not in (None, 0)
+    assert "TRAJFLOW_TEST" in failed.stderr_tail
+    assert report.stopped[name] == "analyze"
+    assert report.results[name] is None and not os.path.exists(plans[name].result_path())
+    assert not os.path.exists(plans[name].part_path("mpi"))
 
 
 def test_every_rank_left_a_timing_record_also_in_radicals_profile(session):

@@ -16,11 +16,12 @@ EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def add_run_options(p):
-    p.add_argument("--topology", required=True, metavar="T",
-                   help="topology file MDAnalysis reads (PSF, PDB, GRO, TPR, ...)")
-    p.add_argument("--trajectory", required=True, nargs="+", metavar="X",
-                   help="trajectory file(s); several are one continuous trajectory, in the order given")
-    p.add_argument("--analysis", required=True, choices=ANALYSES,
+    p.add_argument("--topology", metavar="T",
+                   help="topology file MDAnalysis reads (PSF, PDB, GRO, TPR, ...); required")
+    p.add_argument("--trajectory", nargs="+", metavar="X",
+                   help="trajectory file(s); several are one continuous trajectory, in the order "
+                        "given; required")
+    p.add_argument("--analysis", choices=ANALYSES,
                    help="rmsd: RMSD after optimal superposition onto frame 0; "
                         "dihedrals: (cos, sin) of backbone phi/psi")
     p.add_argument("--select", default=None, metavar="SEL",
@@ -45,8 +46,11 @@ def add_run_options(p):
                    help="frames read and computed at a time; bounds memory per rank "
                         "(default: 0, as many as fit 8 MiB of coordinates, 16 to 4096)")
     add_resource_options(p)
-    p.add_argument("--out", required=True, metavar="RUNDIR",
-                   help="new folder for result.h5, profiles and the plan")
+    p.add_argument("--out", metavar="RUNDIR",
+                   help="new folder for result.h5, profiles and the plan; required")
+    p.add_argument("--resume", metavar="RUNDIR", default=None,
+                   help="instead of a new run: re-run only the blocks an interrupted run is "
+                        "missing; refused if its inputs changed (default: a new run)")
 
 
 def add_resource_options(p):
@@ -165,6 +169,20 @@ def _summarise(plan):
 
 def cmd_run(args):
     _validate_resource(args)
+    if args.resume:
+        from .planning import plan_for_resume
+        plan = plan_for_resume(args.resume)
+        from .execute import run_plans
+        runs = [(os.path.basename(plan.workdir) or "run", plan, plan.path("plan.json"))]
+        report = run_plans(runs, args.resource, args.walltime, args.cpus, args.queue, args.project,
+                           retries=args.retries, resume=True)
+        return _report(report, runs)
+    missing = [flag for flag, value in (("--topology", args.topology), ("--trajectory", args.trajectory),
+                                        ("--analysis", args.analysis), ("--out", args.out))
+               if not value]
+    if missing:
+        raise InputError(f"missing {', '.join(missing)}: a new run needs --topology, --trajectory, "
+                         "--analysis and --out (or --resume RUNDIR)")
     plan = make_plan(args.topology, args.trajectory, args.analysis, args.out,
                      selection=args.select, io=args.io, mode=args.mode, gather=args.gather,
                      blocks=args.blocks, cpus=args.cpus, repeat=args.repeat,
@@ -243,6 +261,12 @@ def main(argv=None):
     except KeyboardInterrupt:
         print("trajflow: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Exception as exc:
+        from .execute import Interrupted
+        if isinstance(exc, Interrupted):
+            print(f"trajflow: {exc}", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        raise
 
 
 if __name__ == "__main__":

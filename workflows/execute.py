@@ -9,7 +9,10 @@ import dataclasses
 import glob
 import json
 import os
+import multiprocessing
 import shutil
+import signal
+import sys
 import threading
 import re as regex
 import time
@@ -17,7 +20,7 @@ from typing import List
 
 from trajflow.tasks.plan import RunPlan
 from . import resources
-from .pipeline import RunPipeline
+from .pipeline import RunPipeline, remaining_specs
 
 
 @dataclasses.dataclass
@@ -80,14 +83,22 @@ def _working_dir(path):
         os.chdir(old)
 
 
-def _stderr_tail(sandbox, n=15):
+def _stderr_tail(sandbox, n=15, patience_s=3.0):
+    """The last lines of a task's stderr in its sandbox. The FAILED state can
+    reach the client a moment before the file system shows the task's last
+    writes, so an empty or missing file is looked at again for a few seconds."""
     if not sandbox or not os.path.isdir(sandbox):
         return ""
-    errs = sorted(glob.glob(os.path.join(sandbox, "*.err")))
-    if not errs:
-        return ""
-    with open(errs[0], errors="replace") as fh:
-        return "".join(fh.readlines()[-n:]).rstrip()
+    deadline = time.time() + patience_s
+    while True:
+        errs = sorted(glob.glob(os.path.join(sandbox, "*.err")))
+        text = ""
+        if errs:
+            with open(errs[0], errors="replace") as fh:
+                text = "".join(fh.readlines()[-n:]).rstrip()
+        if text or time.time() > deadline:
+            return text
+        time.sleep(0.2)
 
 
 def _exit_code(task):
@@ -115,6 +126,38 @@ def shutdown(appman):
         cancel.join(30)
 
 
+def reap_local_tasks(sid, grace_s=5.0):
+    """End task processes a cancelled local pilot left behind.
+
+    RADICAL-Pilot starts every task in a session of its own (its launch.sh)
+    and, when the pilot is cancelled mid-run, does not end them: on a cluster
+    the batch system does, on a workstation they would run on. They are found
+    by their sandbox path (under this session's id) in /proc and ended by
+    process group id: SIGTERM, then SIGKILL after `grace_s`.
+    """
+    marker = f"/{sid}/".encode()
+    groups = set()
+    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            with open(cmdline, "rb") as fh:
+                if marker in fh.read() and b"launch.sh" in open(cmdline, "rb").read():
+                    groups.add(os.getpgid(int(cmdline.split("/")[2])))
+        except (OSError, ProcessLookupError):
+            continue
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = set()
+        for pgid in groups:
+            try:
+                os.killpg(pgid, sig)
+                alive.add(pgid)
+            except ProcessLookupError:
+                pass
+        groups = alive
+        if not groups:
+            return
+        time.sleep(grace_s if sig == signal.SIGTERM else 0)
+
+
 def keep_task_files(outcome, dest_root):
     """Copy a task's RADICAL profile, stdout and stderr from the pilot sandbox
     into RUNDIR/radical/, so that RUNDIR alone is enough to inspect the run."""
@@ -129,12 +172,66 @@ def keep_task_files(outcome, dest_root):
         json.dump(dataclasses.asdict(outcome), fh, indent=1)
 
 
+class Interrupted(Exception):
+    """The user stopped the run (Ctrl-C); the pilot was cancelled."""
+
+
 def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_root=None,
-              retries=1):
+              retries=1, resume=False, envs=None):
     """Run [(name, plan, plan_path)] as pipelines on one pilot; return a RunReport.
 
     A failed task is run again up to `retries` times before its run fails.
+    `resume`: run only what the runs are missing. `envs`: run name -> extra
+    task environment (the testing hooks of one run only).
+
+    EnTK and RADICAL-Pilot run in a child process in a session of its own. A
+    Ctrl-C in the terminal reaches the whole foreground process group: had
+    RADICAL's client components been in it, they would die at once, the
+    pilot's cancel command would never be sent, and the agent and its tasks
+    would run on until the walltime. Here only this process gets the signal;
+    it asks the child to stop, which cancels the pilot in order.
     """
+    ctx = multiprocessing.get_context("fork")
+    receiver, sender = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_run_in_own_session, name="trajflow-workflow",
+                        args=(sender, runs, resource, walltime, cpus, queue, project,
+                              session_root, retries, resume, envs))
+    child.start()
+    sender.close()
+    try:
+        while not receiver.poll(0.5):
+            if not child.is_alive():
+                raise RuntimeError(f"the workflow process ended unexpectedly "
+                                   f"(exit code {child.exitcode}); see the EnTK session folder")
+        kind, payload = receiver.recv()
+    except KeyboardInterrupt:
+        print("trajflow: interrupted; cancelling the pilot (Ctrl-C again to give up waiting)",
+              file=sys.stderr, flush=True)
+        os.kill(child.pid, signal.SIGINT)
+        child.join()
+        raise Interrupted("interrupted by the user; the pilot was cancelled")
+    child.join()
+    if kind == "interrupted":
+        raise Interrupted(payload)
+    if kind == "error":
+        raise RuntimeError(payload)
+    return payload
+
+
+def _run_in_own_session(sender, *args):
+    os.setsid()
+    try:
+        sender.send(("ok", _run_here(*args)))
+    except BaseException as exc:  # noqa: the parent must hear of every ending
+        interrupted = isinstance(exc, KeyboardInterrupt) or isinstance(exc.__cause__, KeyboardInterrupt)
+        sender.send(("interrupted", "interrupted by the user; the pilot was cancelled")
+                    if interrupted else ("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        sender.close()
+
+
+def _run_here(runs, resource, walltime, cpus, queue, project, session_root, retries, resume, envs):
+    """run_plans' work, in the process that owns the RADICAL session."""
     import radical.entk as re
     t0 = time.time()
     session_root = os.path.abspath(session_root or runs[0][1].workdir)
@@ -144,7 +241,10 @@ def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_
     os.environ.setdefault("RADICAL_LOG_LVL", "WARNING")
     os.environ.setdefault("RADICAL_REPORT", "FALSE")
     python = resources.task_python(resource)
-    pipelines = {name: RunPipeline(plan, path, python, name, retries) for name, plan, path in runs}
+    envs = envs or {}
+    pipelines = {name: RunPipeline(plan, path, python, name, retries,
+                                   remaining_specs(plan, path) if resume else None, envs.get(name))
+                 for name, plan, path in runs}
     with _working_dir(session_root):
         appman = re.AppManager(autoterminate=False, base_path=session_root)
         appman.resource_desc = resources.resource_description(resource, walltime, cpus, queue, project)
@@ -153,6 +253,8 @@ def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_
             appman.run()
         finally:
             shutdown(appman)
+            if resources.is_local(resource):
+                reap_local_tasks(appman.sid)
         session_dir = os.path.join(session_root, appman.sid)
     outcomes = []
     for name, run in pipelines.items():

@@ -163,6 +163,28 @@ def resolve_selection(u, selection, analysis) -> dict:
                          "see the MDAnalysis selection language")
 
 
+def plan_for_resume(rundir) -> RunPlan:
+    """The plan of an interrupted run, if its inputs are still the ones it was made from."""
+    rundir = os.path.abspath(rundir)
+    path = os.path.join(rundir, PLAN_FILE)
+    if not os.path.exists(os.path.join(rundir, RUN_MARKER)) or not os.path.exists(path):
+        raise InputError(f"--resume {rundir!r} is not a trajflow run (no {PLAN_FILE}): give the "
+                         "--out folder of an earlier trajflow run")
+    plan = RunPlan.load(path)
+    for p in [plan.topology] + list(plan.trajectories):
+        if not os.path.exists(p):
+            raise InputError(f"--resume: input {p!r} of that run is gone; restore it or start "
+                             "a new run")
+    if input_checksum([plan.topology] + list(plan.trajectories)) != plan.input_checksum:
+        raise InputError(f"--resume: the inputs of {rundir!r} changed since it was planned "
+                         "(checksums differ); its parts cannot be mixed with new ones: start "
+                         "a new run with another --out")
+    if os.path.exists(plan.result_path()):
+        raise InputError(f"--resume: {plan.result_path()!r} exists, the run is complete; "
+                         "nothing to resume")
+    return plan
+
+
 def write_plan(plan: RunPlan) -> str:
     """Create RUNDIR and its folders and write plan.json; returns the plan's path."""
     for sub in ("", "parts", "profile", "split"):

@@ -1,0 +1,52 @@
+"""Ctrl-C on the workstation cancels the pilot and leaves no process of ours running."""
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.entk
+TRAJFLOW = os.path.join(os.path.dirname(sys.executable), "trajflow")
+
+
+def processes_mentioning(text):
+    """pids whose command line contains `text` (from /proc, no extra dependency)."""
+    found = []
+    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            with open(cmdline, "rb") as fh:
+                if text.encode() in fh.read():
+                    found.append(int(cmdline.split("/")[2]))
+        except OSError:
+            pass
+    return [p for p in found if p != os.getpid()]
+
+
+def test_ctrl_c_cancels_the_pilot_and_leaves_nothing_running(tmp_path, adk):
+    out = tmp_path / "interrupted"
+    env = {**os.environ, "TRAJFLOW_TEST_DELAY": "0:compute:300,1:compute:300"}
+    proc = subprocess.Popen([TRAJFLOW, "run", "--topology", adk[0], "--trajectory", adk[1],
+                             "--analysis", "rmsd", "--mode", "tasks", "--blocks", "2", "--cpus", "2",
+                             "--walltime", "15", "--out", str(out)], env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and not processes_mentioning("trajflow.tasks.analyze"):
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(1)
+        assert processes_mentioning("trajflow.tasks.analyze"), "the analyze tasks never started"
+        session = os.path.basename(glob.glob(str(out / "re.session.*"))[0])
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
+        code = proc.wait(timeout=180)
+        output = proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert code != 0, output
+    time.sleep(3)
+    assert processes_mentioning("trajflow.tasks.analyze") == []
+    assert processes_mentioning(session) == []  # the pilot agent and its components are gone
+    assert not (out / "result.h5").exists()

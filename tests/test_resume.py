@@ -1,0 +1,78 @@
+"""Resume: after a failure only the missing blocks run again, and the result is the uninterrupted one."""
+import os
+import shutil
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from stages import run_spec, run_stages
+from trajflow.workflows.pipeline import remaining_specs, stage_specs
+from trajflow.workflows.planning import InputError, make_plan, plan_for_resume, write_plan
+
+
+@pytest.mark.parametrize("io", ["shared", "split"])
+def test_resume_runs_only_what_is_missing(tmp_path, adk, io):
+    plan = make_plan(adk[0], [adk[1]], "rmsd", str(tmp_path / "run"), io=io, mode="tasks",
+                     blocks=3, cpus=3)
+    path = write_plan(plan)
+    specs = stage_specs(plan, path)
+    for spec in specs["split"]:
+        assert run_spec(spec).returncode == 0
+    codes = [run_spec(s, {"TRAJFLOW_TEST_FAIL": "1:1"}).returncode for s in specs["analyze"]]
+    assert codes == [0, 3, 0]
+    assert not os.path.exists(plan.result_path())
+
+    resumed = plan_for_resume(plan.workdir)
+    todo = remaining_specs(resumed, path)
+    assert todo["split"] == [] and [s.name for s in todo["analyze"]] == ["analyze.b00001"]
+    assert [s.name for s in todo["reduce"]] == ["reduce"]
+    for stage in ("analyze", "reduce"):
+        for spec in todo[stage]:
+            assert run_spec(spec).returncode == 0
+
+    whole = make_plan(adk[0], [adk[1]], "rmsd", str(tmp_path / "whole"), io=io, mode="tasks",
+                      blocks=3, cpus=3)
+    run_stages(whole, write_plan(whole))
+    with h5py.File(plan.result_path()) as a, h5py.File(whole.result_path()) as b:
+        for key in ("frame", "time", "rmsd"):
+            np.testing.assert_array_equal(a[key][()], b[key][()])
+
+
+def test_resume_refuses_changed_inputs_and_complete_runs(tmp_path, adk):
+    traj = tmp_path / "copy.dcd"
+    shutil.copy(adk[1], traj)
+    plan = make_plan(adk[0], [str(traj)], "rmsd", str(tmp_path / "run"), mode="tasks", blocks=2, cpus=2)
+    write_plan(plan)
+    with open(traj, "r+b") as fh:  # the trajectory is rewritten after the run was planned
+        fh.seek(-8, os.SEEK_END)
+        fh.write(b"\0" * 8)
+    with pytest.raises(InputError, match="inputs .* changed"):
+        plan_for_resume(plan.workdir)
+    with pytest.raises(InputError, match="not a trajflow run"):
+        plan_for_resume(str(tmp_path))
+    other = make_plan(adk[0], [adk[1]], "rmsd", str(tmp_path / "done"), mode="tasks", blocks=2, cpus=2)
+    run_stages(other, write_plan(other))
+    with pytest.raises(InputError, match="complete"):
+        plan_for_resume(other.workdir)
+
+
+def test_a_5000_block_expansion_is_cheap_for_the_client(tmp_path, adk):
+    """Building (not running) a tasks-mode pipeline of 5,000 blocks: client memory bounded."""
+    import tracemalloc
+    from trajflow.workflows.datasets import adk_concatenated
+    from trajflow.workflows.pipeline import RunPipeline
+    top, traj = adk_concatenated(60, "DCD", folder=str(tmp_path))  # 5,880 frames
+    plan = make_plan(top, [traj], "rmsd", str(tmp_path / "run"), mode="tasks", blocks=5000, cpus=2)
+    path = write_plan(plan)
+    tracemalloc.start()
+    specs = stage_specs(plan, path)
+    run = RunPipeline(plan, path, sys.executable, "big", retries=1)
+    assert len(run.pipeline.stages) == 1  # stages are added as the run goes, not all at once
+    run._add_stage("analyze", specs["analyze"])  # what split's post_exec adds: 5,000 EnTK tasks
+    current, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert len(run.pipeline.stages[-1].tasks) == 5000
+    print(f"5,000-block expansion: peak {peak / 2**20:.1f} MiB traced in the client")
+    assert peak < 200 * 2**20
