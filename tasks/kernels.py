@@ -23,7 +23,6 @@ class Reference(NamedTuple):
     """A reference structure prepared once for many chunks."""
     centred_t: np.ndarray   # (3, N) float64, centred at its weighted centre
     weights: np.ndarray     # (N,) float64, mean 1 (ones when unweighted)
-    uniform: bool
     g: float                # sum w |ref_c|^2
 
 
@@ -44,7 +43,7 @@ def prepare_reference(reference, weights=None) -> Reference:
         w = w / w.mean()
     ref_c = ref - w @ ref / w.sum()
     g_ref = float(w @ np.einsum("ij,ij->i", ref_c, ref_c))
-    return Reference(np.ascontiguousarray(ref_c.T), w, weights is None, g_ref)
+    return Reference(np.ascontiguousarray(ref_c.T), w, g_ref)
 
 
 def qcp_rmsd(chunk, reference, weights=None):
@@ -66,14 +65,13 @@ def qcp_rmsd(chunk, reference, weights=None):
         x = x.astype(np.float64)
     out = np.empty(x.shape[0], dtype=np.float64)
     # coordinate-major (F, 3, N): the atom loop then runs over contiguous memory
-    _qcp_frames(np.ascontiguousarray(x.transpose(0, 2, 1)), ref.centred_t, ref.weights,
-                ref.uniform, ref.g, out)
+    _qcp_frames(np.ascontiguousarray(x.transpose(0, 2, 1)), ref.centred_t, ref.weights, ref.g, out)
     return out
 
 
 # reassociation lets the compiler vectorise the atom sums; every sum is float64
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def _qcp_frames(xt, ref_t, w, uniform, g_ref, out):
+def _qcp_frames(xt, ref_t, w, g_ref, out):
     """One pass per frame: sum w x, sum w |x|^2 and the correlation sum w x ref_c.
 
     The reference is centred (sum w ref_c = 0), so the frame's centre drops
@@ -88,40 +86,23 @@ def _qcp_frames(xt, ref_t, w, uniform, g_ref, out):
         x0, x1, x2 = xt[f, 0], xt[f, 1], xt[f, 2]
         s0 = s1 = s2 = g = 0.0
         sxx = sxy = sxz = syx = syy = syz = szx = szy = szz = 0.0
-        if uniform:
-            for n in range(n_atoms):
-                a0, a1, a2 = np.float64(x0[n]), np.float64(x1[n]), np.float64(x2[n])
-                s0 += a0
-                s1 += a1
-                s2 += a2
-                g += a0 * a0 + a1 * a1 + a2 * a2
-                sxx += a0 * r0[n]
-                sxy += a0 * r1[n]
-                sxz += a0 * r2[n]
-                syx += a1 * r0[n]
-                syy += a1 * r1[n]
-                syz += a1 * r2[n]
-                szx += a2 * r0[n]
-                szy += a2 * r1[n]
-                szz += a2 * r2[n]
-        else:
-            for n in range(n_atoms):
-                wn = w[n]
-                a0, a1, a2 = np.float64(x0[n]), np.float64(x1[n]), np.float64(x2[n])
-                g += wn * (a0 * a0 + a1 * a1 + a2 * a2)
-                a0, a1, a2 = wn * a0, wn * a1, wn * a2
-                s0 += a0
-                s1 += a1
-                s2 += a2
-                sxx += a0 * r0[n]
-                sxy += a0 * r1[n]
-                sxz += a0 * r2[n]
-                syx += a1 * r0[n]
-                syy += a1 * r1[n]
-                syz += a1 * r2[n]
-                szx += a2 * r0[n]
-                szy += a2 * r1[n]
-                szz += a2 * r2[n]
+        for n in range(n_atoms):
+            wn = w[n]
+            a0, a1, a2 = np.float64(x0[n]), np.float64(x1[n]), np.float64(x2[n])
+            g += wn * (a0 * a0 + a1 * a1 + a2 * a2)
+            a0, a1, a2 = wn * a0, wn * a1, wn * a2
+            s0 += a0
+            s1 += a1
+            s2 += a2
+            sxx += a0 * r0[n]
+            sxy += a0 * r1[n]
+            sxz += a0 * r2[n]
+            syx += a1 * r0[n]
+            syy += a1 * r1[n]
+            syz += a1 * r2[n]
+            szx += a2 * r0[n]
+            szy += a2 * r1[n]
+            szz += a2 * r2[n]
         g -= (s0 * s0 + s1 * s1 + s2 * s2) / sum_w
         e0 = 0.5 * (g + g_ref)
         lam = _qcp_max_eigenvalue(sxx, sxy, sxz, syx, syy, syz, szx, szy, szz, e0)

@@ -72,6 +72,14 @@ def test_mismatched_topology_and_trajectory(adk, adk_xtc, tmp_path):
     assert proc.returncode == 2 and "does not match topology" in proc.stderr
 
 
+def test_several_trajectories_with_different_atom_counts(adk, tmp_path):
+    from MDAnalysisTests.datafiles import XTC
+    proc = trajflow("run", "--topology", adk[0], "--trajectory", adk[1], XTC, "--analysis", "rmsd",
+                    "--out", str(tmp_path / "run"))
+    assert proc.returncode == 2 and "does not match topology" in proc.stderr
+    assert XTC in proc.stderr and not (tmp_path / "run").exists()
+
+
 def test_unreadable_format(adk, tmp_path):
     junk = tmp_path / "junk.dcd"
     junk.write_bytes(b"not a trajectory" * 10)
