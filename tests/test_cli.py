@@ -98,6 +98,15 @@ def test_never_writes_into_a_users_folder(adk, tmp_path):
     assert os.listdir(precious) == ["chapter1.tex"]
 
 
+def test_an_output_folder_that_cannot_be_created(adk, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    proc = trajflow("run", "--topology", adk[0], "--trajectory", adk[1], "--analysis", "rmsd",
+                    "--out", str(blocker / "run"))
+    assert proc.returncode == 2 and "cannot be created" in proc.stderr
+    assert blocker.read_text() == "not a folder"
+
+
 def test_unknown_analysis_is_refused_by_argparse(adk, tmp_path):
     proc = trajflow("run", "--topology", adk[0], "--trajectory", adk[1], "--analysis", "sasa",
                     "--out", str(tmp_path / "r"))

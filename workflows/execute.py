@@ -16,6 +16,7 @@ import sys
 import threading
 import re as regex
 import time
+from resource import RUSAGE_SELF, getrusage
 from typing import List
 
 from trajflow.tasks.plan import RunPlan
@@ -54,6 +55,7 @@ class RunReport:
     wall_s: float
 
     stopped: dict = dataclasses.field(default_factory=dict)  # run name -> stage it stopped at
+    client_peak_rss_mib: float = 0.0  # of the process that held the EnTK/RADICAL session
 
     @property
     def failed(self):
@@ -274,4 +276,5 @@ def _run_here(runs, resource, walltime, cpus, queue, project, session_root, retr
         path = plan.result_path()
         results[name] = path if os.path.exists(path) else None
     stopped = {name: run.stopped_at for name, run in pipelines.items()}
-    return RunReport(outcomes, results, session_dir, time.time() - t0, stopped)
+    peak = getrusage(RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+    return RunReport(outcomes, results, session_dir, time.time() - t0, stopped, peak)

@@ -93,6 +93,9 @@ def check_outdir(out):
     probe = parent
     while not os.path.exists(probe):
         probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise InputError(f"--out {out!r} cannot be created: {probe!r} is a file, not a folder; "
+                         "choose a folder you can write to")
     if not os.access(probe, os.W_OK):
         raise InputError(f"--out {out!r} cannot be created: {probe!r} is not writable; "
                          "choose a folder you can write to")

@@ -1,0 +1,27 @@
+"""500 single-core tasks with tiny blocks through a local pilot: the run completes, the result
+is MDAnalysis', and the client's memory stays bounded (measured and printed)."""
+import h5py
+import numpy as np
+import pytest
+
+from trajflow.workflows.datasets import adk_concatenated
+from trajflow.workflows.execute import run_plans
+from trajflow.workflows.planning import make_plan, write_plan
+
+pytestmark = [pytest.mark.entk, pytest.mark.slow]
+
+
+def test_500_task_pipeline_completes_with_bounded_client_memory(tmp_path):
+    import MDAnalysis as mda
+    from MDAnalysis.analysis import rms
+    top, traj = adk_concatenated(6, "DCD", folder=str(tmp_path))  # 588 frames
+    plan = make_plan(top, [traj], "rmsd", str(tmp_path / "run"), mode="tasks", blocks=500, cpus=2)
+    report = run_plans([("many", plan, write_plan(plan))], "local.localhost", walltime=60, cpus=2,
+                       retries=0)
+    assert report.ok, "\n".join(o.describe() for o in report.failed[:5])
+    assert sum(o.stage == "analyze" for o in report.outcomes) == 500
+    expected = rms.RMSD(mda.Universe(top, traj), select="name CA").run().results.rmsd[:, 2]
+    with h5py.File(report.results["many"]) as f:
+        np.testing.assert_allclose(f["rmsd"][()], expected, atol=1e-4)
+    print(f"500 tasks: {report.wall_s:.0f} s wall, client peak RSS {report.client_peak_rss_mib:.0f} MiB")
+    assert report.client_peak_rss_mib < 2048
