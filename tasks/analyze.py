@@ -10,7 +10,6 @@
 A frame's way: reader -> kernel (analyses.py) -> gather -> part -> reduce.
 """
 import argparse
-import os
 import sys
 import time
 import traceback

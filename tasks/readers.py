@@ -214,6 +214,3 @@ class H5MDChunkReader:
     def close(self):
         self.h5.close()
 
-
-def is_h5md(path) -> bool:
-    return str(path).lower().endswith((".h5md", ".h5"))

@@ -1,5 +1,4 @@
 """The HTML report in a real headless browser (Debian's chromium): it renders, offline, not blank."""
-import os
 import shutil
 import subprocess
 

@@ -4,7 +4,6 @@ For every io x mode x gather and N in {1, 2, 3}: rmsd within 1e-4 Å of
 MDAnalysis' rms.RMSD and dihedral features within 1e-6 of cos/sin of its
 Ramachandran angles, on the AdK DCD and on an XTC made from it.
 """
-import itertools
 
 import h5py
 import numpy as np

@@ -19,7 +19,6 @@ import time
 from resource import RUSAGE_SELF, getrusage
 from typing import List
 
-from trajflow.tasks.plan import RunPlan
 from . import resources
 from .pipeline import RunPipeline, remaining_specs
 

@@ -11,7 +11,6 @@ placeholder ${TRAJFLOW_VENV_BIN} (the bin folder holding this Python and the
 """
 import atexit
 import copy
-import glob
 import json
 import os
 import shutil
@@ -155,6 +154,3 @@ def task_python(resource: str) -> str:
     """The Python that runs tasks: this one locally; on a cluster, the one its config's pre_exec provides."""
     return sys.executable if is_local(resource) else "python3"
 
-
-def all_user_configs():
-    return sorted(glob.glob(os.path.join(user_radical_dir(), "pilot", "configs", "resource_*.json")))
