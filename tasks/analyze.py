@@ -63,6 +63,8 @@ def analyze_block(plan, block, timer, comm=None):
     arrays = analysis.run_block(source, start, stop, frames_per_chunk, timer, block=block,
                                 mpi_rank=block if comm is not None else None)
     source.close()
+    if reference is not source and reference.traj is not source.traj:
+        reference.close()  # split io: block 0's segment, opened for frame 0 only
     return arrays, analysis.attrs()
 
 

@@ -141,8 +141,9 @@ def reap_local_tasks(sid, grace_s=5.0):
     for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
         try:
             with open(cmdline, "rb") as fh:
-                if marker in fh.read() and b"launch.sh" in open(cmdline, "rb").read():
-                    groups.add(os.getpgid(int(cmdline.split("/")[2])))
+                text = fh.read()
+            if marker in text and b"launch.sh" in text:
+                groups.add(os.getpgid(int(cmdline.split("/")[2])))
         except (OSError, ProcessLookupError):
             continue
     for sig in (signal.SIGTERM, signal.SIGKILL):
