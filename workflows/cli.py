@@ -135,6 +135,8 @@ def _report(report, runs):
               f"(exit code {o.exit_code}) and was run again", file=sys.stderr)
     for o in report.failed:
         print(o.describe(), file=sys.stderr)
+    for name, error in report.errors.items():
+        print(f"{name}: {error}", file=sys.stderr)
     for name, stage in report.stopped.items():
         if stage:
             print(f"{name}: stopped after the {stage} stage failed; later stages did not run",

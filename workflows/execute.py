@@ -55,6 +55,7 @@ class RunReport:
 
     stopped: dict = dataclasses.field(default_factory=dict)  # run name -> stage it stopped at
     client_peak_rss_mib: float = 0.0  # of the process that held the EnTK/RADICAL session
+    errors: dict = dataclasses.field(default_factory=dict)   # run name -> why it did not run
 
     @property
     def failed(self):
@@ -70,7 +71,8 @@ class RunReport:
 
     @property
     def ok(self):
-        return not self.failed and not any(self.stopped.values()) and all(self.results.values())
+        return not self.failed and not any(self.stopped.values()) and not self.errors \
+            and all(self.results.values())
 
 
 @contextlib.contextmanager
@@ -178,13 +180,20 @@ class Interrupted(Exception):
     """The user stopped the run (Ctrl-C); the pilot was cancelled."""
 
 
+OUTCOME_FILE = "outcome.json"
+
+
 def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_root=None,
-              retries=1, resume=False, envs=None):
+              retries=1, resume=False, envs=None, one_at_a_time=False):
     """Run [(name, plan, plan_path)] as pipelines on one pilot; return a RunReport.
 
     A failed task is run again up to `retries` times before its run fails.
     `resume`: run only what the runs are missing. `envs`: run name -> extra
-    task environment (the testing hooks of one run only).
+    task environment (the testing hooks of one run only). `one_at_a_time`:
+    the runs go through the pilot one after another (EnTK's AppManager.run()
+    once per run, the pilot kept between them), so that no run's timings are
+    disturbed by another's; otherwise all run side by side. Each run's RUNDIR
+    gets an outcome.json as soon as it has ended.
 
     EnTK and RADICAL-Pilot run in a child process in a session of its own. A
     Ctrl-C in the terminal reaches the whole foreground process group: had
@@ -193,11 +202,14 @@ def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_
     would run on until the walltime. Here only this process gets the signal;
     it asks the child to stop, which cancels the pilot in order.
     """
+    kwargs = dict(runs=runs, pilot=resources.resource_description(resource, walltime, cpus,
+                                                                    queue, project),
+                  session_root=session_root, retries=retries, resume=resume, envs=envs or {},
+                  one_at_a_time=one_at_a_time)
     ctx = multiprocessing.get_context("fork")
     receiver, sender = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_run_in_own_session, name="trajflow-workflow",
-                        args=(sender, runs, resource, walltime, cpus, queue, project,
-                              session_root, retries, resume, envs))
+                        args=(sender, kwargs))
     child.start()
     sender.close()
     try:
@@ -220,19 +232,22 @@ def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_
     return payload
 
 
-def _run_in_own_session(sender, *args):
+def _was_interrupted(exc):
+    return isinstance(exc, KeyboardInterrupt) or isinstance(exc.__cause__, KeyboardInterrupt)
+
+
+def _run_in_own_session(sender, kwargs):
     os.setsid()
     try:
-        sender.send(("ok", _run_here(*args)))
+        sender.send(("ok", _run_here(**kwargs)))
     except BaseException as exc:  # noqa: the parent must hear of every ending
-        interrupted = isinstance(exc, KeyboardInterrupt) or isinstance(exc.__cause__, KeyboardInterrupt)
         sender.send(("interrupted", "interrupted by the user; the pilot was cancelled")
-                    if interrupted else ("error", f"{type(exc).__name__}: {exc}"))
+                    if _was_interrupted(exc) else ("error", f"{type(exc).__name__}: {exc}"))
     finally:
         sender.close()
 
 
-def _run_here(runs, resource, walltime, cpus, queue, project, session_root, retries, resume, envs):
+def _run_here(runs, pilot, session_root, retries, resume, envs, one_at_a_time):
     """run_plans' work, in the process that owns the RADICAL session."""
     import radical.entk as re
     t0 = time.time()
@@ -242,39 +257,72 @@ def _run_here(runs, resource, walltime, cpus, queue, project, session_root, retr
     os.environ.setdefault("RADICAL_PROFILE", "TRUE")
     os.environ.setdefault("RADICAL_LOG_LVL", "WARNING")
     os.environ.setdefault("RADICAL_REPORT", "FALSE")
-    python = resources.task_python(resource)
-    envs = envs or {}
+    python = resources.task_python(pilot["resource"])
     pipelines = {name: RunPipeline(plan, path, python, name, retries,
                                    remaining_specs(plan, path) if resume else None, envs.get(name))
                  for name, plan, path in runs}
+    batches = [[run] for run in runs] if one_at_a_time else [list(runs)]
+    outcomes, errors = [], {}
     with _working_dir(session_root):
         appman = re.AppManager(autoterminate=False, base_path=session_root)
-        appman.resource_desc = resources.resource_description(resource, walltime, cpus, queue, project)
-        appman.workflow = set(p.pipeline for p in pipelines.values())
+        appman.resource_desc = pilot
         try:
-            appman.run()
+            for batch in batches:
+                if errors:  # EnTK gave up on an earlier batch and took the pilot with it
+                    errors.update({name: f"not run: {next(iter(errors.values()))}"
+                                   for name, _, _ in batch})
+                    continue
+                appman.workflow = set(pipelines[name].pipeline for name, _, _ in batch)
+                try:
+                    appman.run()
+                except Exception as exc:
+                    if _was_interrupted(exc):
+                        raise
+                    errors.update({name: f"EnTK failed: {type(exc).__name__}: {exc}"
+                                   for name, _, _ in batch})
+                for name, plan, _ in batch:
+                    done = _collect(name, plan, pipelines[name])
+                    outcomes += done
+                    _write_outcome(plan, name, done, pipelines[name].stopped_at, errors.get(name))
         finally:
             shutdown(appman)
-            if resources.is_local(resource):
+            if resources.is_local(pilot["resource"]):
                 reap_local_tasks(appman.sid)
         session_dir = os.path.join(session_root, appman.sid)
-    outcomes = []
-    for name, run in pipelines.items():
-        for stage in run.pipeline.stages:
-            stage_name, _, attempt = stage.name.partition(".attempt")
-            for task in stage.tasks:
-                outcomes.append(TaskOutcome(
-                    pipeline=name, stage=stage_name, attempt=int(attempt or 1),
-                    name=task.name, state=task.state,
-                    exit_code=_exit_code(task), sandbox=task.path or "",
-                    stderr_tail="" if task.state == "DONE" else _stderr_tail(task.path)))
-    plans = {name: plan for name, plan, _ in runs}
-    for o in outcomes:
-        keep_task_files(o, plans[o.pipeline].path("radical"))
     results = {}
     for name, plan, _ in runs:
         path = plan.result_path()
-        results[name] = path if os.path.exists(path) else None
+        results[name] = path if os.path.exists(path) and name not in errors else None
     stopped = {name: run.stopped_at for name, run in pipelines.items()}
     peak = getrusage(RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
-    return RunReport(outcomes, results, session_dir, time.time() - t0, stopped, peak)
+    return RunReport(outcomes, results, session_dir, time.time() - t0, stopped, peak, errors)
+
+
+def _collect(name, plan, run):
+    """The final state of every task of one run; their RADICAL files kept in RUNDIR/radical/."""
+    outcomes = []
+    for stage in run.pipeline.stages:
+        stage_name, _, attempt = stage.name.partition(".attempt")
+        for task in stage.tasks:
+            outcomes.append(TaskOutcome(
+                pipeline=name, stage=stage_name, attempt=int(attempt or 1),
+                name=task.name, state=task.state,
+                exit_code=_exit_code(task), sandbox=task.path or "",
+                stderr_tail="" if task.state == "DONE" else _stderr_tail(task.path)))
+    for o in outcomes:
+        keep_task_files(o, plan.path("radical"))
+    return outcomes
+
+
+def _write_outcome(plan, name, outcomes, stopped_at, error):
+    """RUNDIR/outcome.json: how the run ended, written the moment it has ended."""
+    report = RunReport(outcomes, {name: plan.result_path()}, "", 0.0, {name: stopped_at})
+    complete = os.path.exists(plan.result_path()) and not report.failed and not stopped_at \
+        and not error
+    record = {"run": name, "status": "done" if complete else "failed",
+              "ended": time.time(), "stopped_at": stopped_at, "error": error,
+              "failed_tasks": [o.describe() for o in report.failed]}
+    tmp = plan.path(OUTCOME_FILE + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(record, fh, indent=1)
+    os.replace(tmp, plan.path(OUTCOME_FILE))
