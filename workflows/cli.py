@@ -1,4 +1,4 @@
-"""The `trajflow` command: run, demo.
+"""The `trajflow` command: run, demo, campaign, inspect, resources, bench.
 
 Exit codes: 0 every task DONE and result.h5 complete; 1 a task failed or a
 result is missing; 2 bad input (nothing was started or written); 130 Ctrl-C.
@@ -89,13 +89,39 @@ def build_parser():
                                       "profiles) and print a phase table per task and rank, the "
                                       "stragglers with the numbers behind them, and the papers' "
                                       "advice; with several runs of one input, S(N) and E(N).")
-    insp.add_argument("rundirs", nargs="+", metavar="RUNDIR", help="one or more trajflow runs")
+    insp.add_argument("rundirs", nargs="+", metavar="RUNDIR",
+                      help="one or more trajflow runs, or one campaign folder (then the "
+                           "campaign table, and --html compares its resources)")
     insp.add_argument("--html", default=None, metavar="FILE",
                       help="write a self-contained offline HTML report (default: none)")
     insp.add_argument("--json", default=None, metavar="FILE",
                       help="write every record and flag as JSON (default: none)")
     insp.add_argument("--csv", default=None, metavar="FILE",
                       help="write every record and flag as CSV (default: none)")
+    camp = sub.add_parser("campaign", help="run the experiments of a campaign file on one or "
+                                           "more resources, concurrently",
+                          description="Expand a campaign file (TOML: input, analysis, resources, "
+                                      "factors with levels) into experiments and run them: one "
+                                      "pilot per resource, the resources side by side, every "
+                                      "experiment in its own RUNDIR under CAMPAIGN_DIR/runs/, "
+                                      "the table in CAMPAIGN_DIR/campaign.csv.")
+    camp.add_argument("file", metavar="FILE.toml", help="the campaign file (see the README)")
+    camp.add_argument("--out", default=None, metavar="CAMPAIGN_DIR",
+                      help="the campaign's folder (default: ./<campaign name>)")
+    camp.add_argument("--dry-run", action="store_true",
+                      help="print the experiments and each resource's pilot; submit and write "
+                           "nothing")
+    camp.add_argument("--resume", action="store_true",
+                      help="keep the experiments of CAMPAIGN_DIR that completed, run the rest")
+    res = sub.add_parser("resources", help="list the resources trajflow can use, or show one",
+                         description="List every RADICAL-Pilot resource label (RADICAL's own, "
+                                     "trajflow's shipped configs, your ~/.radical), or show the "
+                                     "merged config RADICAL-Pilot will use for one.")
+    res.add_argument("show", nargs="?", metavar="LABEL", default=None,
+                     help="show this resource's merged config as JSON (default: list all)")
+    res.add_argument("--all", action="store_true",
+                     help="list every RADICAL-Pilot label, not only the ones trajflow or you "
+                          "configured")
     bench = sub.add_parser("bench", help="our kernels and readers against MDAnalysis, the papers' "
                                          "loops and mdtraj, side by side",
                            description="Measure, in one run on AdK concatenated K times (DCD, XTC "
@@ -216,8 +242,43 @@ def cmd_demo(args):
     return _report(report, runs)
 
 
+def cmd_campaign(args):
+    from .campaign import load_campaign
+    from .campaign_run import run_campaign
+    campaign = load_campaign(args.file)
+    out = args.out or os.path.join(os.getcwd(), campaign.name)
+    return run_campaign(campaign, out, resume=args.resume, dry_run=args.dry_run)
+
+
+def cmd_resources(args):
+    import json
+    from . import resources
+    if args.show:
+        try:
+            resources.check_resource(args.show)
+        except ValueError as exc:
+            raise InputError(str(exc))
+        sources = resources.resource_sources().get(args.show, [])
+        print(f"# {args.show}: from {' + '.join(sources) or 'RADICAL-Pilot'} "
+              "(later ones merged over earlier ones)")
+        print(json.dumps(resources.merged_config(args.show), indent=2, sort_keys=True))
+        return EXIT_OK
+    sources = resources.resource_sources()
+    shown = sorted(l for l, s in sources.items() if args.all or s != ["radical"])
+    print(f"{'resource':32s} config from")
+    for label in shown:
+        print(f"{label:32s} {' + '.join(sources[label])}")
+    if not args.all:
+        print(f"({len(sources) - len(shown)} more of RADICAL-Pilot's own: --all lists them; "
+              "`trajflow resources LABEL` shows one)")
+    return EXIT_OK
+
+
 def cmd_inspect(args):
     from .inspection import inspect_runs, summary_text, write_csv, write_json
+    from .campaign_run import is_campaign_dir
+    if len(args.rundirs) == 1 and is_campaign_dir(args.rundirs[0]):
+        return _inspect_campaign(args)
     for d in args.rundirs:
         if not os.path.exists(os.path.join(d, "plan.json")):
             raise InputError(f"{d!r} is not a trajflow run (no plan.json): give a --out folder of "
@@ -234,6 +295,26 @@ def cmd_inspect(args):
     if args.csv:
         write_csv(report, args.csv)
         print(f"CSV: {args.csv}")
+    return EXIT_OK
+
+
+def _inspect_campaign(args):
+    from .campaign_table import summary_lines, write_table
+    cdir = os.path.abspath(args.rundirs[0])
+    for line in summary_lines(cdir):
+        print(line)
+    if args.html:
+        from .report_html import write_campaign_html
+        write_campaign_html(cdir, args.html)
+        print(f"HTML report: {args.html}")
+    if args.csv:
+        print(f"CSV: {write_table(cdir, args.csv)}")
+    if args.json:
+        import json
+        from .campaign_table import experiment_rows
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(experiment_rows(cdir), fh, indent=1)
+        print(f"JSON: {args.json}")
     return EXIT_OK
 
 
@@ -255,8 +336,8 @@ def cmd_bench(args):
 def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
-        return {"run": cmd_run, "demo": cmd_demo, "bench": cmd_bench,
-                "inspect": cmd_inspect}[args.command](args)
+        return {"run": cmd_run, "demo": cmd_demo, "bench": cmd_bench, "campaign": cmd_campaign,
+                "resources": cmd_resources, "inspect": cmd_inspect}[args.command](args)
     except InputError as exc:
         print(f"trajflow: error: {exc}", file=sys.stderr)
         return EXIT_INPUT

@@ -319,10 +319,24 @@ def _write_outcome(plan, name, outcomes, stopped_at, error):
     report = RunReport(outcomes, {name: plan.result_path()}, "", 0.0, {name: stopped_at})
     complete = os.path.exists(plan.result_path()) and not report.failed and not stopped_at \
         and not error
-    record = {"run": name, "status": "done" if complete else "failed",
-              "ended": time.time(), "stopped_at": stopped_at, "error": error,
-              "failed_tasks": [o.describe() for o in report.failed]}
+    record_outcome(plan, "done" if complete else "failed", error, stopped_at,
+                   [o.describe() for o in report.failed])
+
+
+def record_outcome(plan, status, error=None, stopped_at=None, failed_tasks=()):
+    """Write RUNDIR/outcome.json atomically: status "done" or "failed", and why."""
+    record = {"run": os.path.basename(plan.workdir), "status": status, "ended": time.time(),
+              "stopped_at": stopped_at, "error": error, "failed_tasks": list(failed_tasks)}
     tmp = plan.path(OUTCOME_FILE + ".tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(record, fh, indent=1)
     os.replace(tmp, plan.path(OUTCOME_FILE))
+
+
+def read_outcome(rundir):
+    """The outcome.json of a run, or None while it has not ended."""
+    try:
+        with open(os.path.join(rundir, OUTCOME_FILE), encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None

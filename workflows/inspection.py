@@ -186,29 +186,42 @@ def straggler_lines(flags, records):
     return lines
 
 
+def slowest_rank_phases(records):
+    """The analyze stage's time per phase as the job sees it: the slowest rank's
+    (or task's) open, io, compute, comm, wait and total; None without analyze records."""
+    analyze = [r for r in records if r["task"] == "analyze"]
+    if not analyze:
+        return None
+    phases = {p: max(phase_times(r)[p] for r in analyze) for p in ("open", "io", "compute", "comm")}
+    phases["wait"] = max(r.get("t_wait", 0.0) for r in analyze)
+    phases["total"] = max(r["t_total"] for r in analyze)
+    return phases
+
+
+def speedup(n, t, n0, t0):
+    """S(N) = N0 t(N0) / t(N), as if the baseline scaled perfectly up to N0; E = S / N."""
+    s = n0 * t0 / t if t > 0 else None
+    return s, (s / n if s is not None else None)
+
+
 def scaling(runs):
     """S(N) and E(N) per phase over runs of the same input and analysis at different rank counts."""
     rows = []
     by_input = {}
     for plan, records in runs:
-        analyze = [r for r in records if r["task"] == "analyze"]
-        if not analyze:
+        phases = slowest_rank_phases(records)
+        if phases is None:
             continue
         key = (plan.input_checksum, plan.analysis, plan.io, plan.mode)
-        phases = {p: max(phase_times(r)[p] for r in analyze) for p in ("open", "io", "compute", "comm")}
-        phases["wait"] = max(r.get("t_wait", 0.0) for r in analyze)
-        phases["total"] = max(r["t_total"] for r in analyze)
         by_input.setdefault(key, []).append((plan.n_blocks, phases))
     for key, points in by_input.items():
         points.sort(key=lambda p: p[0])
-        n0, base = points[0]  # the baseline: S(n0) = n0, as if it scaled perfectly up to n0
+        n0, base = points[0]
         for n, ph in points:
             row = {"analysis": key[1], "io": key[2], "mode": key[3], "N": n}
             for p, t in ph.items():
-                speedup = n0 * base[p] / t if t > 0 else None
                 row[f"t_{p}"] = t
-                row[f"S_{p}"] = speedup
-                row[f"E_{p}"] = speedup / n if speedup is not None else None
+                row[f"S_{p}"], row[f"E_{p}"] = speedup(n, t, n0, base[p])
             rows.append(row)
     return rows
 

@@ -104,8 +104,9 @@ def check_outdir(out):
 
 def make_plan(topology, trajectories, analysis, out, selection=None, io="shared",
               mode="mpi", gather="gatherv", blocks=None, cpus=2, repeat=1,
-              compression=None, chunk_frames=0) -> RunPlan:
-    """Check everything and return the plan (not yet written)."""
+              compression=None, chunk_frames=0, new_out=True) -> RunPlan:
+    """Check everything and return the plan (not yet written). `new_out=False`:
+    the caller owns `out` (a campaign's experiment folder) and has checked it."""
     if analysis not in ANALYSES:
         raise InputError(f"unknown analysis {analysis!r}: choose one of {', '.join(ANALYSES)}")
     for value, allowed, flag in ((io, IO_STRATEGIES, "--io"), (mode, MODES, "--mode"),
@@ -130,7 +131,7 @@ def make_plan(topology, trajectories, analysis, out, selection=None, io="shared"
         raise InputError("--compression applies to --io h5md only: drop it or use --io h5md")
     topology = os.path.abspath(topology)
     trajectories = [os.path.abspath(t) for t in trajectories]
-    out = check_outdir(out)
+    out = check_outdir(out) if new_out else os.path.abspath(out)
     u = open_inputs(topology, trajectories)
     selection = selection or DEFAULT_SELECTION[analysis]
     selected = resolve_selection(u, selection, analysis)

@@ -67,7 +67,9 @@ def _fill_placeholders(obj):
 
 
 def user_radical_dir() -> str:
-    base = os.environ.get("RADICAL_CONFIG_USER_DIR") or os.path.expanduser("~")
+    """The user's own RADICAL folder (not the private one trajflow points RADICAL at)."""
+    base = _ACTIVE.get("user_base") or os.environ.get("RADICAL_CONFIG_USER_DIR") \
+        or os.path.expanduser("~")
     return os.path.join(base, ".radical")
 
 
@@ -106,6 +108,7 @@ _ACTIVE = {}
 def activate_configs() -> str:
     """Once per process: a private config folder (user's + ours), removed at exit."""
     if "dir" not in _ACTIVE:
+        _ACTIVE["user_base"] = os.environ.get("RADICAL_CONFIG_USER_DIR") or os.path.expanduser("~")
         folder = tempfile.mkdtemp(prefix="trajflow-radical-config-")
         atexit.register(shutil.rmtree, folder, True)
         prepare_config_dir(folder)
@@ -154,3 +157,40 @@ def task_python(resource: str) -> str:
     """The Python that runs tasks: this one locally; on a cluster, the one its config's pre_exec provides."""
     return sys.executable if is_local(resource) else "python3"
 
+
+
+def _labels_in(folder) -> dict:
+    """label -> file, for the resource_<facility>.json files in `folder` (comments allowed)."""
+    import glob
+    import radical.utils as ru
+    out = {}
+    for path in sorted(glob.glob(os.path.join(folder, "resource_*.json"))):
+        facility = os.path.basename(path)[len("resource_"):-len(".json")]
+        try:
+            platforms = ru.read_json(path)
+        except Exception:  # a broken user file must not hide the others; RP will say more
+            continue
+        for name in platforms:
+            out[f"{facility}.{name}"] = path
+    return out
+
+
+def resource_sources() -> dict:
+    """label -> where its config comes from: "radical" (RADICAL-Pilot's own),
+    "trajflow" (shipped here, merged over RADICAL's) and "user" (~/.radical, merged last)."""
+    import radical.pilot as rp
+    rp_dir = os.path.join(os.path.dirname(rp.__file__), "configs")
+    ours = os.path.dirname(shipped_config_files()[0])
+    sources = {}
+    for origin, folder in (("radical", rp_dir), ("trajflow", ours),
+                           ("user", os.path.join(user_radical_dir(), "pilot", "configs"))):
+        for label in _labels_in(folder):
+            sources.setdefault(label, []).append(origin)
+    return sources
+
+
+def merged_config(resource: str) -> dict:
+    """The config RADICAL-Pilot will use for `resource`, as plain data."""
+    activate_configs()
+    cfg = resource_config(resource)
+    return None if cfg is None else cfg.as_dict()

@@ -1,0 +1,303 @@
+"""A campaign file: factors with levels, expanded into experiments (paper 004's factor space).
+
+The file is TOML, read as data (never executed); every table takes only the
+keys listed below, and an unknown key is an error that names it and the keys
+allowed, so a typo ("rank" for "ranks") is not silently a default.
+
+    [campaign]                 name, analysis (required), select, design ("factorial" | "list"),
+                               repeats, retries, chunk, compression, concurrent
+    [input]                    topology + trajectory (a file or a list), or
+                               dataset = "adk" with copies and format (DCD, XTC, H5MD)
+    [resources."<label>"]      walltime (minutes, required), cpus, queue, project
+    [factors]                  ranks (required), io, mode, gather, repeat: lists of levels
+    [[experiments]]            design = "list" only: resource, ranks, io, mode, gather, repeat
+
+Relative paths are relative to the campaign file. With the full factorial
+design every resource runs every combination of the factors' levels; with
+"list" only the experiments listed run (factors then give the defaults).
+Each experiment runs `repeats` times. The pilot of a resource is sized for
+its largest experiment unless `cpus` says otherwise.
+"""
+import dataclasses
+import itertools
+import os
+import tomllib
+from typing import Dict, List
+
+from trajflow.tasks.plan import ANALYSES, GATHERS, IO_STRATEGIES, MODES
+from .planning import InputError
+
+DESIGNS = ("factorial", "list")
+DATASETS = ("adk",)
+DATASET_FORMATS = ("DCD", "XTC", "H5MD")
+
+# table -> key -> (type, required); a list type means "a list of these, or one"
+SCHEMA = {
+    "campaign": {"name": (str, False), "analysis": (str, True), "select": (str, False),
+                 "design": (str, False), "repeats": (int, False), "retries": (int, False),
+                 "chunk": (int, False), "compression": (str, False), "concurrent": (bool, False)},
+    "input": {"topology": (str, False), "trajectory": ([str], False), "dataset": (str, False),
+              "copies": (int, False), "format": (str, False)},
+    "resource": {"walltime": (int, True), "cpus": (int, False), "queue": (str, False),
+                 "project": (str, False)},
+    "factors": {"ranks": ([int], True), "io": ([str], False), "mode": ([str], False),
+                "gather": ([str], False), "repeat": ([int], False)},
+    "experiment": {"resource": (str, True), "ranks": (int, False), "io": (str, False),
+                   "mode": (str, False), "gather": (str, False), "repeat": (int, False)},
+}
+TOP_LEVEL = ("campaign", "input", "resources", "factors", "experiments")
+FACTOR_DEFAULTS = {"io": ["shared"], "mode": ["mpi"], "gather": ["gatherv"], "repeat": [1]}
+FACTOR_CHOICES = {"io": IO_STRATEGIES, "mode": MODES, "gather": GATHERS}
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """One point of the factor space, one repeat of it."""
+    resource: str
+    ranks: int
+    io: str
+    mode: str
+    gather: str      # "-" in tasks mode, where nothing is gathered over MPI
+    repeat: int      # the workload multiplier (--repeat K)
+    rep: int         # which repeat of this point, from 1
+
+    @property
+    def point(self) -> str:
+        """The factor levels without the repeat number."""
+        return f"n{self.ranks}-{self.io}-{self.mode}-{self.gather}-k{self.repeat}"
+
+    @property
+    def id(self) -> str:
+        return f"{self.resource}/{self.point}-r{self.rep}"
+
+    def as_dict(self) -> dict:
+        return {"id": self.id, **dataclasses.asdict(self)}
+
+
+@dataclasses.dataclass
+class ResourceSpec:
+    label: str
+    walltime: int
+    cpus: int = 0        # 0: the largest experiment's ranks
+    queue: str = ""
+    project: str = ""
+
+
+@dataclasses.dataclass
+class Campaign:
+    path: str
+    name: str
+    analysis: str
+    select: str
+    design: str
+    repeats: int
+    retries: int
+    chunk: int
+    compression: str
+    concurrent: bool
+    input: dict
+    resources: Dict[str, ResourceSpec]
+    experiments: List[Experiment]
+
+    def on(self, resource: str) -> List[Experiment]:
+        return [e for e in self.experiments if e.resource == resource]
+
+    def pilot(self, resource: str) -> dict:
+        """The pilot description of a resource: its walltime, queue, project, and
+        cores for its largest experiment (or the cpus the file gives)."""
+        from .resources import resource_description
+        spec = self.resources[resource]
+        largest = max((e.ranks for e in self.on(resource)), default=1)
+        return resource_description(resource, spec.walltime, spec.cpus or largest,
+                                    spec.queue or None, spec.project or None)
+
+
+def _where(table, key):
+    return f"[{table}] {key}" if key else f"[{table}]"
+
+
+def _check_table(values, kind, where):
+    """Unknown keys named, required keys demanded, types checked."""
+    if not isinstance(values, dict):
+        raise InputError(f"{where} must be a table of keys, not {type(values).__name__}")
+    schema = SCHEMA[kind]
+    for key in values:
+        if key not in schema:
+            raise InputError(f"{where}: unknown key {key!r}; allowed keys: {', '.join(schema)}")
+    for key, (kind_, required) in schema.items():
+        if required and key not in values:
+            raise InputError(f"{where}: missing {key!r}")
+        if key not in values:
+            continue
+        value = values[key]
+        if isinstance(kind_, list):
+            items = value if isinstance(value, list) else [value]
+            if not items:
+                raise InputError(f"{where}: {key!r} needs at least one level")
+            for item in items:
+                _check_type(item, kind_[0], f"{where} {key}")
+        else:
+            _check_type(value, kind_, f"{where} {key}")
+
+
+def _check_type(value, kind, where):
+    # TOML booleans are Python bools, which are ints too: keep them apart
+    if type(value) is not kind:
+        raise InputError(f"{where} = {value!r}: expected {kind.__name__}, "
+                         f"got {type(value).__name__}")
+
+
+def _levels(values, key):
+    v = values.get(key, FACTOR_DEFAULTS.get(key))
+    return v if isinstance(v, list) else [v]
+
+
+def _check_choice(value, key, where):
+    allowed = FACTOR_CHOICES.get(key)
+    if allowed and value not in allowed:
+        raise InputError(f"{where}: {key} = {value!r} is not one of {', '.join(allowed)}")
+    if key in ("ranks", "repeat") and value < 1:
+        raise InputError(f"{where}: {key} = {value} must be at least 1")
+
+
+def load_campaign(path) -> Campaign:
+    """Read and check a campaign file; InputError naming the problem and the fix."""
+    path = os.path.abspath(path)
+    if not os.path.isfile(path):
+        raise InputError(f"campaign file {path!r} does not exist: check the path")
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"campaign file {path!r} is not valid TOML: {exc}")
+    for key in data:
+        if key not in TOP_LEVEL:
+            raise InputError(f"{path}: unknown table {key!r}; allowed: {', '.join(TOP_LEVEL)}")
+    for key in ("campaign", "input", "resources"):
+        if key not in data:
+            raise InputError(f"{path}: missing table [{key}]; see the README's campaign example")
+    c = data["campaign"]
+    _check_table(c, "campaign", "[campaign]")
+    if c["analysis"] not in ANALYSES:
+        raise InputError(f"[campaign] analysis = {c['analysis']!r}: choose one of "
+                         f"{', '.join(ANALYSES)}")
+    design = c.get("design", "factorial")
+    if design not in DESIGNS:
+        raise InputError(f"[campaign] design = {design!r}: choose one of {', '.join(DESIGNS)}")
+    for key in ("repeats", "retries", "chunk"):
+        if c.get(key, 1) < (1 if key == "repeats" else 0):
+            raise InputError(f"[campaign] {key} = {c[key]} is too small")
+    base = os.path.dirname(path)
+    inputs = _check_input(data["input"], base)
+    resources = _check_resources(data["resources"])
+    if "factors" not in data and design == "factorial":
+        raise InputError(f"{path}: missing table [factors] (at least ranks = [...]); or set "
+                         "design = \"list\" and list [[experiments]]")
+    given = data.get("factors", {"ranks": [1]})
+    _check_table(given, "factors", "[factors]")
+    factors = {k: _levels(given, k) for k in SCHEMA["factors"]}
+    for key, levels in factors.items():
+        for v in levels:
+            _check_choice(v, key, "[factors]")
+    if design == "list":
+        points = _listed_points(data.get("experiments"), factors, resources)
+    else:
+        if "experiments" in data:
+            raise InputError("[[experiments]] is given but [campaign] design is 'factorial': "
+                             "set design = \"list\" to run just those, or remove them")
+        points = [dict(zip(("resource",) + tuple(factors), combo))
+                  for combo in itertools.product(resources, *factors.values())]
+    experiments = _expand(points, c.get("repeats", 1))
+    for label, spec in resources.items():
+        largest = max((e.ranks for e in experiments if e.resource == label), default=0)
+        if not largest:
+            raise InputError(f"[resources.\"{label}\"] has no experiments: remove it or list some")
+        mpi = max((e.ranks for e in experiments if e.resource == label and e.mode == "mpi"),
+                  default=0)
+        if spec.cpus and mpi > spec.cpus:
+            raise InputError(f"[resources.\"{label}\"] cpus = {spec.cpus} cannot hold the "
+                             f"{mpi}-rank MPI experiments: raise cpus or drop those ranks")
+    name = c.get("name") or os.path.splitext(os.path.basename(path))[0]
+    return Campaign(path=path, name=name, analysis=c["analysis"], select=c.get("select", ""),
+                    design=design, repeats=c.get("repeats", 1), retries=c.get("retries", 1),
+                    chunk=c.get("chunk", 0), compression=c.get("compression", ""),
+                    concurrent=c.get("concurrent", False), input=inputs,
+                    resources=resources, experiments=experiments)
+
+
+def _check_input(values, base):
+    _check_table(values, "input", "[input]")
+    if "dataset" in values:
+        extra = {"topology", "trajectory"} & set(values)
+        if extra:
+            raise InputError(f"[input]: give either dataset or topology/trajectory, not both "
+                             f"(drop {', '.join(sorted(extra))})")
+        if values["dataset"] not in DATASETS:
+            raise InputError(f"[input] dataset = {values['dataset']!r}: the built-in datasets "
+                             f"are {', '.join(DATASETS)}; or give topology and trajectory")
+        fmt = values.get("format", "DCD").upper()
+        if fmt not in DATASET_FORMATS:
+            raise InputError(f"[input] format = {values['format']!r}: choose one of "
+                             f"{', '.join(DATASET_FORMATS)}")
+        copies = values.get("copies", 10)
+        if copies < 1:
+            raise InputError(f"[input] copies = {copies}: give 1 or more")
+        return {"dataset": values["dataset"], "copies": copies, "format": fmt}
+    for key in ("copies", "format"):
+        if key in values:
+            raise InputError(f"[input] {key} applies to dataset only: drop it")
+    for key in ("topology", "trajectory"):
+        if key not in values:
+            raise InputError(f"[input]: missing {key!r} (or give dataset = \"adk\")")
+    traj = values["trajectory"] if isinstance(values["trajectory"], list) else [values["trajectory"]]
+    return {"topology": os.path.join(base, values["topology"]),
+            "trajectory": [os.path.join(base, t) for t in traj]}
+
+
+def _check_resources(values):
+    if not isinstance(values, dict) or not values:
+        raise InputError("[resources] must name at least one resource, e.g. "
+                         "[resources.\"local.localhost\"] walltime = 30")
+    out = {}
+    for label, spec in values.items():
+        where = f"[resources.\"{label}\"]"
+        _check_table(spec, "resource", where)
+        if spec["walltime"] <= 0:
+            raise InputError(f"{where} walltime = {spec['walltime']}: minutes, more than 0")
+        if spec.get("cpus", 1) < 1:
+            raise InputError(f"{where} cpus = {spec['cpus']}: at least 1")
+        out[label] = ResourceSpec(label, spec["walltime"], spec.get("cpus", 0),
+                                  spec.get("queue", ""), spec.get("project", ""))
+    return out
+
+
+def _listed_points(listed, factors, resources):
+    if not listed:
+        raise InputError("[campaign] design = \"list\" needs [[experiments]] entries")
+    points = []
+    for i, e in enumerate(listed, 1):
+        where = f"[[experiments]] #{i}"
+        _check_table(e, "experiment", where)
+        if e["resource"] not in resources:
+            raise InputError(f"{where}: resource {e['resource']!r} is not in [resources]; "
+                             f"add a [resources.\"{e['resource']}\"] table")
+        point = {"resource": e["resource"]}
+        for key in SCHEMA["factors"]:
+            point[key] = e.get(key, factors[key][0])
+            _check_choice(point[key], key, where)
+        points.append(point)
+    return points
+
+
+def _expand(points, repeats):
+    """Points x repeats as Experiments; gather means nothing in tasks mode, so
+    tasks-mode points differing only in gather are one experiment."""
+    seen, out = set(), []
+    for p in points:
+        gather = "-" if p["mode"] == "tasks" else p["gather"]
+        for rep in range(1, repeats + 1):
+            e = Experiment(p["resource"], p["ranks"], p["io"], p["mode"], gather, p["repeat"], rep)
+            if e not in seen:
+                seen.add(e)
+                out.append(e)
+    return out

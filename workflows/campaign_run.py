@@ -1,0 +1,238 @@
+"""Run a campaign: one pilot per resource, the resources side by side.
+
+CAMPAIGN_DIR holds everything: the campaign file as run (campaign.toml), the
+expanded experiments (experiments.json), one RUNDIR per experiment under
+runs/<resource>/, the EnTK sessions under sessions/<resource>/, one log per
+resource under logs/, and the campaign table (campaign.csv).
+
+Each resource gets a process of its own (in its own process group, so that a
+Ctrl-C is forwarded to it exactly once) holding one AppManager and one pilot;
+its experiments run on that pilot one after another (their timings are not
+disturbed by each other), or side by side with `concurrent = true`. Every
+experiment's RUNDIR gets outcome.json when it ends, which is what the
+progress lines and `--resume` read: a failed experiment is recorded and the
+others go on.
+"""
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import sys
+import time
+
+from trajflow.tasks.plan import PLAN_FILE, RunPlan
+from .campaign import Campaign
+from .execute import Interrupted, read_outcome, record_outcome
+from .planning import RUN_MARKER, InputError, check_outdir, input_checksum, make_plan, write_plan
+
+CAMPAIGN_MARKER = ".trajflow-campaign"
+EXPERIMENTS_FILE = "experiments.json"
+EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+
+
+def rundir(cdir, experiment) -> str:
+    return os.path.join(cdir, "runs", experiment.resource, f"{experiment.point}-r{experiment.rep}")
+
+
+def is_campaign_dir(path) -> bool:
+    return os.path.exists(os.path.join(path, CAMPAIGN_MARKER))
+
+
+def input_files(campaign: Campaign):
+    """(topology, [trajectories]); a built-in dataset is built once in the cache."""
+    if "dataset" in campaign.input:
+        from .datasets import adk_concatenated
+        top, traj = adk_concatenated(campaign.input["copies"], campaign.input["format"])
+        return top, [traj]
+    return campaign.input["topology"], campaign.input["trajectory"]
+
+
+def check_resources(campaign: Campaign):
+    from . import resources
+    for label in campaign.resources:
+        try:
+            resources.check_resource(label)
+        except ValueError as exc:
+            raise InputError(f"[resources.\"{label}\"]: {exc}")
+
+
+def plan_experiments(campaign: Campaign, cdir: str, resume: bool):
+    """{experiment: plan} for every experiment still to run, checked, nothing written.
+
+    With `resume`, experiments whose outcome is "done" (and whose result is
+    there) are kept, provided they were made from the same inputs and
+    analysis; the others will be run again from the start (a timing
+    experiment half from one pilot and half from another measures nothing).
+    """
+    top, trajs = input_files(campaign)
+    checksum = input_checksum([top] + list(trajs))
+    todo, kept = {}, []
+    for e in campaign.experiments:
+        d = rundir(cdir, e)
+        if resume and os.path.exists(os.path.join(d, PLAN_FILE)):
+            outcome = read_outcome(d)
+            old = RunPlan.load(os.path.join(d, PLAN_FILE))
+            if outcome and outcome["status"] == "done" and os.path.exists(old.result_path()):
+                if old.input_checksum != checksum or old.analysis != campaign.analysis:
+                    raise InputError(f"--resume: experiment {e.id} was run on other inputs or "
+                                     "another analysis than the campaign file now names; start "
+                                     "a new campaign folder (--out) instead of mixing the two")
+                kept.append(e)
+                continue
+        todo[e] = make_plan(top, trajs, campaign.analysis, d, selection=campaign.select or None,
+                            io=e.io, mode=e.mode, gather="gatherv" if e.gather == "-" else e.gather,
+                            blocks=e.ranks, cpus=campaign.pilot(e.resource)["cpus"],
+                            repeat=e.repeat, compression=campaign.compression or None,
+                            chunk_frames=campaign.chunk, new_out=False)
+    return todo, kept
+
+
+def prepare_dir(campaign: Campaign, out: str, resume: bool) -> str:
+    cdir = os.path.abspath(out)
+    if resume:
+        if not is_campaign_dir(cdir):
+            raise InputError(f"--resume: {cdir!r} is not a trajflow campaign folder; give the "
+                             "--out folder of the campaign to resume")
+        return cdir
+    if os.path.exists(cdir) and is_campaign_dir(cdir):
+        raise InputError(f"{cdir!r} holds an earlier campaign: add --resume to finish it, or "
+                         "choose another --out")
+    return check_outdir(cdir)
+
+
+def describe(campaign: Campaign, cdir: str, todo=None, kept=()) -> str:
+    """What a run would do: the experiments and each resource's pilot description."""
+    from . import resources
+    lines = [f"campaign {campaign.name}: {len(campaign.experiments)} experiments "
+             f"({campaign.design} design, {campaign.repeats} repeat(s) each) of "
+             f"{campaign.analysis} on {len(campaign.resources)} resource(s); folder {cdir}"]
+    for label in campaign.resources:
+        cfg = resources.resource_config(label) or {}
+        lm = cfg.get("launch_methods", {}).get("order", [])
+        lines.append(f"\n{label}: pilot {json.dumps(campaign.pilot(label))}")
+        lines.append(f"  batch system {cfg.get('resource_manager', '?')}, default queue "
+                     f"{cfg.get('default_queue') or '-'}, launch methods {', '.join(lm) or '?'}; "
+                     + ("experiments side by side" if campaign.concurrent
+                        else "experiments one after another"))
+        for e in campaign.on(label):
+            state = "done, kept" if e in kept else "to run"
+            lines.append(f"  {e.id:55s} {state}")
+    return "\n".join(lines)
+
+
+def write_campaign_files(campaign: Campaign, cdir: str, todo: dict):
+    """The campaign's folder, the file as run, experiments.json, and each plan."""
+    os.makedirs(cdir, exist_ok=True)
+    with open(os.path.join(cdir, CAMPAIGN_MARKER), "w", encoding="utf-8") as fh:
+        fh.write("This folder is a trajflow campaign.\n")
+    shutil.copyfile(campaign.path, os.path.join(cdir, "campaign.toml"))
+    with open(os.path.join(cdir, EXPERIMENTS_FILE), "w", encoding="utf-8") as fh:
+        json.dump({"name": campaign.name, "analysis": campaign.analysis,
+                   "experiments": [dict(e.as_dict(), rundir=os.path.relpath(rundir(cdir, e), cdir))
+                                   for e in campaign.experiments]}, fh, indent=1)
+    plans = {}
+    for e, plan in todo.items():
+        if os.path.exists(os.path.join(plan.workdir, RUN_MARKER)):
+            shutil.rmtree(plan.workdir)  # an unfinished experiment of ours: run it again whole
+        plans[e] = (plan, write_plan(plan))
+    return plans
+
+
+def run_campaign(campaign: Campaign, out: str, resume=False, dry_run=False) -> int:
+    cdir = prepare_dir(campaign, out, resume)
+    check_resources(campaign)
+    todo, kept = plan_experiments(campaign, cdir, resume)
+    print(describe(campaign, cdir, todo, kept))
+    if dry_run:
+        print("\n--dry-run: nothing submitted, no campaign folder written")
+        return EXIT_OK
+    plans = write_campaign_files(campaign, cdir, todo)
+    procs = {}
+    ctx = multiprocessing.get_context("fork")
+    for label in campaign.resources:
+        mine = [(e, *plans[e]) for e in campaign.on(label) if e in plans]
+        if mine:
+            procs[label] = ctx.Process(target=_run_resource, name=f"trajflow-{label}",
+                                       args=(campaign, label, mine, cdir))
+            procs[label].start()
+    interrupted = _follow(campaign, cdir, procs, kept)
+    from .campaign_table import summary_lines, write_table
+    path = write_table(cdir)
+    for line in summary_lines(cdir):
+        print(line)
+    print(f"campaign table: {path}\n(trajflow inspect {cdir} --html FILE compares the resources)")
+    if interrupted:
+        return EXIT_INTERRUPTED
+    statuses = [(read_outcome(rundir(cdir, e)) or {}).get("status") for e in campaign.experiments]
+    return EXIT_OK if all(s == "done" for s in statuses) else EXIT_FAILED
+
+
+def _follow(campaign, cdir, procs, kept) -> bool:
+    """A progress line per resource until every resource process has ended.
+    Ctrl-C is passed to each resource process once; they cancel their pilots."""
+    from tqdm import tqdm
+    bars, seen = {}, set(kept)
+    for i, label in enumerate(procs):
+        bars[label] = tqdm(total=len([e for e in campaign.on(label) if e not in seen]),
+                           desc=label, position=i, unit="exp", disable=None, leave=True,
+                           file=sys.stderr)
+    interrupted = False
+    while True:
+        try:
+            alive = [p for p in procs.values() if p.is_alive()]
+            for label in procs:
+                for e in campaign.on(label):
+                    outcome = read_outcome(rundir(cdir, e))
+                    if outcome and e not in seen:
+                        seen.add(e)
+                        bars[label].update(1)
+                        msg = f"{e.id}: {outcome['status']}"
+                        if outcome["status"] != "done":
+                            msg += f" ({outcome.get('error') or outcome.get('stopped_at') or 'a task failed'})"
+                        tqdm.write(msg, file=sys.stderr)
+            if not alive:
+                break
+            time.sleep(1.0)
+        except KeyboardInterrupt:
+            if interrupted:
+                continue  # already asked; keep waiting for the pilots to be cancelled
+            interrupted = True
+            tqdm.write("trajflow: interrupted; cancelling every resource's pilot", file=sys.stderr)
+            for p in procs.values():
+                if p.is_alive():
+                    os.kill(p.pid, signal.SIGINT)
+    for bar in bars.values():
+        bar.close()
+    return interrupted or any(p.exitcode == EXIT_INTERRUPTED for p in procs.values())
+
+
+def _run_resource(campaign, label, runs, cdir):
+    """One resource's process: its pilot, its experiments; output to logs/<label>.log."""
+    os.setpgid(0, 0)  # out of the terminal's foreground group: Ctrl-C comes from the parent
+    from .execute import run_plans
+    log_dir = os.path.join(cdir, "logs")
+    os.makedirs(log_dir, exist_ok=True)
+    with open(os.path.join(log_dir, f"{label}.log"), "a", buffering=1, encoding="utf-8") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        sys.stdout, sys.stderr = log, log
+        pilot = campaign.pilot(label)
+        code, error = EXIT_OK, None
+        try:
+            report = run_plans([(e.id, plan, path) for e, plan, path in runs], label,
+                               pilot["walltime"], pilot["cpus"], pilot.get("queue"),
+                               pilot.get("project"), session_root=os.path.join(cdir, "sessions", label),
+                               retries=campaign.retries, one_at_a_time=not campaign.concurrent)
+            for o in report.failed:
+                print(o.describe())
+            code = EXIT_OK if report.ok else EXIT_FAILED
+        except (Interrupted, KeyboardInterrupt):
+            code, error = EXIT_INTERRUPTED, "interrupted by the user; the pilot was cancelled"
+        except Exception as exc:  # the pilot did not start, EnTK broke: recorded, others go on
+            code, error = EXIT_FAILED, f"{type(exc).__name__}: {exc}"
+        for e, plan, _ in runs:
+            if read_outcome(plan.workdir) is None:
+                record_outcome(plan, "failed", error or "did not run")
+        print(f"{label}: ended with exit code {code}" + (f": {error}" if error else ""))
+    os._exit(code)

@@ -1,0 +1,115 @@
+"""The campaign table: one row per experiment, with its phases, stragglers, S(N) and E(N).
+
+Times are the analyze stage as the job sees it, the slowest rank's (paper
+000's t_total, t_IO, t_compute, t_wait, t_comm). S(N) and E(N) compare an
+experiment with the mean over repeats of the fewest-ranks experiment of the
+same resource and strategy (analysis, io, mode, gather, workload repeat).
+"""
+import csv
+import json
+import os
+import statistics
+
+from .execute import read_outcome
+from .inspection import find_stragglers, load_run, slowest_rank_phases, speedup
+
+COLUMNS = ["experiment", "resource", "analysis", "ranks", "io", "mode", "gather", "repeat", "rep",
+           "status", "t_total", "t_IO", "t_compute", "t_wait", "t_comm", "t_open", "stragglers",
+           "S", "E", "error"]
+TABLE_FILE = "campaign.csv"
+
+
+def strategy(row) -> tuple:
+    """What must be equal for two experiments to lie on one scaling curve."""
+    return (row["resource"], row["analysis"], row["io"], row["mode"], row["gather"], row["repeat"])
+
+
+def experiment_rows(cdir):
+    """Every experiment of the campaign in CAMPAIGN_DIR, done or not, as a dict."""
+    with open(os.path.join(cdir, "experiments.json"), encoding="utf-8") as fh:
+        meta = json.load(fh)
+    rows = []
+    for e in meta["experiments"]:
+        d = os.path.join(cdir, e["rundir"])
+        outcome = read_outcome(d) or {"status": "not run"}
+        row = {"experiment": e["id"], "resource": e["resource"], "analysis": meta["analysis"],
+               "ranks": e["ranks"], "io": e["io"], "mode": e["mode"], "gather": e["gather"],
+               "repeat": e["repeat"], "rep": e["rep"], "status": outcome["status"],
+               "error": outcome.get("error") or "; ".join(outcome.get("failed_tasks", []))[:300],
+               "rundir": d}
+        if outcome["status"] == "done":
+            _, records = load_run(d)
+            phases = slowest_rank_phases(records)
+            if phases:
+                row.update({"t_total": phases["total"], "t_IO": phases["io"],
+                            "t_compute": phases["compute"], "t_wait": phases["wait"],
+                            "t_comm": phases["comm"], "t_open": phases["open"],
+                            "stragglers": len(find_stragglers(records))})
+        rows.append(row)
+    _add_speedups(rows)
+    return rows
+
+
+def _add_speedups(rows):
+    curves = {}
+    for r in rows:
+        if "t_total" in r:
+            curves.setdefault(strategy(r), []).append(r)
+    for members in curves.values():
+        n0 = min(r["ranks"] for r in members)
+        t0 = statistics.mean(r["t_total"] for r in members if r["ranks"] == n0)
+        for r in members:
+            r["S"], r["E"] = speedup(r["ranks"], r["t_total"], n0, t0)
+
+
+def write_table(cdir, path=None):
+    path = path or os.path.join(cdir, TABLE_FILE)
+    rows = experiment_rows(cdir)
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: _cell(r.get(k)) for k in COLUMNS})
+    return path
+
+
+def _cell(v):
+    return f"{v:.6f}" if isinstance(v, float) else ("" if v is None else v)
+
+
+def curve_points(rows):
+    """strategy -> [(N, mean t_total, std, S(N), E(N) of the means, repeats)] over done experiments."""
+    curves = {}
+    for r in rows:
+        if "t_total" in r:
+            curves.setdefault(strategy(r), {}).setdefault(r["ranks"], []).append(r)
+    out = {}
+    for key, by_n in curves.items():
+        n0 = min(by_n)
+        t0 = statistics.mean(r["t_total"] for r in by_n[n0])
+        pts = []
+        for n in sorted(by_n):
+            t = [r["t_total"] for r in by_n[n]]
+            s, e = speedup(n, statistics.mean(t), n0, t0)
+            pts.append((n, statistics.mean(t), statistics.stdev(t) if len(t) > 1 else 0.0, s, e,
+                        len(t)))
+        out[key] = pts
+    return out
+
+
+def summary_lines(cdir):
+    rows = experiment_rows(cdir)
+    by_status = {}
+    for r in rows:
+        by_status[r["status"]] = by_status.get(r["status"], 0) + 1
+    lines = [f"experiments: " + ", ".join(f"{n} {s}" for s, n in sorted(by_status.items()))]
+    for r in rows:
+        if r["status"] != "done":
+            lines.append(f"  {r['experiment']}: {r['status']}: {r['error']}")
+    lines.append(f"{'resource':18s} {'io':7s} {'mode':6s} {'gather':8s} {'K':>3s} {'N':>4s} "
+                 f"{'t_total s':>10s} {'+-':>7s} {'S(N)':>6s} {'E(N)':>6s} {'reps':>4s}")
+    for key, pts in sorted(curve_points(rows).items()):
+        for n, t, sd, s, e, k in pts:
+            lines.append(f"{key[0][:18]:18s} {key[2]:7s} {key[3]:6s} {key[4]:8s} {key[5]:3d} {n:4d} "
+                         f"{t:10.3f} {sd:7.3f} {s:6.2f} {e:6.2f} {k:4d}")
+    return lines
