@@ -36,3 +36,75 @@ def test_users_own_configs_are_kept_and_win(tmp_path):
     assert cfg["cpn"] == 64                          # the user's value wins
     assert cfg["lm"]["order"][:2] == ["FORK", "MPIEXEC"]  # our fix is still there
     assert "mysite.bigiron" in cfg["known"]           # the user's own site is still visible
+
+
+def _in_fresh_process(home, code):
+    env = {**os.environ, "HOME": str(home)}
+    env.pop("RADICAL_CONFIG_USER_DIR", None)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+
+
+def test_every_shipped_config_loads_through_radical_pilots_loader_and_schema(tmp_path):
+    """Each label of each shipped file, merged, passes RP's ResourceConfig.verify()
+    (types and known keys) and keeps what trajflow added to RADICAL's entry."""
+    code = r'''
+import json, os
+import radical.pilot as rp
+import radical.utils as ru
+from trajflow.workflows import resources as r
+r.activate_configs()
+out = {}
+for path in r.shipped_config_files():
+    facility = os.path.basename(path)[len("resource_"):-len(".json")]
+    for name, ours in ru.read_json(path).items():
+        label = f"{facility}.{name}"
+        cfg = rp.utils.get_resource_config(resource=label).as_dict()
+        rp.ResourceConfig(from_dict=cfg).verify()
+        out[label] = {"cfg": cfg, "ours": ours}
+print(json.dumps(out))
+'''
+    proc = _in_fresh_process(tmp_path, code)
+    assert proc.returncode == 0, proc.stderr
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {"local.localhost", "local.slurm", "access.expanse", "access.bridges2",
+            "tacc.frontera", "tacc.stampede3", "ncsa.delta", "purdue.anvil"} <= set(loaded)
+    for label, both in loaded.items():
+        cfg, ours = both["cfg"], both["ours"]
+        assert cfg["launch_methods"]["order"] == ours["launch_methods"]["order"], label
+        if label != "local.localhost":
+            assert cfg["resource_manager"] == "SLURM", label
+            assert cfg["virtenv_mode"] == "local" and cfg["rp_version"] == "installed", label
+            assert cfg["schemas"][cfg["default_schema"]]["job_manager_endpoint"].startswith("slurm"), label
+    # extended, not copied: RADICAL's own keys we did not set are still there
+    assert loaded["access.expanse"]["cfg"]["cores_per_node"] == 128
+    assert "cores_per_node" not in loaded["access.expanse"]["ours"]
+    assert loaded["tacc.frontera"]["cfg"]["mandatory_args"] == ["project"]
+
+
+def test_a_users_config_with_an_unknown_key_is_rejected_by_name(tmp_path):
+    configs = tmp_path / ".radical" / "pilot" / "configs"
+    configs.mkdir(parents=True)
+    (configs / "resource_local.json").write_text(json.dumps({"localhost": {"corez_per_node": 4}}))
+    proc = _in_fresh_process(tmp_path, "import sys; from trajflow.workflows.cli import main; "
+                             "sys.exit(main(['resources', 'local.localhost']))")
+    assert proc.returncode == 2
+    assert "corez_per_node" in proc.stderr and "local.localhost" in proc.stderr
+
+
+def test_resources_lists_shipped_radicals_and_users(tmp_path):
+    configs = tmp_path / ".radical" / "pilot" / "configs"
+    configs.mkdir(parents=True)
+    (configs / "resource_mysite.json").write_text(json.dumps({"bigiron": {
+        "schemas": {"local": {"job_manager_endpoint": "fork://localhost/",
+                              "filesystem_endpoint": "file://localhost/"}},
+        "default_schema": "local", "resource_manager": "FORK", "cores_per_node": 8}}))
+    proc = _in_fresh_process(tmp_path, "import sys; from trajflow.workflows.cli import main; "
+                             "sys.exit(main(['resources']))")
+    assert proc.returncode == 0, proc.stderr
+    rows = dict(line.split(None, 1) for line in proc.stdout.splitlines()[1:] if "more of" not in line)
+    assert rows["tacc.stampede3"].strip() == "trajflow"
+    assert rows["access.expanse"].strip() == "radical + trajflow"
+    assert rows["mysite.bigiron"].strip() == "user"
+    shown = _in_fresh_process(tmp_path, "import sys; from trajflow.workflows.cli import main; "
+                              "sys.exit(main(['resources', 'tacc.stampede3']))")
+    assert shown.returncode == 0 and '"default_queue": "skx"' in shown.stdout

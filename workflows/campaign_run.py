@@ -24,7 +24,8 @@ import time
 from trajflow.tasks.plan import PLAN_FILE, RunPlan
 from .campaign import Campaign
 from .execute import Interrupted, read_outcome, record_outcome
-from .planning import RUN_MARKER, InputError, check_outdir, input_checksum, make_plan, write_plan
+from .planning import (RUN_MARKER, InputError, check_outdir, check_readable, input_checksum,
+                       make_plan, write_plan)
 
 CAMPAIGN_MARKER = ".trajflow-campaign"
 EXPERIMENTS_FILE = "experiments.json"
@@ -66,6 +67,9 @@ def plan_experiments(campaign: Campaign, cdir: str, resume: bool):
     experiment half from one pilot and half from another measures nothing).
     """
     top, trajs = input_files(campaign)
+    check_readable(top, "topology")
+    for t in trajs:
+        check_readable(t, "trajectory")
     checksum = input_checksum([top] + list(trajs))
     todo, kept = {}, []
     for e in campaign.experiments:

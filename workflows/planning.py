@@ -19,7 +19,7 @@ class InputError(Exception):
     """Bad input: the message names the problem and the fix."""
 
 
-def _check_readable(path, what):
+def check_readable(path, what):
     if not os.path.exists(path):
         raise InputError(f"{what} {path!r} does not exist: check the path")
     if not os.path.isfile(path):
@@ -31,9 +31,9 @@ def _check_readable(path, what):
 def open_inputs(topology, trajectories):
     """Open the inputs with MDAnalysis as the tasks will; InputError if it cannot."""
     import MDAnalysis as mda
-    _check_readable(topology, "topology")
+    check_readable(topology, "topology")
     for t in trajectories:
-        _check_readable(t, "trajectory")
+        check_readable(t, "trajectory")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:

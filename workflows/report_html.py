@@ -186,8 +186,10 @@ def campaign_scaling_plot(curves):
         row[1].set_ylabel("S(N)")
         row[2].set_ylabel("E(N)")
         row[0].legend(fontsize=7)
+        ns = sorted({p[0] for key, pts in curves.items() if key[0] == resource for p in pts})
         for ax in row:
             ax.set_xlabel("ranks N")
+            ax.set_xticks(ns)
     fig.tight_layout()
     return _png(fig)
 

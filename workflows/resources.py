@@ -119,7 +119,17 @@ def activate_configs() -> str:
 def check_resource(resource: str):
     """ValueError naming the known resources if RADICAL-Pilot has no config for `resource`."""
     activate_configs()
-    if resource_config(resource) is None:
+    cfg = resource_config(resource)
+    if cfg is not None:
+        import radical.pilot as rp
+        try:  # RADICAL-Pilot's own schema: unknown keys and wrong types, named
+            rp.ResourceConfig(from_dict=cfg.as_dict()).verify()
+        except Exception as exc:
+            origin = " + ".join(resource_sources().get(resource, [])) or "RADICAL-Pilot"
+            raise ValueError(f"the config of resource {resource!r} (from {origin}) is invalid: "
+                             f"{exc}; fix that key in the resource_*.json file (`trajflow "
+                             f"resources {resource}` shows the merged config)")
+    if cfg is None:
         known = known_resources()
         sites = sorted({k.split(".")[0] for k in known})
         raise ValueError(f"unknown resource {resource!r}: RADICAL-Pilot has no config for it. "
@@ -154,9 +164,15 @@ def resource_description(resource, walltime, cpus, queue=None, project=None) -> 
 
 
 def task_python(resource: str) -> str:
-    """The Python that runs tasks: this one locally; on a cluster, the one its config's pre_exec provides."""
-    return sys.executable if is_local(resource) else "python3"
-
+    """The Python that runs tasks. Where the pilot uses the client's own
+    virtualenv (virtenv_mode "local": every trajflow config, for this
+    workstation, its SLURM and the clusters, where trajflow runs on a login
+    node from a virtualenv on the shared file system) that is this Python;
+    otherwise whatever `python3` the config's pre_exec provides."""
+    if is_local(resource):
+        return sys.executable
+    cfg = resource_config(resource)
+    return sys.executable if cfg is not None and cfg.get("virtenv_mode") == "local" else "python3"
 
 
 def _labels_in(folder) -> dict:

@@ -1,0 +1,165 @@
+"""Campaign files: read as data, checked key by key, expanded into experiments; the table's S(N)/E(N).
+
+No pilot here: the real campaign over two resources is in test_campaign_slurm.py.
+"""
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from trajflow.workflows.campaign import load_campaign
+from trajflow.workflows.campaign_table import _add_speedups, curve_points
+from trajflow.workflows.planning import InputError
+
+BASE = """
+[campaign]
+analysis = "rmsd"
+repeats = 2
+
+[input]
+dataset = "adk"
+copies = 1
+
+[resources."local.localhost"]
+walltime = 10
+
+[resources."local.slurm"]
+walltime = 15
+queue = "debug"
+
+[factors]
+ranks = [1, 2]
+io = ["shared", "split", "h5md"]
+"""
+
+
+def write(tmp_path, text, name="c.toml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def test_full_factorial_expansion_and_pilots(tmp_path):
+    c = load_campaign(write(tmp_path, BASE))
+    assert c.name == "c" and c.analysis == "rmsd"
+    assert len(c.experiments) == 2 * 2 * 3 * 2          # resources x ranks x io x repeats
+    assert len(set(e.id for e in c.experiments)) == len(c.experiments)
+    assert {e.rep for e in c.experiments} == {1, 2}
+    assert c.pilot("local.slurm") == {"resource": "local.slurm", "walltime": 15, "cpus": 2,
+                                      "queue": "debug"}
+    assert c.pilot("local.localhost")["cpus"] == 2       # sized for the largest experiment
+    e = c.on("local.slurm")[0]
+    assert e.id == "local.slurm/n1-shared-mpi-gatherv-k1-r1"
+
+
+def test_tasks_mode_ignores_gather_levels(tmp_path):
+    text = BASE.replace('io = ["shared", "split", "h5md"]',
+                        'mode = ["mpi", "tasks"]\ngather = ["gatherv", "rma"]')
+    c = load_campaign(write(tmp_path, text))
+    per_resource = [e for e in c.on("local.localhost") if e.rep == 1]
+    # mpi: 2 ranks x 2 gathers; tasks: 2 ranks (gather means nothing there)
+    assert len(per_resource) == 6
+    assert {e.gather for e in per_resource if e.mode == "tasks"} == {"-"}
+
+
+def test_list_design_runs_only_the_listed_experiments(tmp_path):
+    text = BASE + """
+[[experiments]]
+resource = "local.slurm"
+ranks = 2
+io = "h5md"
+
+[[experiments]]
+resource = "local.localhost"
+"""
+    text = text.replace('analysis = "rmsd"', 'analysis = "rmsd"\ndesign = "list"')
+    c = load_campaign(write(tmp_path, text))
+    assert [e.id for e in c.experiments] == [
+        "local.slurm/n2-h5md-mpi-gatherv-k1-r1", "local.slurm/n2-h5md-mpi-gatherv-k1-r2",
+        "local.localhost/n1-shared-mpi-gatherv-k1-r1", "local.localhost/n1-shared-mpi-gatherv-k1-r2"]
+
+
+@pytest.mark.parametrize("change, words", [
+    (("ranks = [1, 2]", "rank = [1, 2]"), ["unknown key 'rank'", "ranks"]),
+    (("repeats = 2", "repeats = 2\nrepeatz = 3"), ["unknown key 'repeatz'", "[campaign]"]),
+    (("walltime = 10", "walltime = 10\nnodes = 2"), ["unknown key 'nodes'", "local.localhost"]),
+    (("[factors]", "[factorz]\nx = 1\n[factors]"), ["unknown table 'factorz'"]),
+    (("walltime = 10", "walltime = \"10\""), ["walltime", "expected int", "got str"]),
+    (("ranks = [1, 2]", "ranks = [1, true]"), ["ranks", "expected int", "got bool"]),
+    (("ranks = [1, 2]", "ranks = [0, 2]"), ["ranks = 0", "at least 1"]),
+    (('io = ["shared", "split", "h5md"]', 'io = ["nfs"]'), ["io = 'nfs'", "shared, split, h5md"]),
+    (('analysis = "rmsd"', 'analysis = "rmsf"'), ["analysis = 'rmsf'", "rmsd, dihedrals"]),
+    (("walltime = 10", "walltime = 0"), ["walltime = 0"]),
+    (("walltime = 15", "walltime = 15\ncpus = 1"), ["cpus = 1", "2-rank MPI"]),
+    (('dataset = "adk"', 'dataset = "lysozyme"'), ["dataset = 'lysozyme'", "adk"]),
+    (('dataset = "adk"\ncopies = 1', 'topology = "x.psf"'), ["missing 'trajectory'"]),
+    (("[factors]\nranks = [1, 2]", "[factors]"), ["missing 'ranks'"]),
+    (("ranks = [1, 2]", "ranks = [1, 2]\n[[experiments]]\nresource = \"local.slurm\""),
+     ["design is 'factorial'", "design = \"list\""]),
+    (("[campaign]", "[campaign\n"), ["not valid TOML"]),
+])
+def test_bad_campaign_files_name_the_problem(tmp_path, change, words):
+    path = write(tmp_path, BASE.replace(*change))
+    with pytest.raises(InputError) as err:
+        load_campaign(path)
+    for w in words:
+        assert w in str(err.value)
+
+
+def test_dry_run_prints_experiments_and_pilots_and_writes_nothing(tmp_path):
+    path = write(tmp_path, BASE)
+    out = tmp_path / "camp"
+    proc = subprocess.run([sys.executable, "-m", "trajflow.workflows.cli", "campaign", path,
+                           "--out", str(out), "--dry-run"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "24 experiments" in proc.stdout
+    assert 'local.slurm: pilot {"resource": "local.slurm", "walltime": 15, "cpus": 2, "queue": "debug"}' \
+        in proc.stdout
+    assert "batch system SLURM" in proc.stdout and "batch system FORK" in proc.stdout
+    assert proc.stdout.count(" to run") == 24
+    assert not out.exists()
+
+
+def test_unknown_resource_and_bad_input_exit_2_before_anything_is_written(tmp_path):
+    path = write(tmp_path, BASE.replace('"local.slurm"', '"nowhere.cluster"'))
+    proc = subprocess.run([sys.executable, "-m", "trajflow.workflows.cli", "campaign", path,
+                           "--out", str(tmp_path / "camp")], capture_output=True, text=True)
+    assert proc.returncode == 2 and "nowhere.cluster" in proc.stderr and "trajflow resources" in proc.stderr
+    assert not (tmp_path / "camp").exists()
+    missing = BASE.replace('dataset = "adk"\ncopies = 1', 'topology = "no.psf"\ntrajectory = "no.dcd"')
+    proc = subprocess.run([sys.executable, "-m", "trajflow.workflows.cli", "campaign",
+                           write(tmp_path, missing, "m.toml"), "--out", str(tmp_path / "camp")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "no.psf" in proc.stderr and "does not exist" in proc.stderr
+    assert not (tmp_path / "camp").exists()
+
+
+def test_resume_needs_a_campaign_folder(tmp_path):
+    (tmp_path / "stuff").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "trajflow.workflows.cli", "campaign",
+                           write(tmp_path, BASE), "--out", str(tmp_path / "stuff"), "--resume"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "not a trajflow campaign folder" in proc.stderr
+
+
+def test_speedup_and_efficiency_against_the_fewest_ranks_mean():
+    def row(resource, io, n, t, rep):
+        return {"resource": resource, "analysis": "rmsd", "io": io, "mode": "mpi",
+                "gather": "gatherv", "repeat": 1, "ranks": n, "rep": rep, "t_total": t}
+    rows = [row("a", "shared", 1, 10.0, 1), row("a", "shared", 1, 12.0, 2),
+            row("a", "shared", 2, 5.5, 1), row("a", "shared", 4, 4.0, 1),
+            row("b", "shared", 2, 3.0, 1), row("b", "shared", 4, 2.0, 1),
+            {"resource": "a", "ranks": 8, "status": "failed"}]
+    _add_speedups(rows)
+    assert rows[2]["S"] == pytest.approx(11.0 / 5.5) and rows[2]["E"] == pytest.approx(1.0)
+    assert rows[3]["S"] == pytest.approx(11.0 / 4.0) and rows[3]["E"] == pytest.approx(11.0 / 16)
+    assert rows[4]["S"] == pytest.approx(2.0)            # b's baseline is its own 2 ranks
+    assert rows[5]["S"] == pytest.approx(3.0) and rows[5]["E"] == pytest.approx(0.75)
+    assert "S" not in rows[6]
+    curves = curve_points(rows)
+    n1 = curves[("a", "rmsd", "shared", "mpi", "gatherv", 1)][0]
+    assert n1[:3] == (1, 11.0, pytest.approx(statistics.stdev([10.0, 12.0])))
+    assert n1[3] == pytest.approx(1.0) and n1[5] == 2
