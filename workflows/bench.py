@@ -205,6 +205,28 @@ def bench_entk_overhead(workdir):
             "teardown_s": t_exit - max(done)}
 
 
+def bench_pilot_reuse(workdir):
+    """Two one-block runs through one pilot, one after another (as a campaign runs
+    its experiments): the second run's whole time, from the first run's end to its
+    own, is what each further run costs once the pilot is up."""
+    from .datasets import adk_files
+    from .execute import read_outcome, run_plans
+    from .planning import make_plan, write_plan
+    top, dcd = adk_files()
+    runs = []
+    for name in ("first", "second"):
+        plan = make_plan(top, [dcd], "rmsd", os.path.join(workdir, "reuse", name), mode="tasks",
+                         blocks=1, cpus=1)
+        runs.append((name, plan, write_plan(plan)))
+    t0 = time.time()
+    report = run_plans(runs, "local.localhost", 10, 1, one_at_a_time=True,
+                       session_root=os.path.join(workdir, "reuse"))
+    if not report.ok:
+        raise RuntimeError("the pilot-reuse benchmark runs failed")
+    ended = [read_outcome(plan.workdir)["ended"] for _, plan, _ in runs]
+    return {"two_runs_total_s": time.time() - t0, "run_on_kept_pilot_s": ended[1] - ended[0]}
+
+
 def run_bench(copies=100, repeats=3, loop_frames=200, workdir=None, with_parallel=True,
               with_entk=True):
     import MDAnalysis as mda
@@ -228,6 +250,7 @@ def run_bench(copies=100, repeats=3, loop_frames=200, workdir=None, with_paralle
         import tempfile
         with tempfile.TemporaryDirectory(dir=workdir) as tmp:
             result["entk_overhead_s"] = bench_entk_overhead(tmp)
+            result["entk_overhead_s"].update(bench_pilot_reuse(tmp))
     return result
 
 
@@ -265,6 +288,10 @@ def format_table(result):
         lines.append(f"\nEnTK one-block local run: {e['total_s']:.1f} s = pilot start {e['pilot_start_s']:.1f} "
                      f"+ to first task {e['to_first_task_s']:.1f} + task span {e['task_span_s']:.1f} "
                      f"+ teardown {e['teardown_s']:.1f} (target total <= 25 s)")
+        if "run_on_kept_pilot_s" in e:
+            lines.append(f"  a further one-block run on a kept pilot (campaigns): "
+                         f"{e['run_on_kept_pilot_s']:.1f} s; two runs on one pilot "
+                         f"{e['two_runs_total_s']:.1f} s in all")
     lines.append("\nratios")
     for label, value, target in ratios(result):
         lines.append(f"  {label:50s} {value:10.2f}   target {target}")

@@ -109,7 +109,7 @@ def _exit_code(task):
     return int(m.group(1)) if m else None
 
 
-def shutdown(appman):
+def shutdown(appman, local=False):
     """Stop EnTK and the pilot, the two slow parts side by side.
 
     EnTK's terminate() first joins its task-manager thread, which wakes from
@@ -124,9 +124,44 @@ def shutdown(appman):
         cancel = threading.Thread(target=pmgr.cancel_pilots, args=(pilot.uid,),
                                   kwargs={"_timeout": 20}, daemon=True)
         cancel.start()
+    if local and "RADICAL_PROFILE" in os.environ:
+        # EnTK downloads the pilot's profiles at close when this is set; on a
+        # local resource they are on this disk already (the agent sandbox), and
+        # the copy cost seconds of every run's teardown. The agent was started
+        # with it, so the profiles are still written.
+        del os.environ["RADICAL_PROFILE"]
     appman.terminate()
     if cancel is not None:
         cancel.join(30)
+
+
+def wake_entk_task_manager_sooner(poll_s=0.5):
+    """Let EnTK's task manager notice terminate() within `poll_s`, not 10 s.
+
+    Its submit thread waits on a private queue with get(timeout=10) and
+    terminate() joins it, so every run's teardown waited up to 10 s on an idle
+    poll (radical/entk/execman/rp/task_manager.py). That module's `queue` is
+    swapped for one whose timed get() waits at most `poll_s`; the loop around
+    it already treats an empty poll as "look again". Blocking gets without a
+    timeout are untouched. Skipped, and harmless, if EnTK's module changes.
+    """
+    import queue as std_queue
+    import types
+    try:
+        from radical.entk.execman.rp import task_manager
+    except ImportError:
+        return False
+    if getattr(task_manager, "queue", None) is not std_queue:
+        return False
+
+    class _PromptQueue(std_queue.Queue):
+        def get(self, block=True, timeout=None):
+            if block and timeout is not None and timeout > poll_s:
+                timeout = poll_s
+            return super().get(block, timeout)
+
+    task_manager.queue = types.SimpleNamespace(Queue=_PromptQueue, Empty=std_queue.Empty)
+    return True
 
 
 def reap_local_tasks(sid, grace_s=5.0):
@@ -258,6 +293,7 @@ def _run_here(runs, pilot, session_root, retries, resume, envs, one_at_a_time):
     os.environ.setdefault("RADICAL_LOG_LVL", "WARNING")
     os.environ.setdefault("RADICAL_REPORT", "FALSE")
     python = resources.task_python(pilot["resource"])
+    wake_entk_task_manager_sooner()
     pipelines = {name: RunPipeline(plan, path, python, name, retries,
                                    remaining_specs(plan, path) if resume else None, envs.get(name))
                  for name, plan, path in runs}
@@ -285,7 +321,7 @@ def _run_here(runs, pilot, session_root, retries, resume, envs, one_at_a_time):
                     outcomes += done
                     _write_outcome(plan, name, done, pipelines[name].stopped_at, errors.get(name))
         finally:
-            shutdown(appman)
+            shutdown(appman, local=resources.is_local(pilot["resource"]))
             if resources.is_local(pilot["resource"]):
                 reap_local_tasks(appman.sid)
         session_dir = os.path.join(session_root, appman.sid)
