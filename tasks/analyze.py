@@ -179,6 +179,9 @@ def main(argv=None):
         if not isinstance(exc, SystemExit):
             traceback.print_exc()
         sys.stderr.flush()
+        # mpiexec forwards a rank's stderr asynchronously and the abort ends the
+        # forwarding with the job: give it a moment, or the reason is lost (seen)
+        time.sleep(0.2)
         from mpi4py import MPI
         MPI.COMM_WORLD.Abort(code)
     return 0

@@ -120,11 +120,16 @@ def test_every_rank_left_a_timing_record_also_in_radicals_profile(session):
 
 def test_cli_run_exits_zero_and_says_where_things_are(tmp_path, adk):
     out = tmp_path / "cli run"  # a space in the path, on purpose
+    cwd = tmp_path / "where the user stands"
+    cwd.mkdir()
     proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "trajflow"), "run",
                            "--topology", adk[0], "--trajectory", adk[1], "--analysis", "rmsd",
                            "--mode", "mpi", "--gather", "rma", "--cpus", "2", "--walltime", "10",
-                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+                           "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=cwd)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert os.listdir(cwd) == []  # RADICAL's client session went into RUNDIR, not here
+    sessions = glob.glob(str(out / "re.session.*"))
+    assert len(sessions) == 1 and os.path.exists(os.path.join(sessions[0], "pmgr.0000.prof"))
     assert str(out / "result.h5") in proc.stdout
     with h5py.File(out / "result.h5") as f:
         assert f["rmsd"].shape == (98,) and f.attrs["gather"] == "rma"

@@ -77,13 +77,21 @@ class RunReport:
 
 @contextlib.contextmanager
 def _working_dir(path):
-    old = os.getcwd()
+    """chdir, and $PWD with it: RADICAL-Pilot puts its client session under
+    ${RADICAL_PILOT_BASE:$PWD}, and os.chdir() alone left every run's RP
+    session folder in the user's working directory (seen)."""
+    old, old_pwd = os.getcwd(), os.environ.get("PWD")
     os.makedirs(path, exist_ok=True)
     os.chdir(path)
+    os.environ["PWD"] = os.path.abspath(path)
     try:
         yield
     finally:
         os.chdir(old)
+        if old_pwd is None:
+            os.environ.pop("PWD", None)
+        else:
+            os.environ["PWD"] = old_pwd
 
 
 def _stderr_tail(sandbox, n=15, patience_s=3.0):
