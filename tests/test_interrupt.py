@@ -1,5 +1,6 @@
 """Ctrl-C on the workstation cancels the pilot and leaves no process of ours running."""
 import glob
+import json
 import os
 import signal
 import subprocess
@@ -50,3 +51,39 @@ def test_ctrl_c_cancels_the_pilot_and_leaves_nothing_running(tmp_path, adk):
     assert processes_mentioning("trajflow.tasks.analyze") == []
     assert processes_mentioning(session) == []  # the pilot agent and its components are gone
     assert not (out / "result.h5").exists()
+
+
+def test_ctrl_c_stops_a_campaign_cancels_its_pilots_and_records_why(tmp_path):
+    """The resource processes sit in process groups of their own; the campaign passes
+    the Ctrl-C to each once, every pilot is cancelled, and every experiment that did
+    not end is recorded as failed, interrupted."""
+    path = tmp_path / "c.toml"
+    path.write_text('[campaign]\nanalysis = "rmsd"\n[input]\ndataset = "adk"\ncopies = 1\n'
+                    '[resources."local.localhost"]\nwalltime = 15\n[factors]\nranks = [1, 2]\n')
+    cdir = tmp_path / "camp"
+    env = {**os.environ, "TRAJFLOW_TEST_DELAY": "0:compute:300,1:compute:300"}
+    proc = subprocess.Popen([TRAJFLOW, "campaign", str(path), "--out", str(cdir)], env=env,
+                            start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and not processes_mentioning("trajflow.tasks.analyze"):
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(1)
+        assert processes_mentioning("trajflow.tasks.analyze"), "the analyze task never started"
+        sessions = glob.glob(str(cdir / "sessions" / "local.localhost" / "re.session.*"))
+        os.killpg(proc.pid, signal.SIGINT)  # the terminal's foreground group: the campaign only
+        code = proc.wait(timeout=180)
+        output = proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert code == 130, output
+    time.sleep(3)
+    assert processes_mentioning("trajflow.tasks.analyze") == []
+    assert processes_mentioning(os.path.basename(sessions[0])) == []
+    for rundir in glob.glob(str(cdir / "runs" / "local.localhost" / "*")):
+        outcome = json.load(open(os.path.join(rundir, "outcome.json")))
+        assert outcome["status"] == "failed" and "interrupted" in outcome["error"], outcome
+        assert not os.path.exists(os.path.join(rundir, "result.h5"))
+    assert "interrupted" in output
