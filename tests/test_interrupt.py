@@ -26,6 +26,37 @@ def processes_mentioning(text):
     return [p for p in found if p != os.getpid()]
 
 
+def stop(proc):
+    """If a check failed mid-run: Ctrl-C first, so the pilot is cancelled in order
+    (a SIGKILL would orphan it), then SIGKILL whatever is left of the group."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def client_cpu_share(marker, seconds):
+    """CPU time of the `trajflow run` processes for `marker`, per second of wall time."""
+    def cpu():
+        total = 0
+        for pid in processes_mentioning(marker):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    if b"trajflow" not in fh.read():
+                        continue
+                with open(f"/proc/{pid}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])  # utime + stime
+            except OSError:
+                pass
+        return total / os.sysconf("SC_CLK_TCK")
+    before = cpu()
+    time.sleep(seconds)
+    return (cpu() - before) / seconds
+
+
 def test_ctrl_c_cancels_the_pilot_and_leaves_nothing_running(tmp_path, adk):
     out = tmp_path / "interrupted"
     env = {**os.environ, "TRAJFLOW_TEST_DELAY": "0:compute:300,1:compute:300"}
@@ -39,13 +70,15 @@ def test_ctrl_c_cancels_the_pilot_and_leaves_nothing_running(tmp_path, adk):
             assert proc.poll() is None, proc.stdout.read()
             time.sleep(1)
         assert processes_mentioning("trajflow.tasks.analyze"), "the analyze tasks never started"
+        # while the tasks sleep, the client (EnTK's threads) must not spin a core
+        busy = client_cpu_share(str(out), seconds=4.0)
+        assert busy < 0.3, f"the client used {busy:.0%} of a core while its tasks slept"
         session = os.path.basename(glob.glob(str(out / "re.session.*"))[0])
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
         code = proc.wait(timeout=180)
         output = proc.stdout.read()
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop(proc)
     assert code != 0, output
     time.sleep(3)
     assert processes_mentioning("trajflow.tasks.analyze") == []
@@ -76,8 +109,7 @@ def test_ctrl_c_stops_a_campaign_cancels_its_pilots_and_records_why(tmp_path):
         code = proc.wait(timeout=180)
         output = proc.stdout.read()
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop(proc)
     assert code == 130, output
     time.sleep(3)
     assert processes_mentioning("trajflow.tasks.analyze") == []

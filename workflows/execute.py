@@ -143,33 +143,55 @@ def shutdown(appman, local=False):
         cancel.join(30)
 
 
-def wake_entk_task_manager_sooner(poll_s=0.5):
-    """Let EnTK's task manager notice terminate() within `poll_s`, not 10 s.
+def pace_entk(appman, poll_s=0.05):
+    """Make EnTK's client threads wait instead of spinning, and hear terminate() sooner.
 
-    Its submit thread waits on a private queue with get(timeout=10) and
-    terminate() joins it, so every run's teardown waited up to 10 s on an idle
-    poll (radical/entk/execman/rp/task_manager.py). That module's `queue` is
-    swapped for one whose timed get() waits at most `poll_s`; the loop around
-    it already treats an empty poll as "look again". Blocking gets without a
-    timeout are untouched. Skipped, and harmless, if EnTK's module changes.
+    Seen here (py-spy on the process holding EnTK, a task sleeping): the
+    process used a whole core all run long, which on a 2-core workstation is
+    one core taken from the tasks. Three loops of EnTK 1.103 are paced, each
+    at the one call it makes per turn:
+    - WFprocessor's enqueue thread calls `_create_workload()` back to back:
+      after a turn with nothing to submit it now pauses `poll_s`;
+    - AppManager's `_run_workflow` loop polls the pipelines with no pause: its
+      per-turn `get_resource_allocation_state()` now pauses `poll_s` first;
+    - the task manager's submit thread waits on its queue with get(timeout=10)
+      and terminate() joins it, so every teardown waited up to 10 s: its
+      module's queue now waits at most 0.5 s per get (an empty get is already
+      "look again" there).
+    New stages and ended pipelines are seen within `poll_s`. Each patch is
+    skipped, harmlessly, if EnTK's code is not what it expects.
     """
     import queue as std_queue
     import types
-    try:
-        from radical.entk.execman.rp import task_manager
-    except ImportError:
-        return False
-    if getattr(task_manager, "queue", None) is not std_queue:
-        return False
+    from radical.entk.appman import wfprocessor
+    from radical.entk.execman.rp import task_manager
 
-    class _PromptQueue(std_queue.Queue):
-        def get(self, block=True, timeout=None):
-            if block and timeout is not None and timeout > poll_s:
-                timeout = poll_s
-            return super().get(block, timeout)
+    create = wfprocessor.WFprocessor._create_workload
+    if not getattr(create, "_trajflow_paced", False):
+        def paced_create(self):
+            workload, stages = create(self)
+            if not workload:
+                time.sleep(poll_s)
+            return workload, stages
+        paced_create._trajflow_paced = True
+        wfprocessor.WFprocessor._create_workload = paced_create
 
-    task_manager.queue = types.SimpleNamespace(Queue=_PromptQueue, Empty=std_queue.Empty)
-    return True
+    rmgr = getattr(appman, "_rmgr", None)
+    get_state = getattr(rmgr, "get_resource_allocation_state", None)
+    if get_state is not None and not getattr(get_state, "_trajflow_paced", False):
+        def paced_state():
+            time.sleep(poll_s)
+            return get_state()
+        paced_state._trajflow_paced = True
+        rmgr.get_resource_allocation_state = paced_state
+
+    if getattr(task_manager, "queue", None) is std_queue:
+        class _PromptQueue(std_queue.Queue):
+            def get(self, block=True, timeout=None):
+                if block and timeout is not None and timeout > 0.5:
+                    timeout = 0.5
+                return super().get(block, timeout)
+        task_manager.queue = types.SimpleNamespace(Queue=_PromptQueue, Empty=std_queue.Empty)
 
 
 def reap_local_tasks(sid, grace_s=5.0):
@@ -301,7 +323,6 @@ def _run_here(runs, pilot, session_root, retries, resume, envs, one_at_a_time):
     os.environ.setdefault("RADICAL_LOG_LVL", "WARNING")
     os.environ.setdefault("RADICAL_REPORT", "FALSE")
     python = resources.task_python(pilot["resource"])
-    wake_entk_task_manager_sooner()
     pipelines = {name: RunPipeline(plan, path, python, name, retries,
                                    remaining_specs(plan, path) if resume else None, envs.get(name))
                  for name, plan, path in runs}
@@ -310,6 +331,7 @@ def _run_here(runs, pilot, session_root, retries, resume, envs, one_at_a_time):
     with _working_dir(session_root):
         appman = re.AppManager(autoterminate=False, base_path=session_root)
         appman.resource_desc = pilot
+        pace_entk(appman)
         try:
             for batch in batches:
                 if errors:  # EnTK gave up on an earlier batch and took the pilot with it
