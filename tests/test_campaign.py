@@ -100,6 +100,7 @@ resource = "local.localhost"
     (("ranks = [1, 2]", "ranks = [1, 2]\n[[experiments]]\nresource = \"local.slurm\""),
      ["design is 'factorial'", "design = \"list\""]),
     (("[campaign]", "[campaign\n"), ["not valid TOML"]),
+    (('analysis = "rmsd"', 'analysis = "rmsd"\nname = "../up"'), ["name = '../up'", "--out"]),
 ])
 def test_bad_campaign_files_name_the_problem(tmp_path, change, words):
     path = write(tmp_path, BASE.replace(*change))

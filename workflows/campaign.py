@@ -218,6 +218,9 @@ def load_campaign(path) -> Campaign:
             raise InputError(f"[resources.\"{label}\"] cpus = {spec.cpus} cannot hold the "
                              f"{mpi}-rank MPI experiments: raise cpus or drop those ranks")
     name = c.get("name") or os.path.splitext(os.path.basename(path))[0]
+    if not name or name.startswith(".") or any(ch in name for ch in "/\\\0"):
+        raise InputError(f"[campaign] name = {name!r}: it names the campaign's folder; use "
+                         "letters, digits, '.', '-' or '_' (or give --out)")
     return Campaign(path=path, name=name, analysis=c["analysis"], select=c.get("select", ""),
                     design=design, repeats=c.get("repeats", 1), retries=c.get("retries", 1),
                     chunk=c.get("chunk", 0), compression=c.get("compression", ""),

@@ -105,7 +105,7 @@ def prepare_dir(campaign: Campaign, out: str, resume: bool) -> str:
     return check_outdir(cdir)
 
 
-def describe(campaign: Campaign, cdir: str, todo=None, kept=()) -> str:
+def describe(campaign: Campaign, cdir: str, kept=()) -> str:
     """What a run would do: the experiments and each resource's pilot description."""
     from . import resources
     lines = [f"campaign {campaign.name}: {len(campaign.experiments)} experiments "
@@ -147,7 +147,7 @@ def run_campaign(campaign: Campaign, out: str, resume=False, dry_run=False) -> i
     cdir = prepare_dir(campaign, out, resume)
     check_resources(campaign)
     todo, kept = plan_experiments(campaign, cdir, resume)
-    print(describe(campaign, cdir, todo, kept))
+    print(describe(campaign, cdir, kept))
     if dry_run:
         print("\n--dry-run: nothing submitted, no campaign folder written")
         return EXIT_OK
