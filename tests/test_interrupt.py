@@ -26,6 +26,22 @@ def processes_mentioning(text):
     return [p for p in found if p != os.getpid()]
 
 
+def start_with_sleeping_tasks(args):
+    """`trajflow ARGS` in a session of its own (as a terminal would run it), its
+    blocks 0 and 1 sleeping 300 s in compute, so that there is time to press Ctrl-C."""
+    env = {**os.environ, "TRAJFLOW_TEST_DELAY": "0:compute:300,1:compute:300"}
+    return subprocess.Popen([TRAJFLOW] + args, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for_analyze(proc, patience_s=240):
+    deadline = time.time() + patience_s
+    while time.time() < deadline and not processes_mentioning("trajflow.tasks.analyze"):
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(1)
+    assert processes_mentioning("trajflow.tasks.analyze"), "the analyze tasks never started"
+
+
 def stop(proc):
     """If a check failed mid-run: Ctrl-C first, so the pilot is cancelled in order
     (a SIGKILL would orphan it), then SIGKILL whatever is left of the group."""
@@ -60,17 +76,11 @@ def client_cpu_share(marker, seconds):
 
 def test_ctrl_c_cancels_the_pilot_and_leaves_nothing_running(tmp_path, adk):
     out = tmp_path / "interrupted"
-    env = {**os.environ, "TRAJFLOW_TEST_DELAY": "0:compute:300,1:compute:300"}
-    proc = subprocess.Popen([TRAJFLOW, "run", "--topology", adk[0], "--trajectory", adk[1],
-                             "--analysis", "rmsd", "--mode", "tasks", "--blocks", "2", "--cpus", "2",
-                             "--walltime", "15", "--out", str(out)], env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = start_with_sleeping_tasks(["run", "--topology", adk[0], "--trajectory", adk[1],
+                                      "--analysis", "rmsd", "--mode", "tasks", "--blocks", "2",
+                                      "--cpus", "2", "--walltime", "15", "--out", str(out)])
     try:
-        deadline = time.time() + 240
-        while time.time() < deadline and not processes_mentioning("trajflow.tasks.analyze"):
-            assert proc.poll() is None, proc.stdout.read()
-            time.sleep(1)
-        assert processes_mentioning("trajflow.tasks.analyze"), "the analyze tasks never started"
+        wait_for_analyze(proc)
         # while the tasks sleep, the client (EnTK's threads) must not spin a core
         time.sleep(3)  # let the client finish handling the tasks' start
         busy = client_cpu_share(str(out), seconds=4.0)
@@ -96,16 +106,9 @@ def test_ctrl_c_stops_a_campaign_cancels_its_pilots_and_records_why(tmp_path):
     path.write_text('[campaign]\nanalysis = "rmsd"\n[input]\ndataset = "adk"\ncopies = 1\n'
                     '[resources."local.localhost"]\nwalltime = 15\n[factors]\nranks = [1, 2]\n')
     cdir = tmp_path / "camp"
-    env = {**os.environ, "TRAJFLOW_TEST_DELAY": "0:compute:300,1:compute:300"}
-    proc = subprocess.Popen([TRAJFLOW, "campaign", str(path), "--out", str(cdir)], env=env,
-                            start_new_session=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = start_with_sleeping_tasks(["campaign", str(path), "--out", str(cdir)])
     try:
-        deadline = time.time() + 240
-        while time.time() < deadline and not processes_mentioning("trajflow.tasks.analyze"):
-            assert proc.poll() is None, proc.stdout.read()
-            time.sleep(1)
-        assert processes_mentioning("trajflow.tasks.analyze"), "the analyze task never started"
+        wait_for_analyze(proc)
         sessions = glob.glob(str(cdir / "sessions" / "local.localhost" / "re.session.*"))
         os.killpg(proc.pid, signal.SIGINT)  # the terminal's foreground group: the campaign only
         code = proc.wait(timeout=180)

@@ -24,8 +24,7 @@ import time
 from trajflow.tasks.plan import PLAN_FILE, RunPlan
 from .campaign import Campaign
 from .execute import Interrupted, read_outcome, record_outcome
-from .planning import (RUN_MARKER, InputError, check_outdir, check_readable, input_checksum,
-                       make_plan, write_plan)
+from .planning import RUN_MARKER, InputError, check_outdir, make_plan, read_inputs, write_plan
 
 CAMPAIGN_MARKER = ".trajflow-campaign"
 EXPERIMENTS_FILE = "experiments.json"
@@ -67,10 +66,7 @@ def plan_experiments(campaign: Campaign, cdir: str, resume: bool):
     experiment half from one pilot and half from another measures nothing).
     """
     top, trajs = input_files(campaign)
-    check_readable(top, "topology")
-    for t in trajs:
-        check_readable(t, "trajectory")
-    checksum = input_checksum([top] + list(trajs))
+    inputs = read_inputs(top, trajs, campaign.analysis, campaign.select or None)  # once for all
     todo, kept = {}, []
     for e in campaign.experiments:
         d = rundir(cdir, e)
@@ -78,7 +74,7 @@ def plan_experiments(campaign: Campaign, cdir: str, resume: bool):
             outcome = read_outcome(d)
             old = RunPlan.load(os.path.join(d, PLAN_FILE))
             if outcome and outcome["status"] == "done" and os.path.exists(old.result_path()):
-                if old.input_checksum != checksum or old.analysis != campaign.analysis:
+                if old.input_checksum != inputs.checksum or old.analysis != campaign.analysis:
                     raise InputError(f"--resume: experiment {e.id} was run on other inputs or "
                                      "another analysis than the campaign file now names; start "
                                      "a new campaign folder (--out) instead of mixing the two")
@@ -88,7 +84,7 @@ def plan_experiments(campaign: Campaign, cdir: str, resume: bool):
                             io=e.io, mode=e.mode, gather="gatherv" if e.gather == "-" else e.gather,
                             blocks=e.ranks, cpus=campaign.pilot(e.resource)["cpus"],
                             repeat=e.repeat, compression=campaign.compression or None,
-                            chunk_frames=campaign.chunk, new_out=False)
+                            chunk_frames=campaign.chunk, new_out=False, inputs=inputs)
     return todo, kept
 
 
@@ -161,15 +157,15 @@ def run_campaign(campaign: Campaign, out: str, resume=False, dry_run=False) -> i
                                        args=(campaign, label, mine, cdir))
             procs[label].start()
     interrupted = _follow(campaign, cdir, procs, kept)
-    from .campaign_table import summary_lines, write_table
-    path = write_table(cdir)
-    for line in summary_lines(cdir):
+    from .campaign_table import TABLE_FILE, experiment_rows, summary_lines, write_table
+    rows = experiment_rows(cdir)
+    path = write_table(rows, os.path.join(cdir, TABLE_FILE))
+    for line in summary_lines(rows):
         print(line)
     print(f"campaign table: {path}\n(trajflow inspect {cdir} --html FILE compares the resources)")
     if interrupted:
         return EXIT_INTERRUPTED
-    statuses = [(read_outcome(rundir(cdir, e)) or {}).get("status") for e in campaign.experiments]
-    return EXIT_OK if all(s == "done" for s in statuses) else EXIT_FAILED
+    return EXIT_OK if all(r["status"] == "done" for r in rows) else EXIT_FAILED
 
 
 def _follow(campaign, cdir, procs, kept) -> bool:

@@ -50,21 +50,30 @@ def experiment_rows(cdir):
     return rows
 
 
-def _add_speedups(rows):
+def _by_strategy_and_ranks(rows):
+    """strategy -> ranks -> the done experiments (repeats) at that point."""
     curves = {}
     for r in rows:
         if "t_total" in r:
-            curves.setdefault(strategy(r), []).append(r)
-    for members in curves.values():
-        n0 = min(r["ranks"] for r in members)
-        t0 = statistics.mean(r["t_total"] for r in members if r["ranks"] == n0)
-        for r in members:
-            r["S"], r["E"] = speedup(r["ranks"], r["t_total"], n0, t0)
+            curves.setdefault(strategy(r), {}).setdefault(r["ranks"], []).append(r)
+    return curves
 
 
-def write_table(cdir, path=None):
-    path = path or os.path.join(cdir, TABLE_FILE)
-    rows = experiment_rows(cdir)
+def _baseline(by_n):
+    """(N0, mean t_total at N0): the fewest-ranks point of a curve."""
+    n0 = min(by_n)
+    return n0, statistics.mean(r["t_total"] for r in by_n[n0])
+
+
+def _add_speedups(rows):
+    for by_n in _by_strategy_and_ranks(rows).values():
+        n0, t0 = _baseline(by_n)
+        for members in by_n.values():
+            for r in members:
+                r["S"], r["E"] = speedup(r["ranks"], r["t_total"], n0, t0)
+
+
+def write_table(rows, path):
     with open(path, "w", newline="", encoding="utf-8") as fh:
         w = csv.DictWriter(fh, COLUMNS, extrasaction="ignore")
         w.writeheader()
@@ -79,14 +88,9 @@ def _cell(v):
 
 def curve_points(rows):
     """strategy -> [(N, mean t_total, std, S(N), E(N) of the means, repeats)] over done experiments."""
-    curves = {}
-    for r in rows:
-        if "t_total" in r:
-            curves.setdefault(strategy(r), {}).setdefault(r["ranks"], []).append(r)
     out = {}
-    for key, by_n in curves.items():
-        n0 = min(by_n)
-        t0 = statistics.mean(r["t_total"] for r in by_n[n0])
+    for key, by_n in _by_strategy_and_ranks(rows).items():
+        n0, t0 = _baseline(by_n)
         pts = []
         for n in sorted(by_n):
             t = [r["t_total"] for r in by_n[n]]
@@ -97,8 +101,7 @@ def curve_points(rows):
     return out
 
 
-def summary_lines(cdir):
-    rows = experiment_rows(cdir)
+def summary_lines(rows):
     by_status = {}
     for r in rows:
         by_status[r["status"]] = by_status.get(r["status"], 0) + 1

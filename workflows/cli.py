@@ -299,21 +299,21 @@ def cmd_inspect(args):
 
 
 def _inspect_campaign(args):
-    from .campaign_table import summary_lines, write_table
+    from .campaign_table import experiment_rows, summary_lines, write_table
     cdir = os.path.abspath(args.rundirs[0])
-    for line in summary_lines(cdir):
+    rows = experiment_rows(cdir)
+    for line in summary_lines(rows):
         print(line)
     if args.html:
         from .report_html import write_campaign_html
-        write_campaign_html(cdir, args.html)
+        write_campaign_html(rows, cdir, args.html)
         print(f"HTML report: {args.html}")
     if args.csv:
-        print(f"CSV: {write_table(cdir, args.csv)}")
+        print(f"CSV: {write_table(rows, args.csv)}")
     if args.json:
         import json
-        from .campaign_table import experiment_rows
         with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(experiment_rows(cdir), fh, indent=1)
+            json.dump(rows, fh, indent=1)
         print(f"JSON: {args.json}")
     return EXIT_OK
 

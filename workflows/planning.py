@@ -4,9 +4,11 @@ Everything that can be wrong with the input is found here, on the workstation,
 in seconds: each problem raises `InputError` with what is wrong and how to fix
 it, and the CLI exits 2. Nothing is written until every check has passed.
 """
+import dataclasses
 import hashlib
 import os
 import warnings
+from typing import List
 
 from trajflow.tasks.plan import (ANALYSES, DEFAULT_SELECTION, GATHERS, IO_STRATEGIES, MODES,
                                  PLAN_FILE, RunPlan, balanced_blocks)
@@ -19,7 +21,7 @@ class InputError(Exception):
     """Bad input: the message names the problem and the fix."""
 
 
-def check_readable(path, what):
+def _check_readable(path, what):
     if not os.path.exists(path):
         raise InputError(f"{what} {path!r} does not exist: check the path")
     if not os.path.isfile(path):
@@ -31,9 +33,9 @@ def check_readable(path, what):
 def open_inputs(topology, trajectories):
     """Open the inputs with MDAnalysis as the tasks will; InputError if it cannot."""
     import MDAnalysis as mda
-    check_readable(topology, "topology")
+    _check_readable(topology, "topology")
     for t in trajectories:
-        check_readable(t, "trajectory")
+        _check_readable(t, "trajectory")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -102,21 +104,48 @@ def check_outdir(out):
     return out
 
 
+@dataclasses.dataclass
+class Inputs:
+    """What the inputs are, read once: a campaign plans many runs from one reading."""
+    topology: str
+    trajectories: List[str]
+    analysis: str
+    selection: str
+    selected: dict
+    n_frames: int
+    n_atoms: int
+    checksum: str
+
+
+def read_inputs(topology, trajectories, analysis, selection=None) -> Inputs:
+    """Open the inputs with MDAnalysis as the tasks will and resolve the atoms; InputError if not."""
+    if analysis not in ANALYSES:
+        raise InputError(f"unknown analysis {analysis!r}: choose one of {', '.join(ANALYSES)}")
+    if isinstance(trajectories, str):
+        trajectories = [trajectories]
+    if not trajectories:
+        raise InputError("no trajectory given: pass --trajectory FILE [FILE ...]")
+    topology = os.path.abspath(topology)
+    trajectories = [os.path.abspath(t) for t in trajectories]
+    u = open_inputs(topology, trajectories)
+    selection = selection or DEFAULT_SELECTION[analysis]
+    return Inputs(topology, trajectories, analysis, selection,
+                  resolve_selection(u, selection, analysis), int(u.trajectory.n_frames),
+                  len(u.atoms), input_checksum([topology] + trajectories))
+
+
 def make_plan(topology, trajectories, analysis, out, selection=None, io="shared",
               mode="mpi", gather="gatherv", blocks=None, cpus=2, repeat=1,
-              compression=None, chunk_frames=0, new_out=True) -> RunPlan:
+              compression=None, chunk_frames=0, new_out=True, inputs=None) -> RunPlan:
     """Check everything and return the plan (not yet written). `new_out=False`:
-    the caller owns `out` (a campaign's experiment folder) and has checked it."""
+    the caller owns `out` (a campaign's experiment folder) and has checked it.
+    `inputs`: the inputs already read (read_inputs), for many plans of one input."""
     if analysis not in ANALYSES:
         raise InputError(f"unknown analysis {analysis!r}: choose one of {', '.join(ANALYSES)}")
     for value, allowed, flag in ((io, IO_STRATEGIES, "--io"), (mode, MODES, "--mode"),
                                  (gather, GATHERS, "--gather")):
         if value not in allowed:
             raise InputError(f"unknown {flag} {value!r}: choose one of {', '.join(allowed)}")
-    if isinstance(trajectories, str):
-        trajectories = [trajectories]
-    if not trajectories:
-        raise InputError("no trajectory given: pass --trajectory FILE [FILE ...]")
     if cpus < 1:
         raise InputError(f"--cpus {cpus}: ask for at least 1 cpu")
     if repeat < 1:
@@ -129,29 +158,25 @@ def make_plan(topology, trajectories, analysis, out, selection=None, io="shared"
         raise InputError(f"--compression: {exc}")
     if compression and io != "h5md":
         raise InputError("--compression applies to --io h5md only: drop it or use --io h5md")
-    topology = os.path.abspath(topology)
-    trajectories = [os.path.abspath(t) for t in trajectories]
     out = check_outdir(out) if new_out else os.path.abspath(out)
-    u = open_inputs(topology, trajectories)
-    selection = selection or DEFAULT_SELECTION[analysis]
-    selected = resolve_selection(u, selection, analysis)
-    n_frames = int(u.trajectory.n_frames)
+    if inputs is None:
+        inputs = read_inputs(topology, trajectories, analysis, selection)
     n_blocks = cpus if blocks is None else blocks
     if n_blocks < 1:
         raise InputError(f"--blocks {n_blocks}: use at least 1 block")
-    if n_blocks > n_frames:
-        raise InputError(f"--blocks {n_blocks} is more than the trajectory's {n_frames} frames: "
-                         f"use at most {n_frames} blocks")
+    if n_blocks > inputs.n_frames:
+        raise InputError(f"--blocks {n_blocks} is more than the trajectory's {inputs.n_frames} "
+                         f"frames: use at most {inputs.n_frames} blocks")
     if mode == "mpi" and n_blocks > cpus:
         raise InputError(f"--mode mpi runs one rank per block: {n_blocks} ranks do not fit in "
                          f"--cpus {cpus}; ask for --cpus {n_blocks} or fewer --blocks")
-    plan = RunPlan(workdir=out, topology=topology, trajectories=trajectories,
-                   analysis=analysis, selection=selection, io=io, mode=mode, gather=gather,
-                   n_frames=n_frames, n_atoms=len(u.atoms),
-                   blocks=balanced_blocks(n_frames, n_blocks), repeat=repeat,
+    plan = RunPlan(workdir=out, topology=inputs.topology, trajectories=inputs.trajectories,
+                   analysis=analysis, selection=inputs.selection, io=io, mode=mode, gather=gather,
+                   n_frames=inputs.n_frames, n_atoms=inputs.n_atoms,
+                   blocks=balanced_blocks(inputs.n_frames, n_blocks), repeat=repeat,
                    chunk_frames=chunk_frames, compression=compression,
-                   input_checksum=input_checksum([topology] + trajectories))
-    plan.selected = selected
+                   input_checksum=inputs.checksum)
+    plan.selected = inputs.selected
     return plan
 
 

@@ -220,10 +220,9 @@ def campaign_phase_bars(rows):
     return _png(fig)
 
 
-def write_campaign_html(cdir, path):
+def write_campaign_html(rows, cdir, path):
     """The campaign's resources compared: scaling curves, phases, and the whole table."""
-    from .campaign_table import COLUMNS, curve_points, experiment_rows
-    rows = experiment_rows(cdir)
+    from .campaign_table import COLUMNS, curve_points
     curves = curve_points(rows)
     parts = [f"<h1>trajflow campaign {html.escape(os.path.basename(cdir))}</h1>",
              f"<p>Folder: {html.escape(cdir)}. {sum(r['status'] == 'done' for r in rows)} of "
