@@ -16,9 +16,8 @@ import traceback
 
 import numpy as np
 
-from . import faults, kernels
+from . import faults, kernels, parts
 from .analyses import ANALYSIS_CLASSES  # noqa: imports MDAnalysis before any rank's clock starts
-from .parts import write_part
 from .plan import RunPlan, chunk_size, decode_path_arg
 from .readers import H5MDChunkReader, TrajectoryBlockReader, open_trajectory
 from .timing import RankTimer
@@ -58,7 +57,8 @@ def analyze_block(plan, block, timer, comm=None):
         selected = plan.load_selection()
     analysis = ANALYSIS_CLASSES[plan.analysis](selected, plan.selection, plan.repeat)
     source, start, stop, reference = open_block_source(plan, analysis, block, timer, comm)
-    analysis.prepare(reference)
+    with timer.phase("io"):  # frame 0, the reference
+        analysis.prepare(reference)
     frames_per_chunk = chunk_size(plan.chunk_frames, len(analysis.atom_indices))
     arrays = analysis.run_block(source, start, stop, frames_per_chunk, timer, block=block,
                                 mpi_rank=block if comm is not None else None)
@@ -80,7 +80,7 @@ def run_tasks_mode(plan, block):
     # tasks mode hands its block to reduce through a part file: its "gather"
     with timer.phase("comm"):
         faults.delay(block, "comm")
-        write_part(plan.part_path(f"block_{block:05d}"), arrays, part_attrs(plan, attrs, [block]))
+        parts.write_part(plan.part_path(f"block_{block:05d}"), arrays, part_attrs(plan, attrs, [block]))
     timer.finish(plan.profile_path(f"analyze.block_{block:05d}"))
 
 
@@ -102,7 +102,7 @@ def run_mpi_mode(plan):
         faults.delay(rank, "comm")  # after its data is out: only this rank is slowed
     if rank == 0:
         with timer.phase("write"):
-            write_part(plan.part_path("mpi"), gathered,
+            parts.write_part(plan.part_path("mpi"), gathered,
                        part_attrs(plan, attrs, list(range(size))))
     timer.finish(plan.profile_path(f"analyze.block_{rank:05d}"))
 
@@ -114,11 +114,15 @@ def barrier_or_abort(comm, timeout_s):
     request = comm.Ibarrier()
     t0 = time.time()
     while not request.Test():
-        if time.time() - t0 > timeout_s:
+        waited = time.time() - t0
+        if waited > timeout_s:
             print(f"analyze rank {comm.Get_rank()}: the other ranks did not reach the gather "
                   f"within {timeout_s:.0f} s; aborting the job", file=sys.stderr, flush=True)
             MPI.COMM_WORLD.Abort(5)
-        time.sleep(0.0005)
+        # poll without pause for the first few ms (the last rank in is done at
+        # once), then sleep so a long straggler wait does not hold a core
+        if waited > 0.005:
+            time.sleep(0.0005)
 
 
 def _row_layout(comm, value, plan):
@@ -166,6 +170,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     plan = RunPlan.load(decode_path_arg(args.plan))
     kernels.warm_up()
+    parts.warm_up()
     if plan.mode == "tasks":
         if args.block is None or not 0 <= args.block < plan.n_blocks:
             p.error(f"tasks mode needs --block between 0 and {plan.n_blocks - 1}")

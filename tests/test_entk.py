@@ -133,3 +133,10 @@ def test_cli_run_exits_zero_and_says_where_things_are(tmp_path, adk):
     assert str(out / "result.h5") in proc.stdout
     with h5py.File(out / "result.h5") as f:
         assert f["rmsd"].shape == (98,) and f.attrs["gather"] == "rma"
+    # the summary, written while the pilot was shut down, is printed and on disk
+    assert "timeline and phases:" in proc.stdout and (out / "report.html").exists()
+    # the pilot's bootstrapper was ended after its own END, not before
+    with open(glob.glob(str(out / "radical" / "*" / "outcome.json"))[0]) as fh:
+        task_sandbox = json.load(fh)["sandbox"]
+    with open(os.path.join(os.path.dirname(task_sandbox.rstrip("/")), "bootstrap_0.prof")) as fh:
+        assert fh.read().splitlines()[-1].split(",")[1] == "END"

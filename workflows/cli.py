@@ -155,7 +155,9 @@ def _validate_resource(args):
         raise InputError(str(exc))
 
 
-def _report(report, runs):
+def _report(report, runs, summaries):
+    """Print how the runs ended; `summaries`: run name -> its profile summary lines,
+    written while the pilot was shut down (see run_plans' on_run_ended)."""
     for o in report.retried:
         print(f"retried: {o.pipeline}/{o.stage}/{o.name} failed on attempt {o.attempt} "
               f"(exit code {o.exit_code}) and was run again", file=sys.stderr)
@@ -172,13 +174,14 @@ def _report(report, runs):
         status = f"result: {path}" if path else "NO RESULT (the run did not complete)"
         print(f"{name}: {status}")
         print(f"{name}: profiles: {plan.path('profile')}")
-        _summarise(plan)
+        for line in summaries.get(name) or _summarise(plan):
+            print(line)
     print(f"RADICAL session: {report.session_dir}   wall time: {report.wall_s:.1f} s")
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
 def _summarise(plan):
-    """The short profile summary at the end of a run, and the HTML report beside the result."""
+    """The short profile summary of a run (lines), and the HTML report beside the result."""
     from .inspection import inspect_runs, straggler_lines
     from .report_html import write_html
     try:
@@ -186,13 +189,24 @@ def _summarise(plan):
         html_path = plan.path("report.html")
         write_html(report, html_path, f"trajflow run {plan.workdir}")
     except Exception as exc:  # the report must never hide the result
-        print(f"  (no profile summary: {exc})")
-        return
-    for line in straggler_lines(report["stragglers"], report["records"]):
-        print("  " + line)
-    for a in report["advice"].values():
-        print("  advice: " + a["text"])
-    print(f"  timeline and phases: {html_path}  (trajflow inspect {plan.workdir} for the table)")
+        return [f"  (no profile summary: {exc})"]
+    lines = ["  " + line for line in straggler_lines(report["stragglers"], report["records"])]
+    lines += ["  advice: " + a["text"] for a in report["advice"].values()]
+    lines.append(f"  timeline and phases: {html_path}  (trajflow inspect {plan.workdir} for the table)")
+    return lines
+
+
+def _run_and_report(runs, args, **kwargs):
+    """run_plans, each run's summary written as soon as it has ended, then the report."""
+    from .execute import run_plans
+    plans = {name: plan for name, plan, _ in runs}
+    summaries = {}
+
+    def summarise(name):
+        summaries[name] = _summarise(plans[name])
+    report = run_plans(runs, args.resource, args.walltime, args.cpus, args.queue, args.project,
+                       retries=args.retries, on_run_ended=summarise, **kwargs)
+    return _report(report, runs, summaries)
 
 
 def cmd_run(args):
@@ -200,11 +214,8 @@ def cmd_run(args):
     if args.resume:
         from .planning import plan_for_resume
         plan = plan_for_resume(args.resume)
-        from .execute import run_plans
         runs = [(os.path.basename(plan.workdir) or "run", plan, plan.path("plan.json"))]
-        report = run_plans(runs, args.resource, args.walltime, args.cpus, args.queue, args.project,
-                           retries=args.retries, resume=True)
-        return _report(report, runs)
+        return _run_and_report(runs, args, resume=True)
     missing = [flag for flag, value in (("--topology", args.topology), ("--trajectory", args.trajectory),
                                         ("--analysis", args.analysis), ("--out", args.out))
                if not value]
@@ -216,11 +227,8 @@ def cmd_run(args):
                      blocks=args.blocks, cpus=args.cpus, repeat=args.repeat,
                      compression=args.compression, chunk_frames=args.chunk)
     plan_path = write_plan(plan)
-    from .execute import run_plans
     runs = [(os.path.basename(plan.workdir) or "run", plan, plan_path)]
-    report = run_plans(runs, args.resource, args.walltime, args.cpus, args.queue, args.project,
-                       retries=args.retries)
-    return _report(report, runs)
+    return _run_and_report(runs, args)
 
 
 def cmd_demo(args):
@@ -235,11 +243,8 @@ def cmd_demo(args):
         plan = make_plan(top, [traj], analysis, os.path.join(out, analysis), io="shared",
                          mode="mpi", blocks=args.cpus, cpus=args.cpus)
         runs.append((analysis, plan, write_plan(plan)))
-    from .execute import run_plans
     print(f"running rmsd and dihedrals on {args.resource} with {args.cpus} MPI ranks ...")
-    report = run_plans(runs, args.resource, args.walltime, args.cpus, args.queue, args.project,
-                       session_root=out, retries=args.retries)
-    return _report(report, runs)
+    return _run_and_report(runs, args, session_root=out)
 
 
 def cmd_campaign(args):

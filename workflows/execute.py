@@ -4,7 +4,6 @@ EnTK reports a pipeline DONE and returns normally even when a task FAILED, so
 every task's final state is checked here; a failure is reported with the
 task, its exit code, where its sandbox is and the tail of its stderr.
 """
-import contextlib
 import dataclasses
 import glob
 import json
@@ -13,13 +12,13 @@ import multiprocessing
 import shutil
 import signal
 import sys
-import threading
 import re as regex
 import time
 from resource import RUSAGE_SELF, getrusage
 from typing import List
 
 from . import resources
+from .entk_client import new_appmanager, reap_local_tasks, shutdown, working_dir
 from .pipeline import RunPipeline, remaining_specs
 
 
@@ -80,25 +79,6 @@ class RunReport:
             and all(self.results.values())
 
 
-@contextlib.contextmanager
-def _working_dir(path):
-    """chdir, and $PWD with it: RADICAL-Pilot puts its client session under
-    ${RADICAL_PILOT_BASE:$PWD}, and os.chdir() alone left every run's RP
-    session folder in the user's working directory (seen)."""
-    old, old_pwd = os.getcwd(), os.environ.get("PWD")
-    os.makedirs(path, exist_ok=True)
-    os.chdir(path)
-    os.environ["PWD"] = os.path.abspath(path)
-    try:
-        yield
-    finally:
-        os.chdir(old)
-        if old_pwd is None:
-            os.environ.pop("PWD", None)
-        else:
-            os.environ["PWD"] = old_pwd
-
-
 def _stderr_tail(sandbox, n=15, patience_s=3.0):
     """The last lines of a task's stderr in its sandbox. The FAILED state can
     reach the client a moment before the file system shows the task's last
@@ -120,117 +100,6 @@ def _stderr_tail(sandbox, n=15, patience_s=3.0):
 def _exit_code(task):
     m = regex.search(r"exit code:?\s*(-?\d+)", str(task.exception_detail or ""))
     return int(m.group(1)) if m else None
-
-
-def shutdown(appman, local=False):
-    """Stop EnTK and the pilot, the two slow parts side by side.
-
-    EnTK's terminate() first stops its threads (see pace_entk) and only then
-    cancels the pilot (RP waits up to 20 s for the agent). Cancelling the
-    pilot in a thread meanwhile overlaps the two (4.7 s less, measured when
-    the task manager still slept 10 s). On a local resource EnTK is also kept
-    from downloading the pilot's profiles, which are on this disk already.
-    """
-    rmgr = getattr(appman, "_rmgr", None)  # EnTK keeps its resource manager private
-    pilot, pmgr = getattr(rmgr, "pilot", None), getattr(rmgr, "pmgr", None)
-    cancel = None
-    if pilot is not None and pmgr is not None:
-        cancel = threading.Thread(target=pmgr.cancel_pilots, args=(pilot.uid,),
-                                  kwargs={"_timeout": 20}, daemon=True)
-        cancel.start()
-    if local and "RADICAL_PROFILE" in os.environ:
-        # EnTK downloads the pilot's profiles at close when this is set; on a
-        # local resource they are on this disk already (the agent sandbox), and
-        # the copy cost seconds of every run's teardown. The agent was started
-        # with it, so the profiles are still written.
-        del os.environ["RADICAL_PROFILE"]
-    appman.terminate()
-    if cancel is not None:
-        cancel.join(30)
-
-
-def pace_entk(appman, poll_s=0.05):
-    """Make EnTK's client threads wait instead of spinning, and hear terminate() sooner.
-
-    Seen here (py-spy on the process holding EnTK, a task sleeping): the
-    process used a whole core all run long, which on a 2-core workstation is
-    one core taken from the tasks. Three loops of EnTK 1.103 are paced, each
-    at the one call it makes per turn:
-    - WFprocessor's enqueue thread calls `_create_workload()` back to back:
-      after a turn with nothing to submit it now pauses `poll_s`;
-    - AppManager's `_run_workflow` loop polls the pipelines with no pause: its
-      per-turn `get_resource_allocation_state()` now pauses `poll_s` first;
-    - the task manager's submit thread waits on its queue with get(timeout=10)
-      and terminate() joins it, so every teardown waited up to 10 s: its
-      module's queue now waits at most 0.5 s per get (an empty get is already
-      "look again" there).
-    New stages and ended pipelines are seen within `poll_s`. Each patch is
-    skipped, harmlessly, if EnTK's code is not what it expects.
-    """
-    import queue as std_queue
-    import types
-    from radical.entk.appman import wfprocessor
-    from radical.entk.execman.rp import task_manager
-
-    create = wfprocessor.WFprocessor._create_workload
-    if not getattr(create, "_trajflow_paced", False):
-        def paced_create(self):
-            workload, stages = create(self)
-            if not workload:
-                time.sleep(poll_s)
-            return workload, stages
-        paced_create._trajflow_paced = True
-        wfprocessor.WFprocessor._create_workload = paced_create
-
-    rmgr = getattr(appman, "_rmgr", None)
-    get_state = getattr(rmgr, "get_resource_allocation_state", None)
-    if get_state is not None and not getattr(get_state, "_trajflow_paced", False):
-        def paced_state():
-            time.sleep(poll_s)
-            return get_state()
-        paced_state._trajflow_paced = True
-        rmgr.get_resource_allocation_state = paced_state
-
-    if getattr(task_manager, "queue", None) is std_queue:
-        class _PromptQueue(std_queue.Queue):
-            def get(self, block=True, timeout=None):
-                if block and timeout is not None and timeout > 0.5:
-                    timeout = 0.5
-                return super().get(block, timeout)
-        task_manager.queue = types.SimpleNamespace(Queue=_PromptQueue, Empty=std_queue.Empty)
-
-
-def reap_local_tasks(sid, grace_s=5.0):
-    """End task processes a cancelled local pilot left behind.
-
-    RADICAL-Pilot starts every task in a session of its own (its launch.sh)
-    and, when the pilot is cancelled mid-run, does not end them: on a cluster
-    the batch system does, on a workstation they would run on. They are found
-    by their sandbox path (under this session's id) in /proc and ended by
-    process group id: SIGTERM, then SIGKILL after `grace_s`.
-    """
-    marker = f"/{sid}/".encode()
-    groups = set()
-    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
-        try:
-            with open(cmdline, "rb") as fh:
-                text = fh.read()
-            if marker in text and b"launch.sh" in text:
-                groups.add(os.getpgid(int(cmdline.split("/")[2])))
-        except (OSError, ProcessLookupError):
-            continue
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        alive = set()
-        for pgid in groups:
-            try:
-                os.killpg(pgid, sig)
-                alive.add(pgid)
-            except ProcessLookupError:
-                pass
-        groups = alive
-        if not groups:
-            return
-        time.sleep(grace_s if sig == signal.SIGTERM else 0)
 
 
 def keep_task_files(outcome, dest_root):
@@ -255,7 +124,7 @@ OUTCOME_FILE = "outcome.json"
 
 
 def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_root=None,
-              retries=1, resume=False, envs=None, one_at_a_time=False):
+              retries=1, resume=False, envs=None, one_at_a_time=False, on_run_ended=None):
     """Run [(name, plan, plan_path)] as pipelines on one pilot; return a RunReport.
 
     A failed task is run again up to `retries` times before its run fails.
@@ -264,7 +133,9 @@ def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_
     the runs go through the pilot one after another (EnTK's AppManager.run()
     once per run, the pilot kept between them), so that no run's timings are
     disturbed by another's; otherwise all run side by side. Each run's RUNDIR
-    gets an outcome.json as soon as it has ended.
+    gets an outcome.json as soon as it has ended, and `on_run_ended(name)` is
+    then called here, while the pilot is still being shut down (the CLI writes
+    the run's report meanwhile).
 
     EnTK and RADICAL-Pilot run in a child process in a session of its own. A
     Ctrl-C in the terminal reaches the whole foreground process group: had
@@ -284,11 +155,15 @@ def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_
     child.start()
     sender.close()
     try:
-        while not receiver.poll(0.5):
-            if not child.is_alive():
-                raise RuntimeError(f"the workflow process ended unexpectedly "
-                                   f"(exit code {child.exitcode}); see the EnTK session folder")
-        kind, payload = receiver.recv()
+        kind = "ended"
+        while kind == "ended":
+            while not receiver.poll(0.5):
+                if not child.is_alive():
+                    raise RuntimeError(f"the workflow process ended unexpectedly (exit code "
+                                       f"{child.exitcode}); see the EnTK session folder")
+            kind, payload = receiver.recv()
+            if kind == "ended" and on_run_ended is not None:
+                on_run_ended(payload)
     except KeyboardInterrupt:
         print("trajflow: interrupted; cancelling the pilot (Ctrl-C again to give up waiting)",
               file=sys.stderr, flush=True)
@@ -310,7 +185,7 @@ def _was_interrupted(exc):
 def _run_in_own_session(sender, kwargs):
     os.setsid()
     try:
-        sender.send(("ok", _run_here(**kwargs)))
+        sender.send(("ok", _run_here(**kwargs, notify=lambda name: sender.send(("ended", name)))))
     except BaseException as exc:  # noqa: the parent must hear of every ending
         sender.send(("interrupted", "interrupted by the user; the pilot was cancelled")
                     if _was_interrupted(exc) else ("error", f"{type(exc).__name__}: {exc}"))
@@ -318,9 +193,8 @@ def _run_in_own_session(sender, kwargs):
         sender.close()
 
 
-def _run_here(runs, pilot, session_root, retries, resume, envs, one_at_a_time):
+def _run_here(runs, pilot, session_root, retries, resume, envs, one_at_a_time, notify):
     """run_plans' work, in the process that owns the RADICAL session."""
-    import radical.entk as re
     t0 = time.time()
     session_root = os.path.abspath(session_root or runs[0][1].workdir)
     resources.activate_venv()
@@ -334,10 +208,9 @@ def _run_here(runs, pilot, session_root, retries, resume, envs, one_at_a_time):
                  for name, plan, path in runs}
     batches = [[run] for run in runs] if one_at_a_time else [list(runs)]
     outcomes, errors = [], {}
-    with _working_dir(session_root):
-        appman = re.AppManager(autoterminate=False, base_path=session_root)
+    with working_dir(session_root):
+        appman = new_appmanager(autoterminate=False, base_path=session_root)
         appman.resource_desc = pilot
-        pace_entk(appman)
         try:
             for batch in batches:
                 if errors:  # EnTK gave up on an earlier batch and took the pilot with it
@@ -356,6 +229,7 @@ def _run_here(runs, pilot, session_root, retries, resume, envs, one_at_a_time):
                     done = _collect(name, plan, pipelines[name])
                     outcomes += done
                     _write_outcome(plan, done, pipelines[name].stopped_at, errors.get(name))
+                    notify(name)
         finally:
             local = resources.is_local(pilot["resource"])
             shutdown(appman, local)

@@ -1,0 +1,86 @@
+"""The client-side fixes to EnTK and RADICAL-Pilot (workflows/entk_client.py), off the pilot.
+
+Their effect on a real run is measured by `trajflow bench` and exercised by
+every pilot test; here each is checked to do exactly what it says and no more.
+"""
+import threading
+import time
+import types
+
+from trajflow.workflows import entk_client
+
+
+def _prof(path, events):
+    path.write_text("#time,event,comp,thread,uid,state,msg\n" + "".join(
+        f"{1000.0 + i:.6f},{e},bootstrap_0,MainThread,pilot.0000,PMGR_ACTIVE,\n"
+        for i, e in enumerate(events)))
+
+
+def test_last_event_of_a_radical_profile(tmp_path):
+    prof = tmp_path / "bootstrap_0.prof"
+    assert entk_client._last_event(str(prof)) is None  # not there (yet)
+    _prof(prof, ["bootstrap_0_start", "agent_gone", "END"])
+    assert entk_client._last_event(str(prof)) == "END"
+    _prof(prof, ["x" * 40] * 50 + ["cleanup_stop"])  # longer than the tail it reads
+    assert entk_client._last_event(str(prof)) == "cleanup_stop"
+
+
+class _Pilot:
+    uid = "pilot.0000"
+
+    def __init__(self, sandbox):
+        self.pilot_sandbox = f"file://localhost{sandbox}/"
+        self.state = "PMGR_ACTIVE"
+
+
+class _PilotManager:
+    def __init__(self):
+        self.killed = []
+
+    def kill_pilots(self, uid):
+        self.killed.append(uid)
+
+
+def test_local_bootstrapper_is_ended_only_once_it_has_recorded_END(tmp_path):
+    prof = tmp_path / "bootstrap_0.prof"
+    _prof(prof, ["bootstrap_0_start", "bootstrap_0_ok"])  # agent still running
+    pilot, pmgr = _Pilot(tmp_path), _PilotManager()
+    watcher = threading.Thread(target=entk_client.end_local_bootstrapper, args=(pmgr, pilot, 10))
+    watcher.start()
+    time.sleep(0.5)
+    assert pmgr.killed == []
+    _prof(prof, ["bootstrap_0_start", "bootstrap_0_ok", "agent_gone", "cleanup_stop", "END"])
+    watcher.join(5)
+    assert not watcher.is_alive() and pmgr.killed == ["pilot.0000"]
+
+
+def test_a_bootstrapper_without_END_is_left_to_radical(tmp_path):
+    _prof(tmp_path / "bootstrap_0.prof", ["gtod_stop"])  # what it writes without profiling
+    pilot, pmgr = _Pilot(tmp_path), _PilotManager()
+    entk_client.end_local_bootstrapper(pmgr, pilot, patience_s=0.5)
+    assert pmgr.killed == []
+    pilot.state = "DONE"  # ended on its own meanwhile: nothing to do, at once
+    entk_client.end_local_bootstrapper(pmgr, pilot, patience_s=60)
+    assert pmgr.killed == []
+
+
+def test_radical_listeners_poll_at_most_50_ms_and_the_patch_is_applied_once():
+    from radical.utils.zmq.pubsub import Subscriber
+    entk_client.prompt_rp_listeners()
+    entk_client.prompt_rp_listeners()
+    seen = []
+    sock = types.SimpleNamespace(poll=lambda flags, timeout: seen.append(timeout) or 0)
+    assert Subscriber._get_nowait(sock, None, 500, None, None) == (None, None)
+    assert Subscriber._get_nowait(sock, None, 10, None, None) == (None, None)
+    assert seen == [50, 10]
+
+
+def test_appmanager_is_made_without_its_sleep_and_time_is_given_back(tmp_path, monkeypatch):
+    import time as real_time
+    from radical.entk.appman import appmanager as module
+    monkeypatch.chdir(tmp_path)
+    slept = []
+    monkeypatch.setattr(real_time, "sleep", lambda s: slept.append(s))
+    appman = entk_client.new_appmanager(autoterminate=False, base_path=str(tmp_path))
+    assert module.time is real_time and slept == []  # EnTK's own sleep(1) did not run
+    assert appman._zmq_info["put"] and appman._zmq_info["get"]  # its queue is there

@@ -1,0 +1,236 @@
+"""EnTK and RADICAL-Pilot's client, as trajflow holds it on a workstation.
+
+Each function here works around one thing measured in EnTK 1.103 /
+RADICAL-Pilot 1.103 that cost every run time, a core, or a clean folder:
+  working_dir        RP put its session folder in the user's cwd ($PWD stale)
+  new_appmanager     AppManager() slept 1 s after starting its ZMQ queue
+  pace_entk          three client loops spun a core or slept 10 s
+  prompt_rp_listeners  RP's subscribers took up to 0.5 s each to stop
+  shutdown           EnTK stopped its threads before cancelling the pilot;
+                     a local pilot's bootstrapper waited ~4 s for profiles
+                     that RP's own bridges never end
+  reap_local_tasks   a cancelled local pilot left its tasks running
+Every patch is to the client process only, and is skipped, harmlessly, if
+the code it expects is not there.
+"""
+import contextlib
+import glob
+import os
+import queue as std_queue
+import signal
+import threading
+import time
+import types
+
+
+@contextlib.contextmanager
+def working_dir(path):
+    """chdir, and $PWD with it: RADICAL-Pilot puts its client session under
+    ${RADICAL_PILOT_BASE:$PWD}, and os.chdir() alone left every run's RP
+    session folder in the user's working directory (seen)."""
+    old, old_pwd = os.getcwd(), os.environ.get("PWD")
+    os.makedirs(path, exist_ok=True)
+    os.chdir(path)
+    os.environ["PWD"] = os.path.abspath(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+        if old_pwd is None:
+            os.environ.pop("PWD", None)
+        else:
+            os.environ["PWD"] = old_pwd
+
+
+def new_appmanager(**kwargs):
+    """An EnTK AppManager, paced (see pace_entk), made without the fixed 1 s
+    sleep its constructor takes after starting its ZMQ queue bridge: the
+    bridge's sockets are bound before start() returns (radical.utils binds them
+    in its constructor), and ZMQ queues what is sent before the bridge thread
+    polls, so there is nothing to wait for."""
+    import radical.entk as re
+    from radical.entk.appman import appmanager as module
+    real_time = module.time
+    module.time = types.SimpleNamespace(**{name: getattr(real_time, name)
+                                           for name in dir(real_time) if not name.startswith("_")})
+    module.time.sleep = lambda seconds: None
+    try:
+        appman = re.AppManager(**kwargs)
+    finally:
+        module.time = real_time
+    pace_entk(appman)
+    prompt_rp_listeners()
+    return appman
+
+
+def pace_entk(appman, poll_s=0.05):
+    """Make EnTK's client threads wait instead of spinning, and hear terminate() sooner.
+
+    Seen here (py-spy on the process holding EnTK, a task sleeping): the
+    process used a whole core all run long, which on a 2-core workstation is
+    one core taken from the tasks. Three loops of EnTK 1.103 are paced, each
+    at the one call it makes per turn:
+    - WFprocessor's enqueue thread calls `_create_workload()` back to back:
+      after a turn with nothing to submit it now pauses `poll_s`;
+    - AppManager's `_run_workflow` loop polls the pipelines with no pause: its
+      per-turn `get_resource_allocation_state()` now pauses `poll_s` first;
+    - the task manager's submit thread waits on its queue with get(timeout=10)
+      and terminate() joins it, so every teardown waited up to 10 s: its
+      module's queue now waits at most 0.5 s per get (an empty get is already
+      "look again" there).
+    New stages and ended pipelines are seen within `poll_s`.
+    """
+    from radical.entk.appman import wfprocessor
+    from radical.entk.execman.rp import task_manager
+
+    create = wfprocessor.WFprocessor._create_workload
+    if not getattr(create, "_trajflow_paced", False):
+        def paced_create(self):
+            workload, stages = create(self)
+            if not workload:
+                time.sleep(poll_s)
+            return workload, stages
+        paced_create._trajflow_paced = True
+        wfprocessor.WFprocessor._create_workload = paced_create
+
+    rmgr = getattr(appman, "_rmgr", None)
+    get_state = getattr(rmgr, "get_resource_allocation_state", None)
+    if get_state is not None and not getattr(get_state, "_trajflow_paced", False):
+        def paced_state():
+            time.sleep(poll_s)
+            return get_state()
+        paced_state._trajflow_paced = True
+        rmgr.get_resource_allocation_state = paced_state
+
+    if getattr(task_manager, "queue", None) is std_queue:
+        class _PromptQueue(std_queue.Queue):
+            def get(self, block=True, timeout=None):
+                if block and timeout is not None and timeout > 0.5:
+                    timeout = 0.5
+                return super().get(block, timeout)
+        task_manager.queue = types.SimpleNamespace(Queue=_PromptQueue, Empty=std_queue.Empty)
+
+
+def prompt_rp_listeners(poll_ms=50):
+    """Let RADICAL's ZMQ subscribers stop within `poll_ms` instead of 500 ms.
+
+    A subscriber with callbacks runs a listener thread that polls its socket
+    with a fixed 500 ms timeout and is joined when the subscriber stops; the
+    client's session, pilot manager and task manager stop a dozen of them one
+    after another at close: 3.7 s of every teardown (py-spy, 50 Hz). The poll
+    (`Subscriber._get_nowait`, called by that loop only) now returns after at
+    most `poll_ms`, and the loop simply polls again: ~20 idle wake-ups a second
+    per listener, negligible next to the seconds saved.
+    """
+    from radical.utils.zmq.pubsub import Subscriber
+    get = Subscriber._get_nowait
+    if getattr(get, "_trajflow_prompt", False):
+        return
+
+    def prompt_get(sock, lock, timeout, log, prof):
+        return get(sock, lock, poll_ms if timeout is None else min(timeout, poll_ms), log, prof)
+    prompt_get._trajflow_prompt = True
+    Subscriber._get_nowait = staticmethod(prompt_get)
+
+
+def shutdown(appman, local=False):
+    """Stop EnTK and the pilot, the slow parts side by side.
+
+    EnTK's terminate() first stops its threads (see pace_entk) and only then
+    cancels the pilot (RP waits up to 20 s for the agent). Cancelling the
+    pilot in a thread meanwhile overlaps the two (4.7 s less, measured when
+    the task manager still slept 10 s). On a local resource EnTK is also kept
+    from downloading the pilot's profiles, which are on this disk already, and
+    the bootstrapper is ended once its work is done (see end_local_bootstrapper).
+    """
+    rmgr = getattr(appman, "_rmgr", None)  # EnTK keeps its resource manager private
+    pilot, pmgr = getattr(rmgr, "pilot", None), getattr(rmgr, "pmgr", None)
+    helpers = []
+    if pilot is not None and pmgr is not None:
+        helpers.append(threading.Thread(target=pmgr.cancel_pilots, args=(pilot.uid,),
+                                        kwargs={"_timeout": 20}, daemon=True))
+        if local:
+            helpers.append(threading.Thread(target=end_local_bootstrapper, args=(pmgr, pilot),
+                                            daemon=True))
+    for helper in helpers:
+        helper.start()
+    if local and "RADICAL_PROFILE" in os.environ:
+        # EnTK downloads the pilot's profiles at close when this is set; on a
+        # local resource they are on this disk already (the agent sandbox), and
+        # the copy cost seconds of every run's teardown. The agent was started
+        # with it, so the profiles are still written.
+        del os.environ["RADICAL_PROFILE"]
+    appman.terminate()
+    for helper in helpers:
+        helper.join(30)
+
+
+def end_local_bootstrapper(pmgr, pilot, patience_s=20.0):
+    """End a cancelled local pilot's bootstrapper once it has recorded END.
+
+    RP's bootstrap_0.sh, after its agent has gone and its cleanup is done,
+    writes END to bootstrap_0.prof and then waits `FINAL_SLEEP` (5 s, ~4 s of
+    sleep) for every *.prof in the sandbox to end with END before it tars them
+    for the client to download. RP's bridges and several agent components never
+    write END (16 of 20 files, every run seen), so the wait always runs out.
+    On a local resource nothing downloads those tarballs (see shutdown), so
+    the pilot job is killed through RP (`kill_pilots`) as soon as END is
+    there; the profiles themselves stay in the sandbox, complete. The pilot
+    then ends CANCELED rather than DONE. Without RP profiling (no END) this
+    gives up after `patience_s` and RP's own wait runs.
+    """
+    import radical.pilot as rp
+    import radical.utils as ru
+    prof = os.path.join(ru.Url(pilot.pilot_sandbox).path, "bootstrap_0.prof")
+    deadline = time.time() + patience_s
+    while time.time() < deadline and pilot.state not in rp.FINAL:
+        if _last_event(prof) == "END":
+            pmgr.kill_pilots(pilot.uid)
+            return
+        time.sleep(0.1)
+
+
+def _last_event(prof_path):
+    """The event name on a RADICAL profile's last line, or None."""
+    try:
+        with open(prof_path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 512))
+            lines = fh.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    fields = lines[-1].split(",") if lines else []
+    return fields[1] if len(fields) > 1 else None
+
+
+def reap_local_tasks(sid, grace_s=5.0):
+    """End task processes a cancelled local pilot left behind.
+
+    RADICAL-Pilot starts every task in a session of its own (its launch.sh)
+    and, when the pilot is cancelled mid-run, does not end them: on a cluster
+    the batch system does, on a workstation they would run on. They are found
+    by their sandbox path (under this session's id) in /proc and ended by
+    process group id: SIGTERM, then SIGKILL after `grace_s`.
+    """
+    marker = f"/{sid}/".encode()
+    groups = set()
+    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            with open(cmdline, "rb") as fh:
+                text = fh.read()
+            if marker in text and b"launch.sh" in text:
+                groups.add(os.getpgid(int(cmdline.split("/")[2])))
+        except (OSError, ProcessLookupError):
+            continue
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = set()
+        for pgid in groups:
+            try:
+                os.killpg(pgid, sig)
+                alive.add(pgid)
+            except ProcessLookupError:
+                pass
+        groups = alive
+        if not groups:
+            return
+        time.sleep(grace_s if sig == signal.SIGTERM else 0)
