@@ -81,6 +81,9 @@ def test_appmanager_is_made_without_its_sleep_and_time_is_given_back(tmp_path, m
     monkeypatch.chdir(tmp_path)
     slept = []
     monkeypatch.setattr(real_time, "sleep", lambda s: slept.append(s))
-    appman = entk_client.new_appmanager(autoterminate=False, base_path=str(tmp_path))
+    pilot = {"resource": "local.localhost", "walltime": 10, "cpus": 1}
+    appman = entk_client.new_appmanager(pilot, autoterminate=False, base_path=str(tmp_path))
     assert module.time is real_time and slept == []  # EnTK's own sleep(1) did not run
     assert appman._zmq_info["put"] and appman._zmq_info["get"]  # its queue is there
+    # paced after the pilot description made EnTK's resource manager anew
+    assert getattr(appman._rmgr.get_resource_allocation_state, "_trajflow_paced", False)

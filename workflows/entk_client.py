@@ -42,8 +42,10 @@ def working_dir(path):
             os.environ["PWD"] = old_pwd
 
 
-def new_appmanager(**kwargs):
-    """An EnTK AppManager, paced (see pace_entk), made without the fixed 1 s
+def new_appmanager(resource_desc, **kwargs):
+    """An EnTK AppManager for the pilot `resource_desc`, paced (see pace_entk;
+    after the description is set, which makes EnTK a new resource manager: a
+    pacing done before is lost, seen), made without the fixed 1 s
     sleep its constructor takes after starting its ZMQ queue bridge: the
     bridge's sockets are bound before start() returns (radical.utils binds them
     in its constructor), and ZMQ queues what is sent before the bridge thread
@@ -58,6 +60,7 @@ def new_appmanager(**kwargs):
         appman = re.AppManager(**kwargs)
     finally:
         module.time = real_time
+    appman.resource_desc = resource_desc
     pace_entk(appman)
     prompt_rp_listeners()
     return appman

@@ -209,8 +209,7 @@ def _run_here(runs, pilot, session_root, retries, resume, envs, one_at_a_time, n
     batches = [[run] for run in runs] if one_at_a_time else [list(runs)]
     outcomes, errors = [], {}
     with working_dir(session_root):
-        appman = new_appmanager(autoterminate=False, base_path=session_root)
-        appman.resource_desc = pilot
+        appman = new_appmanager(pilot, autoterminate=False, base_path=session_root)
         try:
             for batch in batches:
                 if errors:  # EnTK gave up on an earlier batch and took the pilot with it
