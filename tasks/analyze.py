@@ -80,7 +80,8 @@ def run_tasks_mode(plan, block):
     # tasks mode hands its block to reduce through a part file: its "gather"
     with timer.phase("comm"):
         faults.delay(block, "comm")
-        parts.write_part(plan.part_path(f"block_{block:05d}"), arrays, part_attrs(plan, attrs, [block]))
+        parts.write_part(plan.part_path(f"block_{block:05d}"), arrays,
+                         part_attrs(plan, attrs, [block]))
     timer.finish(plan.profile_path(f"analyze.block_{block:05d}"))
 
 
@@ -103,7 +104,7 @@ def run_mpi_mode(plan):
     if rank == 0:
         with timer.phase("write"):
             parts.write_part(plan.part_path("mpi"), gathered,
-                       part_attrs(plan, attrs, list(range(size))))
+                             part_attrs(plan, attrs, list(range(size))))
     timer.finish(plan.profile_path(f"analyze.block_{rank:05d}"))
 
 
