@@ -34,6 +34,24 @@ def test_universe_reader_matches_mdanalysis(adk, adk_xtc, fmt):
     np.testing.assert_array_equal(coords, ref_x)
 
 
+@pytest.mark.parametrize("case", ["periodic", "batches", "one frame"])
+def test_dcd_straight_from_the_file_matches_mdanalysis(adk, case):
+    """The raw DCD path (batched reads, numpy picks the atoms): a unit-cell record
+    before the coordinates, chunks longer than its batch of frames, one frame."""
+    from MDAnalysisTests.datafiles import DCD_TRICLINIC, PSF_TRICLINIC
+    top, traj = (PSF_TRICLINIC, DCD_TRICLINIC) if case == "periodic" else adk
+    u = mda.Universe(top, traj)
+    idx = u.select_atoms("all" if case == "periodic" else "name CA").indices[::3]
+    start, stop, chunk = {"periodic": (1, 10, 4), "batches": (3, 98, 70), "one frame": (41, 42, 1)}[case]
+    reader = TrajectoryBlockReader(open_trajectory([traj]), idx)
+    assert reader._dcd_raw(reader.parts[0], start, stop) is not None  # not the fallback
+    frames, times, coords = collect(reader, start, stop, chunk)
+    ref_t, ref_x = mda_frames(top, [traj], idx, start, stop)
+    np.testing.assert_array_equal(frames, np.arange(start, stop))
+    np.testing.assert_allclose(times, ref_t, rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(coords, ref_x)
+
+
 def test_h5md_reader_matches_mdanalysis(adk, tmp_path):
     top, dcd = adk
     u = mda.Universe(top, dcd)
