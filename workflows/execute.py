@@ -163,7 +163,11 @@ def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_
                                        f"{child.exitcode}); see the EnTK session folder")
             kind, payload = receiver.recv()
             if kind == "ended" and on_run_ended is not None:
-                on_run_ended(payload)
+                try:
+                    on_run_ended(payload)
+                except Exception as exc:  # the pilot is still being shut down: never leave it
+                    print(f"trajflow: after run {payload}: {type(exc).__name__}: {exc}",
+                          file=sys.stderr)
     except KeyboardInterrupt:
         print("trajflow: interrupted; cancelling the pilot (Ctrl-C again to give up waiting)",
               file=sys.stderr, flush=True)
