@@ -105,7 +105,7 @@ def summary_lines(rows):
     by_status = {}
     for r in rows:
         by_status[r["status"]] = by_status.get(r["status"], 0) + 1
-    lines = [f"experiments: " + ", ".join(f"{n} {s}" for s, n in sorted(by_status.items()))]
+    lines = ["experiments: " + ", ".join(f"{n} {s}" for s, n in sorted(by_status.items()))]
     for r in rows:
         if r["status"] != "done":
             lines.append(f"  {r['experiment']}: {r['status']}: {r['error']}")

@@ -134,9 +134,11 @@ def build_parser():
     bench.add_argument("--loop-frames", type=int, default=200, metavar="F",
                        help="frames timed for the slow per-frame baselines (default: 200)")
     bench.add_argument("--no-parallel", action="store_true",
-                       help="skip the analyze stage under mpiexec -n 1 and -n 2 (default: run it)")
+                       help="skip the analyze stage under mpiexec -n 1 and -n 2, best of 5 launches "
+                            "each (default: run it)")
     bench.add_argument("--no-entk", action="store_true",
-                       help="skip the one-block EnTK run on a local pilot, ~40 s (default: run it)")
+                       help="skip the one-block EnTK run on a local pilot and two runs on one "
+                            "kept pilot, ~45 s (default: run it)")
     bench.add_argument("--json", default=None, metavar="FILE", help="also write the numbers as JSON")
     return parser
 

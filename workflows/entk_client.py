@@ -53,9 +53,7 @@ def new_appmanager(resource_desc, **kwargs):
     import radical.entk as re
     from radical.entk.appman import appmanager as module
     real_time = module.time
-    module.time = types.SimpleNamespace(**{name: getattr(real_time, name)
-                                           for name in dir(real_time) if not name.startswith("_")})
-    module.time.sleep = lambda seconds: None
+    module.time = _TimeWithoutSleep()
     try:
         appman = re.AppManager(**kwargs)
     finally:
@@ -64,6 +62,16 @@ def new_appmanager(resource_desc, **kwargs):
     pace_entk(appman)
     prompt_rp_listeners()
     return appman
+
+
+class _TimeWithoutSleep:
+    """`time`, with sleep() a no-op: what AppManager's module sees while it is made."""
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+    @staticmethod
+    def sleep(_seconds):
+        pass
 
 
 def pace_entk(appman, poll_s=0.05):

@@ -120,21 +120,20 @@ def check_resource(resource: str):
     """ValueError naming the known resources if RADICAL-Pilot has no config for `resource`."""
     activate_configs()
     cfg = resource_config(resource)
-    if cfg is not None:
-        import radical.pilot as rp
-        try:  # RADICAL-Pilot's own schema: unknown keys and wrong types, named
-            rp.ResourceConfig(from_dict=cfg.as_dict()).verify()
-        except Exception as exc:
-            origin = " + ".join(resource_sources().get(resource, [])) or "RADICAL-Pilot"
-            raise ValueError(f"the config of resource {resource!r} (from {origin}) is invalid: "
-                             f"{exc}; fix that key in the resource_*.json file (`trajflow "
-                             f"resources {resource}` shows the merged config)")
     if cfg is None:
         known = known_resources()
         sites = sorted({k.split(".")[0] for k in known})
         raise ValueError(f"unknown resource {resource!r}: RADICAL-Pilot has no config for it. "
                          f"Known facilities: {', '.join(sites)}; `trajflow resources` lists "
                          "all labels, and the README says how to add your cluster")
+    import radical.pilot as rp
+    try:  # RADICAL-Pilot's own schema: unknown keys and wrong types, named
+        rp.ResourceConfig(from_dict=cfg.as_dict()).verify()
+    except Exception as exc:
+        origin = " + ".join(resource_sources().get(resource, [])) or "RADICAL-Pilot"
+        raise ValueError(f"the config of resource {resource!r} (from {origin}) is invalid: "
+                         f"{exc}; fix that key in the resource_*.json file (`trajflow "
+                         f"resources {resource}` shows the merged config)")
 
 
 def known_resources() -> list:
