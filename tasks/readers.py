@@ -31,6 +31,7 @@ class Chunk:
     times: np.ndarray           # (F,) float64, ps, as MDAnalysis' trajectory.time
     coords: np.ndarray          # (F, A, 3) float32, Å, the wanted atoms only
     boxes: Optional[np.ndarray]  # (F, 6) float32, or None when no frame has a cell
+    steps: Optional[np.ndarray] = None  # (F,) int64 MD steps as the reader gives them
 
     @property
     def nbytes(self) -> int:
@@ -99,18 +100,18 @@ class TrajectoryBlockReader:
             pieces = [self._read_in_part(p, max(pos, a) - a, min(end, b) - a)
                       for p, (a, b) in enumerate(zip(self.part_starts[:-1], self.part_starts[1:]))
                       if a < end and b > pos]
-            times = np.concatenate([t for t, _, _ in pieces])
-            coords = np.concatenate([c for _, c, _ in pieces])
-            boxes = [b for _, _, b in pieces]
-            boxes = None if all(b is None for b in boxes) else np.concatenate(
-                [np.zeros((len(t), 6), np.float32) if b is None else b
-                 for (t, _, _), b in zip(pieces, boxes)])
+            times = np.concatenate([c.times for c in pieces])
+            coords = np.concatenate([c.coords for c in pieces])
+            steps = np.concatenate([c.steps for c in pieces])
+            boxes = None if all(c.boxes is None for c in pieces) else np.concatenate(
+                [np.zeros((len(c.times), 6), np.float32) if c.boxes is None else c.boxes
+                 for c in pieces])
             if self.times is not None:
                 times = np.asarray(self.times[pos:end], dtype=np.float64)
             elif len(self.parts) > 1:
                 times = self._chain_times(pos, end)
             frames = np.arange(pos, end, dtype=np.int64) + self.frame_offset
-            yield Chunk(frames, times, coords, boxes)
+            yield Chunk(frames, times, coords, boxes, steps)
 
     def _chain_times(self, start, stop):
         """ChainReader's cumulative time (`trajectory.time`, what rms.RMSD reports):
@@ -120,33 +121,37 @@ class TrajectoryBlockReader:
         offsets = np.concatenate([[0.0], np.cumsum(self.traj.total_times)])
         return offsets[part] + (frames - self.part_starts[part]) * np.asarray(self.traj.dts)[part]
 
-    def _read_in_part(self, p, lo, hi):
+    def _read_in_part(self, p, lo, hi) -> Chunk:
+        """Frames [lo, hi) of one file (frame numbers left to the caller)."""
         reader = self.parts[p]
         if type(reader).__name__ == "DCDReader" and not self._has_boxes(reader):
             return self._read_dcd(reader, lo, hi)
         n = hi - lo
         coords = np.empty((n, self.idx.size, 3), dtype=np.float32)
         times = np.empty(n, dtype=np.float64)
+        steps = np.arange(lo, hi, dtype=np.int64)
         boxes = np.zeros((n, 6), dtype=np.float32) if self.need_boxes else None
         for i, ts in enumerate(reader[lo:hi]):
             coords[i] = ts.positions[self.idx]
             times[i] = ts.time
+            steps[i] = ts.data.get("step", steps[i])
             if boxes is not None and ts.dimensions is not None:
                 boxes[i] = ts.dimensions
-        return times, coords, boxes
+        return Chunk(None, times, coords, boxes, steps)
 
     def _has_boxes(self, reader):
         return self.need_boxes and reader.ts.dimensions is not None
 
     def _read_dcd(self, reader, lo, hi):
-        """DCD in bulk, times linear in the frame as DCD defines them."""
+        """DCD in bulk (no box), times linear in the frame as DCD defines them,
+        steps as MDAnalysis' DCDReader reports them (the frame's position + 1)."""
         t0 = reader[lo].time
         times = t0 + np.arange(hi - lo) * reader.ts.dt
         coords = self._dcd_raw(reader, lo, hi)
         if coords is None:
             coords = np.ascontiguousarray(reader.timeseries(
                 atomgroup=_Atoms(self.idx), start=lo, stop=hi, order="fac"), dtype=np.float32)
-        return times, coords, None
+        return Chunk(None, times, coords, None, np.arange(lo + 1, hi + 1, dtype=np.int64))
 
     _DCD_BATCH = 64  # frames per read into the reused buffer
 
@@ -207,9 +212,8 @@ class H5MDChunkReader:
     def chunks(self, start, stop, chunk_frames) -> Iterator[Chunk]:
         for pos in range(start, stop, chunk_frames):
             end = min(pos + chunk_frames, stop)
-            times, coords, boxes = self.h5.read(pos, end)
-            yield Chunk(np.arange(pos, end, dtype=np.int64), times, coords,
-                        boxes if self.need_boxes else None)
+            times, coords, boxes = self.h5.read(pos, end, self.need_boxes)
+            yield Chunk(np.arange(pos, end, dtype=np.int64), times, coords, boxes)
 
     def close(self):
         self.h5.close()

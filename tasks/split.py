@@ -52,8 +52,11 @@ def convert_h5md(plan, u, timer):
     """All frames, all atoms, into one H5MD file, chunk by chunk."""
     final = plan.h5md_path()
     tmp = f"{final}.tmp{os.getpid()}"
-    reader = TrajectoryBlockReader(u.trajectory, np.arange(len(u.atoms)))
-    writer = H5MDWriter(tmp, len(u.atoms), plan.n_frames, plan.compression)
+    # the box of every frame goes with it: an H5MD without it would silently
+    # give analyses that apply the minimum image the wrong answer
+    periodic = u.trajectory.ts.dimensions is not None
+    reader = TrajectoryBlockReader(u.trajectory, np.arange(len(u.atoms)), need_boxes=periodic)
+    writer = H5MDWriter(tmp, len(u.atoms), plan.n_frames, plan.compression, periodic=periodic)
     try:
         chunks = reader.chunks(0, plan.n_frames, chunk_size(plan.chunk_frames, len(u.atoms)))
         while True:
@@ -62,7 +65,7 @@ def convert_h5md(plan, u, timer):
             if chunk is None:
                 break
             with timer.phase("convert"):
-                writer.write(chunk.times, chunk.coords)
+                writer.write(chunk.times, chunk.coords, chunk.boxes, chunk.steps)
     finally:
         writer.close()
     os.replace(tmp, final)

@@ -31,6 +31,34 @@ def adk_xtc(adk, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def solvated():
+    """MDAnalysisTests' solvated AdK (GRO + XTC): 47,681 atoms, 10 frames, a triclinic
+    (rhombic dodecahedron) box with the protein broken across it: consecutive CA
+    atoms near residue 124 are ~80 Å apart in the raw coordinates."""
+    from MDAnalysisTests.datafiles import GRO, XTC
+    return GRO, XTC
+
+
+@pytest.fixture(scope="session")
+def solvated_trr():
+    from MDAnalysisTests.datafiles import GRO, TRR
+    return GRO, TRR
+
+
+@pytest.fixture(scope="session")
+def solvated_dcd(solvated, tmp_path_factory):
+    """The solvated system written as DCD (with its unit cell), read through the DCD paths."""
+    import MDAnalysis as mda
+    gro, xtc = solvated
+    path = str(tmp_path_factory.mktemp("solvated") / "solvated.dcd")
+    u = mda.Universe(gro, xtc)
+    with mda.Writer(path, n_atoms=len(u.atoms)) as w:
+        for _ in u.trajectory:
+            w.write(u.atoms)
+    return gro, path
+
+
+@pytest.fixture(scope="session")
 def reference_results():
     """MDAnalysis' own answers, computed once per (topology, trajectories, analysis)."""
     cache = {}

@@ -111,3 +111,32 @@ def test_unknown_analysis_is_refused_by_argparse(adk, tmp_path):
     proc = trajflow("run", "--topology", adk[0], "--trajectory", adk[1], "--analysis", "sasa",
                     "--out", str(tmp_path / "r"))
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
+
+
+def test_an_h5md_that_lost_its_box_is_refused_for_dihedrals(solvated, tmp_path):
+    """A user's H5MD of a periodic system without box/edges (its boundary still
+    says periodic): dihedrals would silently skip the minimum image."""
+    import gc
+    import h5py
+    import MDAnalysis as mda
+    from trajflow.workflows.planning import make_plan
+    gro, xtc = solvated
+    boxless = str(tmp_path / "boxless.h5md")
+    u = mda.Universe(gro, xtc)
+    with mda.Writer(boxless, n_atoms=len(u.atoms)) as w:  # MDAnalysis' own H5MDWriter
+        for _ in u.trajectory[:2]:
+            w.write(u.atoms)
+    del w  # its H5MDWriter closes the file only when collected
+    gc.collect()
+    with h5py.File(boxless, "r+") as f:
+        del f["particles/trajectory/box/edges"]
+    proc = trajflow("run", "--topology", gro, "--trajectory", boxless, "--analysis", "dihedrals",
+                    "--out", str(tmp_path / "run"))
+    assert proc.returncode == 2, proc.stderr
+    assert "has no periodic box" in proc.stderr and boxless in proc.stderr
+    assert "boundary" in proc.stderr and not (tmp_path / "run").exists()
+    # rmsd does not use the box; a file that declares itself non-periodic is taken
+    make_plan(gro, [boxless], "rmsd", str(tmp_path / "rmsd"))
+    with h5py.File(boxless, "r+") as f:
+        f["particles/trajectory/box"].attrs["boundary"] = [b"none"] * 3
+    make_plan(gro, [boxless], "dihedrals", str(tmp_path / "vacuum"))

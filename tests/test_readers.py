@@ -1,4 +1,5 @@
 """Block readers give what MDAnalysis gives, chunk by chunk, with bounded memory."""
+import h5py
 import numpy as np
 import pytest
 import MDAnalysis as mda
@@ -85,3 +86,62 @@ def test_memory_is_bounded_by_the_chunk(adk, tmp_path):
         n += len(chunk.frames)
     assert n == 20 * len(x)
     assert largest == 32 * x.shape[1] * 3 * 4  # never more than one chunk of coordinates
+
+
+def convert_with_the_split_stage(tmp_path, top, trajs):
+    """The H5MD file the split stage writes for a run (its task program, as the pilot runs it)."""
+    from stages import run_spec
+    from trajflow.workflows.pipeline import stage_specs
+    from trajflow.workflows.planning import make_plan, write_plan
+    plan = make_plan(top, trajs, "rmsd", str(tmp_path / "run"), selection="all", io="h5md",
+                     mode="tasks", blocks=1, cpus=1, chunk_frames=3)
+    [spec] = stage_specs(plan, write_plan(plan))["split"]
+    proc = run_spec(spec)
+    assert proc.returncode == 0, proc.stderr
+    return plan.h5md_path()
+
+
+@pytest.mark.parametrize("case", ["solvated xtc", "solvated trr", "triclinic dcd", "no box", "chain"])
+def test_h5md_conversion_round_trips_every_frame(tmp_path, adk, solvated, solvated_trr, case):
+    """Positions, box, time and step of every frame, read back by MDAnalysis' H5MDReader and
+    by trajflow's reader, against MDAnalysis reading the original."""
+    from MDAnalysisTests.datafiles import DCD_TRICLINIC, PSF_TRICLINIC
+    top, trajs = {"solvated xtc": (solvated[0], [solvated[1]]),
+                  "solvated trr": (solvated_trr[0], [solvated_trr[1]]),
+                  "triclinic dcd": (PSF_TRICLINIC, [DCD_TRICLINIC]),
+                  "no box": (adk[0], [adk[1]]),
+                  "chain": (solvated[0], [solvated[1], solvated[1]])}[case]
+    path = convert_with_the_split_stage(tmp_path, top, trajs)
+    original = mda.Universe(top, trajs[0] if len(trajs) == 1 else trajs)
+    converted = mda.Universe(top, path)
+    ours = H5MDChunkReader(path, np.arange(len(original.atoms)), need_boxes=True)
+    chunks = list(ours.chunks(0, ours.n_frames, 4))
+    our_boxes = None if chunks[0].boxes is None else np.concatenate([c.boxes for c in chunks])
+    our_coords = np.concatenate([c.coords for c in chunks])
+    assert converted.trajectory.n_frames == ours.n_frames == original.trajectory.n_frames
+    steps = []
+    for i, (a, b) in enumerate(zip(original.trajectory, converted.trajectory)):
+        np.testing.assert_array_equal(b.positions, a.positions)
+        np.testing.assert_array_equal(our_coords[i], a.positions)
+        assert b.time == pytest.approx(original.trajectory.time, abs=1e-9)
+        steps.append(b.data["step"])
+        if a.dimensions is None:
+            assert b.dimensions is None and our_boxes is None
+            continue
+        # the box travels as float32 box vectors (as MDAnalysis' H5MDWriter writes it)
+        np.testing.assert_allclose(b.dimensions, a.dimensions, rtol=1e-6, atol=1e-4)
+        np.testing.assert_array_equal(our_boxes[i], b.dimensions)
+    if case == "chain":  # the second copy's steps restart: shifted to keep increasing
+        assert np.all(np.diff(steps) > 0)
+        assert np.all(np.diff(steps) == np.diff(steps)[0])
+    else:
+        assert steps == [ts.data.get("step", ts.frame + 1) for ts in original.trajectory]
+    with h5py.File(path) as f:
+        box = f["particles/trajectory/box"]
+        periodic = case != "no box"
+        assert [b.decode() for b in box.attrs["boundary"]] == ["periodic" if periodic else "none"] * 3
+        assert ("edges" in box) == periodic
+        assert f["particles/trajectory/position/value"].attrs["unit"] == "Angstrom"
+        assert f["particles/trajectory/position/time"].attrs["unit"] == "ps"
+        if periodic:
+            np.testing.assert_array_equal(box["edges/step"][()], f["particles/trajectory/position/step"][()])

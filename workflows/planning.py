@@ -43,12 +43,13 @@ def open_inputs(topology, trajectories):
         except Exception as exc:
             raise InputError(f"MDAnalysis cannot read topology {topology!r} ({exc}); "
                              "give a topology format MDAnalysis reads (PSF, PDB, GRO, TPR, ...)")
-        sizes = []
+        # one topology parse: each trajectory is loaded into the same Universe
+        # in turn (a large topology costs seconds to parse)
         for t in trajectories:
             try:
-                sizes.append(mda.Universe(topology, t).trajectory.n_frames)
+                u.load_new(t)
             except ValueError as exc:
-                if "number of atoms" in str(exc).lower() or "atoms" in str(exc).lower():
+                if "atoms" in str(exc).lower():
                     raise InputError(f"trajectory {t!r} does not match topology {topology!r}: "
                                      f"{exc}; give the topology this trajectory was written with")
                 raise InputError(f"MDAnalysis cannot read trajectory {t!r} ({exc}); "
@@ -56,8 +57,33 @@ def open_inputs(topology, trajectories):
             except Exception as exc:
                 raise InputError(f"MDAnalysis cannot read trajectory {t!r} ({exc}); "
                                  "give a format MDAnalysis reads (DCD, XTC, TRR, H5MD, ...)")
-        u.load_new(trajectories[0] if len(trajectories) == 1 else list(trajectories))
+        if len(trajectories) > 1:
+            u.load_new(list(trajectories))
     return u
+
+
+def check_boxes(trajectories, analysis):
+    """Refuse an H5MD input that lost its box for an analysis that applies the
+    minimum image: it would run, and silently give another answer."""
+    from MDAnalysis.lib.util import guess_format
+    from trajflow.tasks.analyses import ANALYSIS_CLASSES
+    from trajflow.tasks.h5md import missing_box
+    if not ANALYSIS_CLASSES[analysis].need_boxes:
+        return
+    for t in trajectories:
+        try:
+            is_h5md = guess_format(t) == "H5MD"
+        except (TypeError, ValueError):
+            is_h5md = False
+        problem = missing_box(t) if is_h5md else None
+        if problem:
+            raise InputError(f"trajectory {t!r} has no periodic box: {problem}. {analysis} "
+                             "applies the minimum image, so without the box molecules broken "
+                             "across the box give wrong results. Write the H5MD with its box "
+                             "(MDAnalysis' H5MDWriter writes it when the frames have "
+                             "dimensions), give the original trajectory instead, or, if the "
+                             "system is not periodic, set the box group's boundary attribute "
+                             "to 'none'")
 
 
 def input_checksum(paths):
@@ -128,10 +154,14 @@ def read_inputs(topology, trajectories, analysis, selection=None) -> Inputs:
     topology = os.path.abspath(topology)
     trajectories = [os.path.abspath(t) for t in trajectories]
     u = open_inputs(topology, trajectories)
-    selection = selection or DEFAULT_SELECTION[analysis]
-    return Inputs(topology, trajectories, analysis, selection,
-                  resolve_selection(u, selection, analysis), int(u.trajectory.n_frames),
-                  len(u.atoms), input_checksum([topology] + trajectories))
+    try:
+        check_boxes(trajectories, analysis)
+        selection = selection or DEFAULT_SELECTION[analysis]
+        return Inputs(topology, trajectories, analysis, selection,
+                      resolve_selection(u, selection, analysis), int(u.trajectory.n_frames),
+                      len(u.atoms), input_checksum([topology] + trajectories))
+    finally:
+        u.trajectory.close()  # an HDF5 file left open would block its writers
 
 
 def make_plan(topology, trajectories, analysis, out, selection=None, io="shared",
