@@ -16,7 +16,7 @@ import traceback
 
 import numpy as np
 
-from . import faults, kernels, parts
+from . import faults, kernels, mda_analyses, parts
 from .analyses import ANALYSIS_CLASSES  # noqa: imports MDAnalysis before any rank's clock starts
 from .plan import RunPlan, chunk_size, decode_path_arg
 from .readers import H5MDChunkReader, TrajectoryBlockReader, open_trajectory
@@ -39,8 +39,9 @@ def open_block_source(plan, analysis, block, timer, comm=None):
         reference = TrajectoryBlockReader(open_trajectory([plan.segment_path(0)], timer), idx, boxes)
         traj = reference.traj if block == 0 else open_trajectory([plan.segment_path(block)], timer)
         with timer.phase("open_trajectory"):
-            times = np.load(plan.segment_times_path(block))
-        source = TrajectoryBlockReader(traj, idx, boxes, frame_offset=b_start, times=times)
+            frames = plan.load_segment_frames(block)
+        source = TrajectoryBlockReader(traj, idx, boxes, frame_offset=b_start, times=frames["time"],
+                                       dimensions=frames.get("dimensions"))
         return source, 0, b_stop - b_start, reference
     if plan.io == "h5md":
         with timer.phase("open_trajectory"):
@@ -52,6 +53,8 @@ def open_block_source(plan, analysis, block, timer, comm=None):
 def analyze_block(plan, block, timer, comm=None):
     """Run the analysis over one block; returns (arrays, attrs)."""
     faults.maybe_fail(plan.workdir, block)
+    if not plan.builtin:  # a user's MDAnalysis analysis, through MDAnalysis' own machinery
+        return mda_analyses.analyze_block(plan, block, timer)
     with timer.phase("open_topology"):  # the atoms, resolved on the workstation
         faults.delay(block, "open")
         selected = plan.load_selection()
@@ -127,10 +130,12 @@ def barrier_or_abort(comm, timeout_s):
 
 
 def _row_layout(comm, value, plan):
-    """Per-rank element counts and displacements for a block's array, and the row shape."""
+    """Per-rank element counts and displacements for a block's array, and the row
+    shape. Rows per rank are exchanged, not derived from the blocks: some arrays
+    are one row per frame, others (a user analysis' pickled results) are not."""
     row_shape = value.shape[1:]
     width = int(np.prod(row_shape)) if row_shape else 1
-    counts = np.array([(b - a) * width for a, b in plan.blocks], dtype=np.int64)
+    counts = np.array(comm.allgather(len(value)), dtype=np.int64) * width
     displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
     return row_shape, counts, displs
 

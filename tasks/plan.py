@@ -61,12 +61,21 @@ class RunPlan:
     input_checksum: str = ""
     collective_timeout_s: float = 1800.0  # an MPI rank waits this long for the others
     created_by: str = "trajflow"
+    # a user's MDAnalysis analysis (analysis = "FILE.py:NAME" or "module:NAME"):
+    # the factory's keyword arguments, and where its code is (see mda_analyses)
+    analysis_args: dict = dataclasses.field(default_factory=dict)
+    factory: Optional[dict] = None
     # the resolved atoms; kept in selection.npz beside plan.json, not in it
     selected: Optional[dict] = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def n_blocks(self) -> int:
         return len(self.blocks)
+
+    @property
+    def builtin(self) -> bool:
+        """rmsd or dihedrals (trajflow's kernels), not a user's MDAnalysis analysis."""
+        return self.analysis in ANALYSES
 
     # --- where things live under the work directory -------------------------
     def path(self, *parts: str) -> str:
@@ -77,8 +86,14 @@ class RunPlan:
         ext = segment_format(self.trajectories[0])
         return self.path("split", f"block_{block:05d}.{ext.lower()}")
 
-    def segment_times_path(self, block: int) -> str:
-        return self.path("split", f"block_{block:05d}.time.npy")
+    def segment_frames_path(self, block: int) -> str:
+        """A segment's sidecar: the whole trajectory's `time` of its frames and, for a
+        periodic system, their exact `dimensions` (a segment format may round the box)."""
+        return self.path("split", f"block_{block:05d}.frames.npz")
+
+    def load_segment_frames(self, block: int) -> dict:
+        with np.load(self.segment_frames_path(block)) as data:
+            return {k: data[k] for k in data.files}
 
     def h5md_path(self) -> str:
         return self.path("split", "trajectory.h5md")

@@ -79,12 +79,14 @@ class _Atoms:
 class TrajectoryBlockReader:
     """Chunks of an MDAnalysis trajectory reader, one sub-reader at a time for chained files."""
 
-    def __init__(self, trajectory, atom_indices, need_boxes=False, frame_offset=0, times=None):
+    def __init__(self, trajectory, atom_indices, need_boxes=False, frame_offset=0, times=None,
+                 dimensions=None):
         self.traj = trajectory
         self.idx = np.asarray(atom_indices, dtype=np.intp)
         self.need_boxes = need_boxes
         self.frame_offset = frame_offset  # global number of this trajectory's frame 0
         self.times = times                # overrides readers' times (split segments)
+        self.dimensions = dimensions      # overrides readers' boxes (split segments)
         self.parts = list(trajectory.readers) if hasattr(trajectory, "readers") else [trajectory]
         sizes = [r.n_frames for r in self.parts]
         self.part_starts = np.concatenate([[0], np.cumsum(sizes)])
@@ -108,6 +110,8 @@ class TrajectoryBlockReader:
                  for c in pieces])
             if self.times is not None:
                 times = np.asarray(self.times[pos:end], dtype=np.float64)
+            if boxes is not None and self.dimensions is not None:
+                boxes = np.asarray(self.dimensions[pos:end], dtype=np.float32)
             elif len(self.parts) > 1:
                 times = self._chain_times(pos, end)
             frames = np.arange(pos, end, dtype=np.int64) + self.frame_offset

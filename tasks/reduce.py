@@ -12,6 +12,7 @@ import sys
 import h5py
 import numpy as np
 
+from . import mda_analyses
 from .parts import read_part
 from .plan import RunPlan, decode_path_arg
 from .timing import RankTimer
@@ -43,11 +44,12 @@ def join_parts(plan):
             if list(plan.blocks[block_id]) != [start, stop]:
                 raise IncompleteResult(f"{path}: block {block_id} is {start}-{stop}, "
                                        f"the plan says {plan.blocks[block_id]}")
-        pieces.append(arrays)
+        pieces.append((a["block_ids"][0], arrays))
         attrs = a
+    # parts in block order: blocks are contiguous, so frames come in order (and a
+    # user analysis' per-block results in the order its aggregator expects)
+    pieces = [arrays for _, arrays in sorted(pieces, key=lambda p: p[0])]
     joined = {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}
-    order = np.argsort(joined["frame"], kind="stable")
-    joined = {k: v[order] for k, v in joined.items()}
     if not np.array_equal(joined["frame"], np.arange(plan.n_frames)):
         n_seen = len(np.unique(joined["frame"]))
         raise IncompleteResult(f"frames are not 0..{plan.n_frames - 1} exactly once "
@@ -66,16 +68,21 @@ def package_versions():
     return out
 
 
-def write_result(plan, arrays, analysis_attrs):
+def write_result(plan, arrays, analysis_attrs, results=None):
+    """result.h5: `frame`, `time`, then the kernels' arrays (rmsd, dihedrals) or,
+    for a user's analysis, its concluded `results` under /results."""
     final = plan.result_path()
     tmp = f"{final}.tmp{os.getpid()}"
     with h5py.File(tmp, "w") as f:
         f.create_dataset("frame", data=arrays["frame"].astype(np.int64))
         f.create_dataset("time", data=arrays["time"].astype(np.float64))
         f["time"].attrs["unit"] = "ps"
-        for key, value in arrays.items():
-            if key not in ("frame", "time"):
-                f.create_dataset(key, data=value.astype(np.float64))
+        if results is not None:
+            mda_analyses.write_results(f.create_group("results"), results)
+        else:
+            for key, value in arrays.items():
+                if key not in ("frame", "time"):
+                    f.create_dataset(key, data=value.astype(np.float64))
         if "rmsd" in f:
             f["rmsd"].attrs["unit"] = "Angstrom"
         if "resids" in analysis_attrs:
@@ -91,6 +98,10 @@ def write_result(plan, arrays, analysis_attrs):
             "input_checksum": plan.input_checksum, "compression": plan.compression or "none",
             "versions": json.dumps(package_versions()),
         }
+        if not plan.builtin:
+            root.update(analysis_args=json.dumps(plan.analysis_args),
+                        analysis_class=analysis_attrs.get("analysis_class", ""),
+                        factory=json.dumps(plan.factory))
         for key, value in root.items():
             f.attrs[key] = value
     os.replace(tmp, final)
@@ -109,8 +120,12 @@ def main(argv=None):
     except IncompleteResult as exc:
         print(f"reduce: no result written: {exc}", file=sys.stderr)
         return 4
+    results = None
+    if not plan.builtin:  # merge the blocks with the class' aggregator, then _conclude()
+        with timer.phase("compute"):
+            results = mda_analyses.conclude(plan, arrays).results
     with timer.phase("write"):
-        write_result(plan, arrays, attrs)
+        write_result(plan, arrays, attrs, results)
     timer.finish(plan.profile_path("reduce"))
     return 0
 

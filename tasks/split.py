@@ -37,14 +37,20 @@ def write_segment(plan, u, block, timer):
     root, ext = os.path.splitext(final)
     tmp = f"{root}.tmp{os.getpid()}{ext}"
     times = np.empty(stop - start, dtype=np.float64)
+    boxes = np.zeros((stop - start, 6), dtype=np.float32)
     with timer.phase("write"):
         with mda.Writer(tmp, n_atoms=len(u.atoms), format=segment_format(plan.trajectories[0])) as w:
-            for i, _ in enumerate(u.trajectory[start:stop]):
+            for i, ts in enumerate(u.trajectory[start:stop]):
                 times[i] = u.trajectory.time  # cumulative over chained files
+                if ts.dimensions is not None:
+                    boxes[i] = ts.dimensions
                 w.write(u.atoms)
-        tmp_times = plan.segment_times_path(block) + f".tmp{os.getpid()}.npy"
-        np.save(tmp_times, times)
-        os.replace(tmp_times, plan.segment_times_path(block))
+        sidecar = {"time": times}
+        if boxes.any():  # XTC/TRR keep the box as float32 vectors: 1 ulp off after the round trip
+            sidecar["dimensions"] = boxes
+        tmp_frames = plan.segment_frames_path(block) + f".tmp{os.getpid()}.npz"
+        np.savez(tmp_frames, **sidecar)
+        os.replace(tmp_frames, plan.segment_frames_path(block))
         os.replace(tmp, final)
 
 

@@ -38,6 +38,12 @@ class RankTimer:
         finally:
             self.intervals.append((name, t0, time.time()))
 
+    def add(self, name: str, t0: float, t1: float):
+        """An interval measured by the caller (e.g. sums of per-frame times)."""
+        if name not in PHASES:
+            raise ValueError(f"unknown phase {name!r}; known: {PHASES}")
+        self.intervals.append((name, t0, t1))
+
     def totals(self) -> dict:
         out = {f"t_{p}": 0.0 for p in PHASES}
         for name, t0, t1 in self.intervals:

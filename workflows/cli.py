@@ -5,6 +5,7 @@ result is missing; 2 bad input (nothing was started or written); 130 Ctrl-C.
 """
 import radical.utils  # noqa: F401  radical before logging, or fork() may deadlock (its own warning)
 import argparse
+import json
 import os
 import sys
 import time
@@ -21,9 +22,14 @@ def add_run_options(p):
     p.add_argument("--trajectory", nargs="+", metavar="X",
                    help="trajectory file(s); several are one continuous trajectory, in the order "
                         "given; required")
-    p.add_argument("--analysis", choices=ANALYSES,
+    p.add_argument("--analysis", metavar="SPEC",
                    help="rmsd: RMSD after optimal superposition onto frame 0; "
-                        "dihedrals: (cos, sin) of backbone phi/psi")
+                        "dihedrals: (cos, sin) of backbone phi/psi; FILE.py:NAME or "
+                        "package.module:NAME: your own, a function NAME(universe, **args) "
+                        "returning a parallelisable MDAnalysis analysis; required")
+    p.add_argument("--analysis-args", default=None, metavar="JSON",
+                   help="keyword arguments for your analysis' function, as a JSON object, "
+                        "e.g. '{\"nbins\": 75}' (default: none)")
     p.add_argument("--select", default=None, metavar="SEL",
                    help="MDAnalysis selection (default: 'name CA' for rmsd, 'protein' for dihedrals)")
     p.add_argument("--io", default="shared", choices=IO_STRATEGIES,
@@ -122,6 +128,11 @@ def build_parser():
     res.add_argument("--all", action="store_true",
                      help="list every RADICAL-Pilot label, not only the ones trajflow or you "
                           "configured")
+    sub.add_parser("analyses", help="list the installed MDAnalysis analyses --analysis "
+                                    "FILE.py:NAME can run (those that declare themselves "
+                                    "parallelisable)",
+                   description="List the analysis classes of the installed MDAnalysis that "
+                               "declare themselves parallelisable, with their modules.")
     bench = sub.add_parser("bench", help="our kernels and readers against MDAnalysis, the papers' "
                                          "loops and mdtraj, side by side",
                            description="Measure, in one run on AdK concatenated K times (DCD, XTC "
@@ -211,6 +222,17 @@ def _run_and_report(runs, args, **kwargs):
     return _report(report, runs, summaries)
 
 
+def _json_object(text):
+    """--analysis-args as a dict; InputError naming the problem if it is not JSON."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"--analysis-args {text!r} is not JSON ({exc}); give a JSON object, "
+                         'e.g. \'{"nbins": 75}\'')
+
+
 def cmd_run(args):
     _validate_resource(args)
     if args.resume:
@@ -227,7 +249,8 @@ def cmd_run(args):
     plan = make_plan(args.topology, args.trajectory, args.analysis, args.out,
                      selection=args.select, io=args.io, mode=args.mode, gather=args.gather,
                      blocks=args.blocks, cpus=args.cpus, repeat=args.repeat,
-                     compression=args.compression, chunk_frames=args.chunk)
+                     compression=args.compression, chunk_frames=args.chunk,
+                     analysis_args=_json_object(args.analysis_args))
     plan_path = write_plan(plan)
     runs = [(os.path.basename(plan.workdir) or "run", plan, plan_path)]
     return _run_and_report(runs, args)
@@ -340,11 +363,23 @@ def cmd_bench(args):
     return EXIT_OK
 
 
+def cmd_analyses(args):
+    from trajflow.tasks.mda_analyses import parallelisable_classes
+    import MDAnalysis
+    classes = parallelisable_classes()
+    print(f"MDAnalysis {MDAnalysis.__version__}: {len(classes)} analyses can be split over "
+          "blocks (build one in your factory: --analysis FILE.py:NAME)")
+    for name, module in classes.items():
+        print(f"  {name:28s} {module}")
+    return EXIT_OK
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
         return {"run": cmd_run, "demo": cmd_demo, "bench": cmd_bench, "campaign": cmd_campaign,
-                "resources": cmd_resources, "inspect": cmd_inspect}[args.command](args)
+                "resources": cmd_resources, "inspect": cmd_inspect,
+                "analyses": cmd_analyses}[args.command](args)
     except InputError as exc:
         print(f"trajflow: error: {exc}", file=sys.stderr)
         return EXIT_INPUT

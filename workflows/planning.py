@@ -6,9 +6,13 @@ it, and the CLI exits 2. Nothing is written until every check has passed.
 """
 import dataclasses
 import hashlib
+import json
 import os
+import shutil
 import warnings
-from typing import List
+from typing import List, Optional
+
+from trajflow.tasks import mda_analyses
 
 from trajflow.tasks.plan import (ANALYSES, DEFAULT_SELECTION, GATHERS, IO_STRATEGIES, MODES,
                                  PLAN_FILE, RunPlan, balanced_blocks)
@@ -141,12 +145,73 @@ class Inputs:
     n_frames: int
     n_atoms: int
     checksum: str
+    analysis_args: dict = dataclasses.field(default_factory=dict)
+    factory: Optional[dict] = None  # a user analysis: where its factory is (see check_factory)
 
 
-def read_inputs(topology, trajectories, analysis, selection=None) -> Inputs:
-    """Open the inputs with MDAnalysis as the tasks will and resolve the atoms; InputError if not."""
-    if analysis not in ANALYSES:
-        raise InputError(f"unknown analysis {analysis!r}: choose one of {', '.join(ANALYSES)}")
+ANALYSIS_FORMS = ("rmsd, dihedrals, FILE.py:NAME (a function NAME(universe, **args) in that "
+                  "file returning an MDAnalysis analysis) or package.module:NAME")
+
+
+def check_analysis_spec(analysis, analysis_args=None):
+    """(kind, source, name) of a user analysis, None for rmsd/dihedrals; InputError if malformed."""
+    if analysis in ANALYSES:
+        if analysis_args:
+            raise InputError(f"--analysis-args applies to your own analyses, not {analysis}: "
+                             "drop it")
+        return None
+    try:
+        kind, source, name = mda_analyses.parse_spec(str(analysis))
+    except ValueError as exc:
+        raise InputError(f"unknown --analysis: {exc}; give {ANALYSIS_FORMS}")
+    try:
+        if json.loads(json.dumps(analysis_args or {})) != (analysis_args or {}):
+            raise TypeError("values change in JSON")
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"--analysis-args must be plain JSON values (numbers, strings, lists, "
+                         f"objects): {exc}")
+    if not isinstance(analysis_args or {}, dict):
+        raise InputError("--analysis-args must be a JSON object of keyword arguments, "
+                         'e.g. \'{"nbins": 75}\'')
+    return kind, source, name
+
+
+def check_factory(u, spec, analysis, analysis_args) -> dict:
+    """Load the user's factory, build the analysis on the workstation's Universe and check
+    MDAnalysis can split it; the factory's record for the plan, or InputError."""
+    kind, source, name = spec
+    if kind == "file":
+        source = os.path.abspath(source)
+        _check_readable(source, "factory file")
+    try:
+        factory = mda_analyses.load_factory(kind, source, name)
+    except Exception as exc:
+        raise InputError(f"--analysis {analysis!r}: cannot load the factory ({type(exc).__name__}: "
+                         f"{exc}); give FILE.py:NAME or module:NAME naming a function "
+                         "NAME(universe, **args)")
+    try:
+        analysis_object = mda_analyses.build_analysis(factory, u, analysis_args)
+    except mda_analyses.AnalysisRefused as exc:
+        raise InputError(f"--analysis {analysis!r}: {exc}")
+    except Exception as exc:
+        raise InputError(f"--analysis {analysis!r}: the factory failed on your inputs "
+                         f"({type(exc).__name__}: {exc}); run it once in Python on the same "
+                         "Universe to see why")
+    record = {"kind": kind, "source": source, "name": name,
+              "class": f"{type(analysis_object).__module__}.{type(analysis_object).__name__}"}
+    if kind == "file":
+        record.update(copy=os.path.join("analysis", os.path.basename(source)),
+                      checksum=mda_analyses.file_checksum(source))
+    return record
+
+
+def read_inputs(topology, trajectories, analysis, selection=None, analysis_args=None) -> Inputs:
+    """Open the inputs with MDAnalysis as the tasks will and resolve the atoms (or
+    build the user's analysis); InputError if not."""
+    spec = check_analysis_spec(analysis, analysis_args)
+    if spec is not None and selection:
+        raise InputError("--select applies to rmsd and dihedrals; your own analysis selects its "
+                         "atoms in its factory: drop --select")
     if isinstance(trajectories, str):
         trajectories = [trajectories]
     if not trajectories:
@@ -155,23 +220,33 @@ def read_inputs(topology, trajectories, analysis, selection=None) -> Inputs:
     trajectories = [os.path.abspath(t) for t in trajectories]
     u = open_inputs(topology, trajectories)
     try:
+        common = dict(n_frames=int(u.trajectory.n_frames), n_atoms=len(u.atoms),
+                      checksum=input_checksum([topology] + trajectories))
+        if spec is not None:
+            return Inputs(topology, trajectories, analysis, "", {}, **common,
+                          analysis_args=dict(analysis_args or {}),
+                          factory=check_factory(u, spec, analysis, dict(analysis_args or {})))
         check_boxes(trajectories, analysis)
         selection = selection or DEFAULT_SELECTION[analysis]
         return Inputs(topology, trajectories, analysis, selection,
-                      resolve_selection(u, selection, analysis), int(u.trajectory.n_frames),
-                      len(u.atoms), input_checksum([topology] + trajectories))
+                      resolve_selection(u, selection, analysis), **common)
     finally:
         u.trajectory.close()  # an HDF5 file left open would block its writers
 
 
 def make_plan(topology, trajectories, analysis, out, selection=None, io="shared",
               mode="mpi", gather="gatherv", blocks=None, cpus=2, repeat=1,
-              compression=None, chunk_frames=0, new_out=True, inputs=None) -> RunPlan:
+              compression=None, chunk_frames=0, new_out=True, inputs=None,
+              analysis_args=None) -> RunPlan:
     """Check everything and return the plan (not yet written). `new_out=False`:
     the caller owns `out` (a campaign's experiment folder) and has checked it.
-    `inputs`: the inputs already read (read_inputs), for many plans of one input."""
-    if analysis not in ANALYSES:
-        raise InputError(f"unknown analysis {analysis!r}: choose one of {', '.join(ANALYSES)}")
+    `inputs`: the inputs already read (read_inputs), for many plans of one input.
+    `analysis`: rmsd, dihedrals, or a user's "FILE.py:NAME" / "module:NAME"
+    factory called with the Universe and `analysis_args`."""
+    builtin = check_analysis_spec(analysis, analysis_args) is None
+    if repeat != 1 and not builtin:
+        raise InputError("--repeat applies to rmsd and dihedrals (the papers' workload "
+                         "multiplier): drop it")
     for value, allowed, flag in ((io, IO_STRATEGIES, "--io"), (mode, MODES, "--mode"),
                                  (gather, GATHERS, "--gather")):
         if value not in allowed:
@@ -190,7 +265,7 @@ def make_plan(topology, trajectories, analysis, out, selection=None, io="shared"
         raise InputError("--compression applies to --io h5md only: drop it or use --io h5md")
     out = check_outdir(out) if new_out else os.path.abspath(out)
     if inputs is None:
-        inputs = read_inputs(topology, trajectories, analysis, selection)
+        inputs = read_inputs(topology, trajectories, analysis, selection, analysis_args)
     n_blocks = cpus if blocks is None else blocks
     if n_blocks < 1:
         raise InputError(f"--blocks {n_blocks}: use at least 1 block")
@@ -205,7 +280,8 @@ def make_plan(topology, trajectories, analysis, out, selection=None, io="shared"
                    n_frames=inputs.n_frames, n_atoms=inputs.n_atoms,
                    blocks=balanced_blocks(inputs.n_frames, n_blocks), repeat=repeat,
                    chunk_frames=chunk_frames, compression=compression,
-                   input_checksum=inputs.checksum)
+                   input_checksum=inputs.checksum, analysis_args=inputs.analysis_args,
+                   factory=inputs.factory)
     plan.selected = inputs.selected
     return plan
 
@@ -241,6 +317,13 @@ def plan_for_resume(rundir) -> RunPlan:
     if os.path.exists(plan.result_path()):
         raise InputError(f"--resume: {plan.result_path()!r} exists, the run is complete; "
                          "nothing to resume")
+    factory = plan.factory or {}
+    if factory.get("kind") == "file":
+        for path in (factory["source"], plan.path(factory["copy"])):
+            if os.path.exists(path) and mda_analyses.file_checksum(path) != factory["checksum"]:
+                raise InputError(f"--resume: the analysis code {path!r} changed since the run "
+                                 "was planned; its parts cannot be mixed with new ones: start "
+                                 "a new run with another --out")
     return plan
 
 
@@ -251,4 +334,7 @@ def write_plan(plan: RunPlan) -> str:
     with open(plan.path(RUN_MARKER), "w", encoding="utf-8") as fh:
         fh.write("This folder is a trajflow run.\n")
     plan.save_selection(plan.selected)
+    if plan.factory and plan.factory.get("copy"):  # the factory's code travels with the run
+        os.makedirs(plan.path("analysis"), exist_ok=True)
+        shutil.copyfile(plan.factory["source"], plan.path(plan.factory["copy"]))
     return plan.save(plan.path(PLAN_FILE))

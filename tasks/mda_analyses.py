@@ -1,0 +1,335 @@
+"""Any parallelisable MDAnalysis analysis, run block by block through MDAnalysis' own machinery.
+
+The user names a factory, `NAME(universe, **args) -> AnalysisBase` (in a file
+or a module). Each analyze rank or task builds its own Universe and its own
+analysis object with it, exactly as a serial script would, and runs its
+block with `_compute` (what MDAnalysis' parallel backends run per worker);
+reduce builds one more object, merges the blocks' `results` with the class'
+own `_get_aggregator()` and calls `_conclude()`, as `AnalysisBase.run()`
+does. So a result equals a serial `run()` of the same object.
+
+Example factory file (`rdf.py`), run with `--analysis rdf.py:water_rdf`::
+
+    from MDAnalysis.analysis.rdf import InterRDF
+
+    def water_rdf(u, nbins=75):
+        water = u.select_atoms("name OW")
+        return InterRDF(water, water, nbins=nbins, exclusion_block=(1, 1))
+"""
+import hashlib
+import importlib
+import importlib.util
+import io
+import os
+import pickle
+import sys
+import time
+import warnings
+from collections.abc import Mapping
+
+import numpy as np
+
+from . import faults
+
+# the name a factory file is imported under, in the workstation, the analyze
+# tasks and reduce alike, so that results pickled by one unpickle in another
+FACTORY_MODULE = "trajflow_user_analysis"
+# how often (frames) the per-frame reader and analysis times become intervals
+INTERVAL_FRAMES = 64
+
+
+def file_checksum(path):
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
+
+
+def parse_spec(spec):
+    """'FILE.py:NAME' or 'package.module:NAME' -> (kind, source, name); ValueError if neither."""
+    source, sep, name = spec.rpartition(":")
+    if not sep or not source or not name.isidentifier():
+        raise ValueError(f"{spec!r} is neither rmsd, dihedrals, FILE.py:NAME nor module:NAME")
+    if source.endswith(".py") or os.sep in source:
+        return "file", source, name
+    if not all(part.isidentifier() for part in source.split(".")):
+        raise ValueError(f"{source!r} in {spec!r} is neither a .py file nor a module name")
+    return "module", source, name
+
+
+def load_factory(kind, source, name):
+    """The factory callable; ImportError/AttributeError/TypeError with the reason if not."""
+    if kind == "file":
+        if not os.path.isfile(source):
+            raise ImportError(f"factory file {source!r} does not exist")
+        module_spec = importlib.util.spec_from_file_location(FACTORY_MODULE, source)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[FACTORY_MODULE] = module
+        module_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(source)
+    if not hasattr(module, name):
+        raise AttributeError(f"{source!r} has no {name!r}")
+    factory = getattr(module, name)
+    if not callable(factory):
+        raise TypeError(f"{source}:{name} is a {type(factory).__name__}, not a callable")
+    return factory
+
+
+class AnalysisRefused(ValueError):
+    """What a factory returned cannot run split over blocks; the message says why and what to do."""
+
+
+def build_analysis(factory, universe, args):
+    """Call the factory and check what it returns can be split over frames.
+
+    AnalysisRefused with what is wrong and what to do (whatever the factory
+    itself raises passes through), else the analysis object.
+    """
+    from MDAnalysis.analysis.base import AnalysisBase
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        analysis = factory(universe, **args)
+    if not isinstance(analysis, AnalysisBase):
+        raise AnalysisRefused(f"it returned a {type(analysis).__name__}, not an MDAnalysis analysis "
+                         "(an AnalysisBase instance); return the analysis object, unrun")
+    if getattr(analysis, "_trajectory", None) is not universe.trajectory:
+        raise AnalysisRefused("the analysis it returned is not built on the Universe it was given; "
+                         "select the atoms from the `universe` argument")
+    cls = type(analysis).__name__
+    if not analysis.parallelizable:
+        raise AnalysisRefused(
+            f"{cls} does not declare itself parallelisable (MDAnalysis: "
+            f"{cls}._analysis_algorithm_is_parallelizable is False, its only backend is "
+            f"{analysis.get_supported_backends()!r}): its frames cannot be split over blocks. "
+            "Run it serially with MDAnalysis (analysis.run()), or, for your own class, make it "
+            "parallel: set _analysis_algorithm_is_parallelizable = True, add a classmethod "
+            "get_supported_backends() returning ('serial', 'multiprocessing', 'dask') and a "
+            "_get_aggregator() returning a ResultsGroup that says how each result combines")
+    return analysis
+
+
+def parallelisable_classes():
+    """{class name: module} of the installed MDAnalysis' analyses that declare
+    themselves parallelisable: the ones `--analysis FILE.py:NAME` can run."""
+    import pkgutil
+    import MDAnalysis.analysis as package
+    from MDAnalysis.analysis.base import AnalysisBase
+    found = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+            if any(part in info.name for part in (".legacy", ".tests", ".encore", ".hbonds.")):
+                continue
+            try:
+                module = importlib.import_module(info.name)
+            except Exception:  # optional dependencies missing
+                continue
+            for name, obj in vars(module).items():
+                if (isinstance(obj, type) and issubclass(obj, AnalysisBase)
+                        and obj.__module__ == module.__name__
+                        and obj._analysis_algorithm_is_parallelizable):
+                    found[name] = module.__name__
+    return dict(sorted(found.items()))
+
+
+class TimedFrames:
+    """The frames `_compute` iterates, with the reader's time (io) and the time the
+    analysis spends on each frame (compute) told apart.
+
+    MDAnalysis' own per-frame timings do not separate the two. Every
+    INTERVAL_FRAMES frames the sums become one io and one compute interval of
+    the rank's record. For split segments the frame number and time the
+    analysis sees are those of the whole trajectory (`offset`, `times`).
+    """
+
+    def __init__(self, frames, timer, block, offset=0, segment=None):
+        self.frames = frames
+        self.timer = timer
+        self.block = block
+        self.offset = offset
+        self.segment = segment  # a split segment's sidecar: time and exact dimensions
+
+    def __len__(self):
+        return len(self.frames)
+
+    def __iter__(self):
+        it = iter(self.frames)
+        clock = time.time
+        t_io = t_compute = 0.0
+        span_start, n = clock(), 0
+        faults.delay(self.block, "io")
+        while True:
+            t0 = clock()
+            ts = next(it, None)
+            t1 = clock()
+            t_io += t1 - t0
+            if ts is None:
+                break
+            if n == 0:
+                faults.delay(self.block, "compute")
+            if self.segment is not None:
+                restore = self._as_in_whole_trajectory(ts)
+            yield ts
+            if self.segment is not None:
+                restore()
+            t_compute += clock() - t1
+            n += 1
+            if n % INTERVAL_FRAMES == 0:
+                span_start, t_io, t_compute = self._flush(span_start, t_io, t_compute)
+        self._flush(span_start, t_io, t_compute)
+
+    def _as_in_whole_trajectory(self, ts):
+        """Give a segment's frame the whole trajectory's frame number, time and exact
+        box; returns what puts the reader's own values back before its next read."""
+        local, saved_time = ts.frame, ts.data.get("time")
+        saved_box = None if ts.dimensions is None else ts.dimensions.copy()
+        ts.frame = local + self.offset
+        ts.data["time"] = self.segment["time"][local] - ts.data.get("time_offset", 0)
+        if "dimensions" in self.segment:
+            ts.dimensions = self.segment["dimensions"][local]
+
+        def restore():
+            ts.frame = local
+            if saved_time is None:
+                ts.data.pop("time", None)
+            else:
+                ts.data["time"] = saved_time
+            ts.dimensions = saved_box
+        return restore
+
+    def _flush(self, span_start, t_io, t_compute):
+        """One io then one compute interval holding the sums since `span_start`."""
+        self.timer.add("io", span_start, span_start + t_io)
+        self.timer.add("compute", span_start + t_io, span_start + t_io + t_compute)
+        return span_start + t_io + t_compute, 0.0, 0.0
+
+
+def open_analysis(plan, topology_and_trajectory, timer=None):
+    """A Universe on the given files and the user's analysis built on it."""
+    from .readers import open_universe
+    u = open_universe(*topology_and_trajectory, timer=timer)
+    factory = load_factory(*plan_factory(plan))
+    return u, build_analysis(factory, u, plan.analysis_args)
+
+
+def plan_factory(plan):
+    """(kind, source, name) of the plan's factory: a file copied into RUNDIR, or a module."""
+    kind, source, name = parse_spec(plan.analysis)
+    if kind == "file":
+        source = plan.path(plan.factory["copy"])
+    return kind, source, name
+
+
+def analyze_block(plan, block, timer):
+    """Run the user's analysis over one block; returns (arrays, attrs) for a part.
+
+    Arrays: `frame` and `time` (global, one per frame, from the analysis
+    itself), `results_pickle` (the block's `results`, pickled, as bytes) and
+    `results_pickle_size` (one per block), so the gathers move it like any array.
+    """
+    b_start, b_stop = plan.blocks[block]
+    offset, segment = 0, None
+    with timer.phase("open_topology"):
+        faults.delay(block, "open")
+    if plan.io == "split":
+        files = [plan.segment_path(block)]
+        frames = np.arange(0, b_stop - b_start)
+        offset, segment = b_start, plan.load_segment_frames(block)
+    elif plan.io == "h5md":
+        files, frames = [plan.h5md_path()], np.arange(b_start, b_stop)
+    else:
+        files, frames = plan.trajectories, np.arange(b_start, b_stop)
+    u, analysis = open_analysis(plan, (plan.topology, files), timer)
+    analysis._setup_frames(analysis._trajectory)  # the whole run's frames, as run() does
+
+    prepare_sliced = analysis._prepare_sliced_trajectory
+
+    def timed_slices(slicer):
+        prepare_sliced(slicer)
+        analysis._sliced_trajectory = TimedFrames(analysis._sliced_trajectory, timer, block,
+                                                  offset, segment)
+
+    analysis._prepare_sliced_trajectory = timed_slices
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        analysis._compute(np.stack([np.arange(len(frames)), frames], axis=1))
+    u.trajectory.close()
+    blob = np.frombuffer(pickle.dumps(analysis.results, protocol=pickle.HIGHEST_PROTOCOL),
+                         dtype=np.uint8)
+    timer.info.update(frames=len(frames))
+    arrays = {"frame": np.asarray(analysis.frames, dtype=np.int64),
+              "time": np.asarray(analysis.times, dtype=np.float64),
+              "results_pickle": blob, "results_pickle_size": np.array([blob.size], np.int64)}
+    return arrays, {"analysis": plan.analysis, "selection": plan.selection,
+                    "analysis_class": type(analysis).__name__}
+
+
+def conclude(plan, arrays):
+    """One analysis object over the whole trajectory, the blocks' results merged by
+    its class' aggregator, then `_conclude()`: what `AnalysisBase.run()` does."""
+    u, analysis = open_analysis(plan, (plan.topology, plan.trajectories))
+    analysis._setup_frames(analysis._trajectory)
+    bounds = np.concatenate([[0], np.cumsum(arrays["results_pickle_size"])])
+    blob = arrays["results_pickle"].tobytes()
+    pieces = [pickle.loads(blob[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    analysis.frames = arrays["frame"]
+    analysis.times = arrays["time"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        analysis.results = analysis._get_aggregator().merge(pieces)
+        analysis._conclude()
+    u.trajectory.close()
+    return analysis
+
+
+# --- result.h5: MDAnalysis Results as HDF5 -----------------------------------
+PICKLE_SUFFIX = ".pickle"
+
+
+def write_results(group, results):
+    """Arrays and numbers as datasets, nested Results/dicts as groups, anything
+    else (objects, ragged lists) as a pickled blob `<name>.pickle`."""
+    for key, value in results.items():
+        key = str(key)
+        if isinstance(value, Mapping):  # MDAnalysis' Results is a UserDict
+            write_results(group.create_group(key), value)
+            continue
+        array = _as_plain_array(value)
+        if array is not None:
+            group.create_dataset(key, data=array)
+        else:
+            ds = group.create_dataset(key + PICKLE_SUFFIX,
+                                      data=np.void(pickle.dumps(value, protocol=4)))
+            ds.attrs["encoding"] = f"python pickle of a {type(value).__module__}.{type(value).__name__}"
+
+
+def _as_plain_array(value):
+    """A numeric/boolean numpy array for `value`, or None if it is not one."""
+    if isinstance(value, (bool, int, float, complex, np.generic)) and not isinstance(value, str):
+        return np.asarray(value)
+    if isinstance(value, np.ndarray) and value.dtype.kind in "biufc":
+        return value
+    if isinstance(value, (list, tuple)):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                array = np.asarray(value)
+        except ValueError:  # ragged
+            return None
+        return array if array.dtype.kind in "biufc" else None
+    return None
+
+
+def read_results(group):
+    """The inverse of write_results: an MDAnalysis Results."""
+    import h5py
+    from MDAnalysis.analysis.results import Results
+    out = Results()
+    for key, item in group.items():
+        if isinstance(item, h5py.Group):
+            out[key] = read_results(item)
+        elif key.endswith(PICKLE_SUFFIX):
+            out[key[:-len(PICKLE_SUFFIX)]] = pickle.load(io.BytesIO(item[()].tobytes()))
+        else:
+            value = item[()]
+            out[key] = value.item() if item.shape == () else value
+    return out

@@ -1,0 +1,145 @@
+"""Factories for the any-analysis tests: each builds an MDAnalysis analysis on the
+Universe it is given, as a user's file would. Cheap selections keep the runs short."""
+import numpy as np
+from MDAnalysis.analysis.base import AnalysisBase, AnalysisFromFunction
+from MDAnalysis.analysis.results import ResultsGroup
+
+
+def interrdf(u, nbins=75):
+    from MDAnalysis.analysis.rdf import InterRDF
+    ow = u.select_atoms("name OW and index 20000:23000")
+    return InterRDF(ow, ow, nbins=nbins, exclusion_block=(1, 1))
+
+
+def interrdf_s(u):
+    from MDAnalysis.analysis.rdf import InterRDF_s
+    ow = u.select_atoms("name OW and index 20000:21000")
+    hw = u.select_atoms("name HW1 and index 20000:21000")
+    return InterRDF_s(u, [[ow, ow], [ow, hw]], nbins=40)
+
+
+def density(u):
+    from MDAnalysis.analysis.density import DensityAnalysis
+    ow = u.select_atoms("name OW and index 20000:26000")
+    return DensityAnalysis(ow, delta=4.0, gridcenter=[40.0, 40.0, 40.0], xdim=60.0, ydim=60.0,
+                           zdim=60.0)
+
+
+def linear_density(u):
+    from MDAnalysis.analysis.lineardensity import LinearDensity
+    if not hasattr(u.atoms, "charges"):  # a GRO has none; LinearDensity wants them
+        u.add_TopologyAttr("charges", np.zeros(len(u.atoms)))
+    return LinearDensity(u.select_atoms("resname SOL and index 20000:26000"), grouping="atoms",
+                         binsize=1.0)
+
+
+def hbonds(u):
+    from MDAnalysis.analysis.hydrogenbonds.hbond_analysis import HydrogenBondAnalysis
+    return HydrogenBondAnalysis(u, donors_sel="protein and name N", hydrogens_sel="protein and name HN",
+                                acceptors_sel="protein and name O")
+
+
+def contacts(u):
+    from MDAnalysis.analysis.contacts import Contacts
+    a, b = "name CA and resid 1-60", "name CA and resid 120-214"
+    return Contacts(u, select=(a, b), refgroup=(u.select_atoms(a), u.select_atoms(b)), radius=8.0)
+
+
+def dssp(u):
+    from MDAnalysis.analysis.dssp import DSSP
+    return DSSP(u, guess_hydrogens=True)
+
+
+def dihedral(u):
+    from MDAnalysis.analysis.dihedrals import Dihedral
+    return Dihedral([r.phi_selection() for r in u.select_atoms("protein").residues[5:15]])
+
+
+def janin(u):
+    from MDAnalysis.analysis.dihedrals import Janin
+    return Janin(u.select_atoms("resid 10-60"))
+
+
+def atomic_distances(u):
+    from MDAnalysis.analysis.atomicdistances import AtomicDistances
+    ca = u.select_atoms("name CA")
+    return AtomicDistances(ca[:50], ca[100:150])
+
+
+def distance_matrix(u):
+    from MDAnalysis.analysis.diffusionmap import DistanceMatrix
+    return DistanceMatrix(u, select="name CA and resid 1-40")
+
+
+def mda_rmsd(u):
+    from MDAnalysis.analysis.rms import RMSD
+    return RMSD(u, select="backbone")
+
+
+def radius_of_gyration(u):
+    protein = u.select_atoms("protein")
+    return AnalysisFromFunction(lambda ag: ag.radius_of_gyration(), u.trajectory, protein)
+
+
+class CentreOfMassDrift(AnalysisBase):
+    """A user's own class that opts in to parallel runs: the protein's centre of
+    mass per frame (stacked) and the sum of its squared displacement (summed)."""
+    _analysis_algorithm_is_parallelizable = True
+
+    @classmethod
+    def get_supported_backends(cls):
+        return ("serial", "multiprocessing", "dask")
+
+    def __init__(self, atomgroup, **kwargs):
+        super().__init__(atomgroup.universe.trajectory, **kwargs)
+        self.ag = atomgroup
+        self.origin = atomgroup.center_of_mass()
+
+    def _prepare(self):
+        self.results.com = np.zeros((self.n_frames, 3))
+        self.results.sq_sum = 0.0
+
+    def _single_frame(self):
+        com = self.ag.center_of_mass()
+        self.results.com[self._frame_index] = com
+        self.results.sq_sum += float(((com - self.origin) ** 2).sum())
+
+    def _get_aggregator(self):
+        return ResultsGroup(lookup={"com": ResultsGroup.ndarray_vstack,
+                                    "sq_sum": ResultsGroup.ndarray_sum})
+
+    def _conclude(self):
+        self.results.msd = self.results.sq_sum / self.n_frames
+
+
+def user_class(u):
+    return CentreOfMassDrift(u.select_atoms("protein"))
+
+
+class SerialOnly(AnalysisBase):
+    """A user class that does not opt in."""
+
+    def _single_frame(self):
+        pass
+
+
+def serial_only(u):
+    return SerialOnly(u.trajectory)
+
+
+def rmsf(u):
+    from MDAnalysis.analysis.rms import RMSF
+    return RMSF(u.select_atoms("name CA"))
+
+
+def pca(u):
+    from MDAnalysis.analysis.pca import PCA
+    return PCA(u, select="name CA")
+
+
+def raises(u):
+    raise RuntimeError("this factory is broken on purpose")
+
+
+def not_an_analysis(u):
+    return u.select_atoms("name CA")

@@ -1,0 +1,180 @@
+"""Any parallelisable MDAnalysis analysis, and a user's own class, through split ->
+analyze -> reduce (the task programs as the pilot runs them), against MDAnalysis'
+own serial run() of the same object built by the same factory.
+
+Every class runs in mpi mode on the shared trajectory and in tasks mode on the
+H5MD conversion (3 blocks each); InterRDF and the user's class run every io x
+mode. Results equal the serial run to 1e-6 relative (exactly for counts).
+"""
+import os
+import subprocess
+import sys
+import warnings
+from collections.abc import Mapping
+
+import h5py
+import numpy as np
+import pytest
+
+from stages import plan_and_run
+from trajflow.tasks.mda_analyses import read_results
+from trajflow.workflows.results import open_result
+
+FACTORIES = os.path.join(os.path.dirname(__file__), "analyses", "factories.py")
+TRAJFLOW = os.path.join(os.path.dirname(sys.executable), "trajflow")
+sys.path.insert(0, os.path.dirname(FACTORIES))
+import factories  # noqa: E402  the same functions, for the serial runs
+
+SOLVATED = ("interrdf", "interrdf_s", "density", "linear_density")  # need water and a box
+CLASSES = SOLVATED + ("hbonds", "contacts", "dssp", "dihedral", "janin", "atomic_distances",
+                      "distance_matrix", "mda_rmsd", "radius_of_gyration", "user_class")
+EVERY_STRATEGY = [(io, mode) for io in ("shared", "split", "h5md") for mode in ("mpi", "tasks")]
+CASES = ([(name, "shared", "mpi") for name in CLASSES] + [(name, "h5md", "tasks") for name in CLASSES]
+         + [(name, io, mode) for name in ("interrdf", "user_class") for io, mode in EVERY_STRATEGY
+            if (io, mode) not in (("shared", "mpi"), ("h5md", "tasks"))])
+
+
+def inputs_for(name, adk, solvated):
+    if name in SOLVATED:
+        return solvated
+    if name == "hbonds":  # the PSF has the hydrogens and bonds
+        return adk
+    return adk
+
+
+_serial = {}
+
+
+def serial_results(name, top, traj, args):
+    import MDAnalysis as mda
+    key = (name, top, traj)
+    if key not in _serial:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _serial[key] = getattr(factories, name)(mda.Universe(top, traj), **args).run().results
+    return _serial[key]
+
+
+def assert_same(got, ref, where="results"):
+    assert set(got.keys()) == set(ref.keys()), where
+    for key in ref:
+        a, b = got[key], ref[key]
+        if isinstance(b, Mapping):
+            assert_same(a, b, f"{where}.{key}")
+        elif hasattr(b, "grid"):  # a GridDataFormats Density
+            np.testing.assert_allclose(a.grid, b.grid, rtol=1e-6, err_msg=f"{where}.{key}")
+        elif isinstance(b, np.ndarray) and b.dtype.kind in "US":
+            np.testing.assert_array_equal(a, b, err_msg=f"{where}.{key}")
+        else:
+            np.testing.assert_allclose(np.asarray(a, dtype=float), np.asarray(b, dtype=float),
+                                       rtol=1e-6, atol=1e-12, err_msg=f"{where}.{key}")
+
+
+@pytest.mark.parametrize("name,io,mode", CASES)
+def test_user_analysis_equals_serial_mdanalysis(tmp_path, adk, solvated, name, io, mode):
+    top, traj = inputs_for(name, adk, solvated)
+    args = {"nbins": 50} if name == "interrdf" else {}
+    path, plan = plan_and_run(tmp_path / "run", top, [traj], f"{FACTORIES}:{name}", io=io,
+                              mode=mode, blocks=3, cpus=3, analysis_args=args, side_by_side=True)
+    with h5py.File(path) as f:
+        got = read_results(f["results"])
+        n = plan.n_frames
+        np.testing.assert_array_equal(f["frame"][()], np.arange(n))
+        assert f.attrs["analysis"] == f"{FACTORIES}:{name}"
+        assert f.attrs["analysis_args"] == __import__("json").dumps(args)
+        assert "MDAnalysis" in f.attrs["versions"]
+    ref = serial_results(name, top, traj, args)
+    if name == "linear_density":
+        # LinearDensity keeps a view of the Universe's box and bins from it, so its
+        # hist_bin_edges follow whichever frame the view last saw: MDAnalysis itself
+        # gives the last frame's box serially and frame 0's with multiprocessing
+        # (an MDAnalysis defect); trajflow gives block 0's last frame's. The
+        # densities are equal; the edges are checked to span one frame's box.
+        import MDAnalysis as mda
+        boxes = [ts.dimensions[:3].max() for ts in mda.Universe(top, traj).trajectory]
+        for dim in ("x", "y", "z"):
+            edges = got[dim].pop("hist_bin_edges")
+            assert any(np.allclose(edges, np.linspace(0, b, len(edges))) for b in boxes)
+            ref = {**ref, dim: {k: v for k, v in ref[dim].items() if k != "hist_bin_edges"}}
+    assert_same(got, ref)
+    whole = open_result(plan.workdir)  # what a user reads back: the results plus frame and time
+    assert set(whole) == set(got) | {"frame", "time"}
+    np.testing.assert_array_equal(whole["frame"], np.arange(plan.n_frames))
+    # the factory travelled with the run
+    assert open(plan.path(plan.factory["copy"])).read() == open(FACTORIES).read()
+
+
+def test_user_analysis_profile_separates_reading_from_computing(tmp_path, adk):
+    """Each rank's record has io and compute from the wrapped frame loop, and the
+    injected compute delay of block 1 shows in block 1's compute only."""
+    import json
+    top, traj = adk
+    plan_and_run(tmp_path / "run", top, [traj], f"{FACTORIES}:radius_of_gyration", mode="tasks",
+                 blocks=3, cpus=3, env={"TRAJFLOW_TEST_DELAY": "1:compute:1.0"})
+    recs = {}
+    for b in range(3):
+        with open(tmp_path / "run" / "profile" / f"analyze.block_{b:05d}.jsonl") as fh:
+            recs[b] = json.loads(fh.readline())
+    for b, r in recs.items():
+        assert r["frames"] == [33, 33, 32][b] and r["t_io"] > 0 and r["t_compute"] > 0
+    assert recs[1]["t_compute"] > 1.0 > max(recs[0]["t_compute"], recs[2]["t_compute"])
+    assert max(r["t_io"] for r in recs.values()) < 1.0
+
+
+def trajflow_run(adk, tmp_path, analysis, *extra):
+    return subprocess.run([TRAJFLOW, "run", "--topology", adk[0], "--trajectory", adk[1],
+                           "--analysis", analysis, "--out", str(tmp_path / "run"), *extra],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("analysis,extra,message", [
+    (f"{FACTORIES}:rmsf", [], "RMSF does not declare itself parallelisable"),
+    (f"{FACTORIES}:pca", [], "PCA does not declare itself parallelisable"),
+    (f"{FACTORIES}:serial_only", [], "_get_aggregator()"),
+    (f"{FACTORIES}:raises", [], "the factory failed on your inputs (RuntimeError: this factory is broken"),
+    (f"{FACTORIES}:missing", [], "has no 'missing'"),
+    ("/nonexistent/file.py:f", [], "does not exist"),
+    ("no_such_module_xyz:f", [], "No module named 'no_such_module_xyz'"),
+    (f"{FACTORIES}:not_an_analysis", [], "not an MDAnalysis analysis"),
+    (f"{FACTORIES}:interrdf", ["--analysis-args", "{nbins: 3}"], "is not JSON"),
+    (f"{FACTORIES}:interrdf", ["--analysis-args", "[1, 2]"], "JSON object"),
+    (f"{FACTORIES}:mda_rmsd", ["--select", "name CA"], "drop --select"),
+    ("sasa", [], "unknown --analysis"),
+])
+def test_unusable_analyses_are_refused_before_any_pilot(adk, tmp_path, analysis, extra, message):
+    proc = trajflow_run(adk, tmp_path, analysis, *extra)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr, proc.stderr
+    assert not (tmp_path / "run").exists()
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("re.session")]
+
+
+def test_resume_refuses_a_changed_factory(tmp_path, adk):
+    from trajflow.workflows.planning import InputError, make_plan, plan_for_resume, write_plan
+    factory = tmp_path / "mine.py"
+    factory.write_text(open(FACTORIES).read())
+    plan = make_plan(adk[0], [adk[1]], f"{factory}:mda_rmsd", str(tmp_path / "run"), blocks=2)
+    write_plan(plan)
+    assert plan_for_resume(plan.workdir).factory["checksum"] == plan.factory["checksum"]
+    factory.write_text(open(FACTORIES).read() + "\n# changed\n")
+    with pytest.raises(InputError, match="analysis code .* changed"):
+        plan_for_resume(plan.workdir)
+
+
+def test_the_runnable_classes_come_from_the_installed_mdanalysis():
+    proc = subprocess.run([TRAJFLOW, "analyses"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    listed = {line.split()[0] for line in proc.stdout.splitlines()[1:]}
+    assert {"InterRDF", "InterRDF_s", "Contacts", "HydrogenBondAnalysis", "DensityAnalysis",
+            "LinearDensity", "DSSP", "Dihedral", "Janin", "AtomicDistances", "DistanceMatrix",
+            "AnalysisFromFunction", "RMSD"} <= listed
+    assert "RMSF" not in listed and "PCA" not in listed
+
+
+def test_inspect_reads_a_user_analysis_run(tmp_path, adk):
+    plan_and_run(tmp_path / "run", adk[0], [adk[1]], f"{FACTORIES}:mda_rmsd", mode="mpi",
+                 blocks=2, cpus=2)
+    proc = subprocess.run([TRAJFLOW, "inspect", str(tmp_path / "run")], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "analyze" in proc.stdout

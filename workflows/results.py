@@ -1,0 +1,29 @@
+"""A finished run's result.h5 back as an MDAnalysis `Results`, as a serial run() gives it.
+
+    >>> from trajflow.workflows.results import open_result
+    >>> results = open_result("runs/rdf/result.h5")
+    >>> results.rdf, results.bins          # InterRDF's own names
+    >>> open_result("runs/adk-rmsd/result.h5").rmsd
+
+For your own analysis the entries are those of `analysis.results` (arrays and
+numbers as read from /results, nested Results as Results, other objects
+unpickled); for rmsd and dihedrals they are the datasets of result.h5. Both
+also have `frame` and `time` (ps) of every frame analysed.
+"""
+import h5py
+
+from trajflow.tasks.mda_analyses import read_results
+
+
+def open_result(path):
+    """The results of one run (its RUNDIR or its result.h5)."""
+    import os
+    from MDAnalysis.analysis.results import Results
+    if os.path.isdir(path):
+        path = os.path.join(path, "result.h5")
+    with h5py.File(path, "r") as f:
+        results = read_results(f["results"]) if "results" in f else Results()
+        for key, item in f.items():
+            if isinstance(item, h5py.Dataset):
+                results[key] = item[()]
+    return results
