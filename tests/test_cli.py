@@ -107,10 +107,11 @@ def test_an_output_folder_that_cannot_be_created(adk, tmp_path):
     assert blocker.read_text() == "not a folder"
 
 
-def test_unknown_analysis_is_refused_by_argparse(adk, tmp_path):
+def test_unknown_analysis_is_refused_with_the_forms_it_takes(adk, tmp_path):
     proc = trajflow("run", "--topology", adk[0], "--trajectory", adk[1], "--analysis", "sasa",
                     "--out", str(tmp_path / "r"))
-    assert proc.returncode == 2 and "invalid choice" in proc.stderr
+    assert proc.returncode == 2 and "unknown --analysis" in proc.stderr
+    assert "FILE.py:NAME" in proc.stderr and not (tmp_path / "r").exists()
 
 
 def test_an_h5md_that_lost_its_box_is_refused_for_dihedrals(solvated, tmp_path):
