@@ -52,3 +52,30 @@ def solvated_trr():
 def solvated_dcd(solvated, tmp_path_factory):
     """The solvated system written as DCD (with its unit cell), read through the DCD paths."""
     return rewrite(*solvated, tmp_path_factory.mktemp("solvated") / "solvated.dcd")
+
+
+@pytest.fixture(scope="session")
+def reference_results():
+    """MDAnalysis' own answers, computed once per (topology, trajectories, analysis)."""
+    cache = {}
+
+    def compute(top, trajs, analysis):
+        key = (top, tuple(trajs), analysis)
+        if key not in cache:
+            import MDAnalysis as mda
+            from MDAnalysis.analysis import rms
+            from MDAnalysis.analysis.dihedrals import Ramachandran
+            u = mda.Universe(top, trajs[0] if len(trajs) == 1 else list(trajs))
+            if analysis == "rmsd":
+                r = rms.RMSD(u, select="name CA").run().results.rmsd
+                cache[key] = {"frame": r[:, 0], "time": r[:, 1], "rmsd": r[:, 2]}
+            else:
+                rama = Ramachandran(u.select_atoms("protein")).run()
+                ang = np.deg2rad(rama.results.angles)  # (F, R, 2)
+                feats = np.stack([np.cos(ang[..., 0]), np.sin(ang[..., 0]),
+                                  np.cos(ang[..., 1]), np.sin(ang[..., 1])], axis=2)
+                times = np.array([u.trajectory.time for _ in u.trajectory])
+                cache[key] = {"frame": np.arange(len(times)), "time": times,
+                              "features": feats.reshape(len(times), -1)}
+        return cache[key]
+    return compute
