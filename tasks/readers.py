@@ -110,10 +110,10 @@ class TrajectoryBlockReader:
                  for c in pieces])
             if self.times is not None:
                 times = np.asarray(self.times[pos:end], dtype=np.float64)
-            if boxes is not None and self.dimensions is not None:
-                boxes = np.asarray(self.dimensions[pos:end], dtype=np.float32)
             elif len(self.parts) > 1:
                 times = self._chain_times(pos, end)
+            if boxes is not None and self.dimensions is not None:
+                boxes = np.asarray(self.dimensions[pos:end], dtype=np.float32)
             frames = np.arange(pos, end, dtype=np.int64) + self.frame_offset
             yield Chunk(frames, times, coords, boxes, steps)
 
