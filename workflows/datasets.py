@@ -1,7 +1,8 @@
-"""Demo and benchmark trajectories, built once from MDAnalysisTests' AdK files.
+"""Demo and benchmark trajectories, built once from MDAnalysisTests' files.
 
-The AdK PSF/DCD (3341 atoms, 98 frames) concatenated K times, written to a
-cache folder with time running on monotonically across copies. Nothing large
+The AdK PSF/DCD (3341 atoms, 98 frames) or the solvated AdK GRO/XTC (47,681
+atoms, 10 frames, periodic) concatenated K times, written to a cache folder
+with time running on monotonically across copies. Nothing large
 is ever committed; the cache is rebuilt if it is missing or incomplete.
 """
 import os
@@ -23,38 +24,54 @@ def adk_files():
 
 def adk_concatenated(copies=100, fmt="DCD", folder=None):
     """(topology, trajectory) of AdK repeated `copies` times in format DCD, XTC or H5MD."""
+    psf, dcd = adk_files()
+    return psf, concatenated(psf, dcd, f"adk_x{copies}", copies, fmt, folder)
+
+
+def solvated_concatenated(copies=20, fmt="XTC", folder=None):
+    """(topology, trajectory) of MDAnalysisTests' solvated AdK (GRO/XTC, 47,681 atoms,
+    10 frames, triclinic box) repeated `copies` times."""
+    from MDAnalysisTests.datafiles import GRO, XTC
+    return GRO, concatenated(GRO, XTC, f"solvated_x{copies}", copies, fmt, folder)
+
+
+def concatenated(top, traj, name, copies, fmt, folder=None):
+    """`traj` repeated `copies` times into the cache as `name.<fmt>` (DCD, XTC or
+    H5MD), boxes kept, time and step running on monotonically across copies."""
     import MDAnalysis as mda
     import warnings
     from trajflow.tasks.h5md import H5MDWriter
-    psf, dcd = adk_files()
     folder = folder or cache_dir()
-    path = os.path.join(folder, f"adk_x{copies}.{fmt.lower()}")
+    path = os.path.join(folder, f"{name}.{fmt.lower()}")
     if os.path.exists(path):
-        return psf, path
+        return path
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        u = mda.Universe(psf, dcd)
-        coords = u.trajectory.timeseries(order="fac")  # (98, 3341, 3), 3.9 MB
+        u = mda.Universe(top, traj)
+        coords = u.trajectory.timeseries(order="fac")  # AdK: (98, 3341, 3), 3.9 MB
+        boxes = [None if ts.dimensions is None else ts.dimensions.copy() for ts in u.trajectory]
         dt = u.trajectory.dt
     n = len(coords)
-    tmp = os.path.join(folder, f".adk_x{copies}.tmp{os.getpid()}.{fmt.lower()}")
+    periodic = boxes[0] is not None
+    tmp = os.path.join(folder, f".{name}.tmp{os.getpid()}.{fmt.lower()}")
     if fmt.upper() == "H5MD":
-        w = H5MDWriter(tmp, coords.shape[1], n * copies)
+        w = H5MDWriter(tmp, coords.shape[1], n * copies, periodic=periodic)
         for c in range(copies):
-            w.write((np.arange(n) + c * n) * dt, coords)
+            w.write((np.arange(n) + c * n) * dt, coords, np.array(boxes) if periodic else None)
         w.close()
     else:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            out = mda.Universe(psf, coords[:1].copy(), format="MEMORY", dt=dt)
+            out = mda.Universe(top, coords[:1].copy(), format="MEMORY", dt=dt)
             with mda.Writer(tmp, n_atoms=coords.shape[1], format=fmt.upper(), dt=dt) as w:
                 ts = out.trajectory.ts
                 for c in range(copies):
                     for i in range(n):
                         ts.positions = coords[i]
+                        ts.dimensions = boxes[i]
                         ts.frame = c * n + i
                         ts.time = (c * n + i) * dt
                         ts.data["step"] = c * n + i
                         w.write(out.atoms)
     os.replace(tmp, path)
-    return psf, path
+    return path
