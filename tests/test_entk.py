@@ -5,7 +5,9 @@ One session carries all these pipelines on one pilot (a local pilot costs
 over split XTC segments, in a folder whose name has spaces, quotes, ';', '$'
 and non-ASCII letters; a run whose inputs vanish after planning; a block that
 fails once and recovers on its retry; an MPI task that keeps failing; and an
-MPI rank that kills itself. Failed runs must name the task and leave no result.
+MPI rank that kills itself; and a user's InterRDF (a factory file) over the
+H5MD of the periodic solvated system. Failed runs must name the task and
+leave no result.
 """
 import glob
 import json
@@ -22,10 +24,11 @@ from trajflow.workflows.execute import run_plans
 from trajflow.workflows.planning import make_plan, write_plan
 
 pytestmark = pytest.mark.entk
+FACTORIES = os.path.join(os.path.dirname(__file__), "analyses", "factories.py")
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory, adk, adk_xtc):
+def session(tmp_path_factory, adk, adk_xtc, solvated):
     root = tmp_path_factory.mktemp("entk")
     doomed_top = str(root / "doomed.psf")
     shutil.copy(adk[0], doomed_top)
@@ -38,6 +41,9 @@ def session(tmp_path_factory, adk, adk_xtc):
         ("fail_once", dict(dcd, mode="tasks", blocks=2, cpus=2), {"TRAJFLOW_TEST_FAIL": "1:1"}),
         ("fail_always", dict(dcd, mode="mpi", blocks=2, cpus=2), {"TRAJFLOW_TEST_FAIL": "0:5"}),
         ("killed_rank", dict(dcd, mode="mpi", blocks=2, cpus=2), {"TRAJFLOW_TEST_KILL": "1"}),
+        ("user_rdf", dict(topology=solvated[0], trajectories=[solvated[1]],
+                          analysis=f"{FACTORIES}:interrdf", analysis_args={"nbins": 40},
+                          io="h5md", mode="mpi", blocks=2, cpus=2), {}),
     ]
     folders = {"dihedrals_tasks": 'dih "q" $HOME;ü x'}
     runs = []
@@ -140,3 +146,20 @@ def test_cli_run_exits_zero_and_says_where_things_are(tmp_path, adk):
         task_sandbox = json.load(fh)["sandbox"]
     with open(os.path.join(os.path.dirname(task_sandbox.rstrip("/")), "bootstrap_0.prof")) as fh:
         assert fh.read().splitlines()[-1].split(",")[1] == "END"
+
+
+def test_a_users_analysis_runs_on_the_pilot_and_equals_serial_mdanalysis(session, solvated):
+    import warnings
+    import MDAnalysis as mda
+    from trajflow.workflows.results import open_result
+    report, plans = session
+    [o] = [o for o in report.outcomes if o.pipeline == "user_rdf" and o.stage == "reduce"]
+    assert o.state == "DONE", o.describe()
+    sys.path.insert(0, os.path.dirname(FACTORIES))
+    import factories
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = factories.interrdf(mda.Universe(*solvated), nbins=40).run().results
+    got = open_result(plans["user_rdf"].workdir)
+    np.testing.assert_allclose(got.rdf, ref.rdf, rtol=1e-6)
+    np.testing.assert_array_equal(got.count, ref.count)
