@@ -20,6 +20,8 @@ def test_help_explains_every_option_with_its_default():
                 "--project", "--out", "--compression"):
         assert opt in out
     assert "default: shared" in out and "default: mpi" in out and "local.localhost" in out
+    flat = " ".join(out.split())
+    assert "(default: None)" not in flat and "(default: shared) (default" not in flat  # said once
     assert "default" in trajflow("demo", "--help").stdout
 
 

@@ -31,7 +31,8 @@ def add_run_options(p):
                    help="keyword arguments for your analysis' function, as a JSON object, "
                         "e.g. '{\"nbins\": 75}' (default: none)")
     p.add_argument("--select", default=None, metavar="SEL",
-                   help="MDAnalysis selection (default: 'name CA' for rmsd, 'protein' for dihedrals)")
+                   help="MDAnalysis selection, rmsd and dihedrals only (your own analysis selects in "
+                        "its factory) (default: 'name CA' for rmsd, 'protein' for dihedrals)")
     p.add_argument("--io", default="shared", choices=IO_STRATEGIES,
                    help="shared: every block reads the one trajectory; split: one segment file "
                         "per block; h5md: convert to H5MD, chunks of one frame (default: shared)")
@@ -78,8 +79,7 @@ def build_parser():
         description="Parallel MD trajectory analysis (split -> analyze -> reduce) on RADICAL-EnTK.")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="analyse a trajectory on a pilot",
-                         description="Analyse a trajectory on a RADICAL pilot; writes RUNDIR/result.h5.",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                         description="Analyse a trajectory on a RADICAL pilot; writes RUNDIR/result.h5.")
     add_run_options(run)
     demo = sub.add_parser("demo", help="the main job on its default: AdK x100, rmsd and dihedrals",
                           description="Build AdK (MDAnalysisTests PSF/DCD) concatenated 100x "
