@@ -177,6 +177,46 @@ class TimedFrames:
         return span_start + t_io + t_compute, 0.0, 0.0
 
 
+class SegmentFrames:
+    """A block's frames read from its split segment, seen as the whole trajectory's frames.
+
+    The analysis was built and prepared on the whole trajectory, as in a serial
+    run, so positions taken when it was built and reference frames are a
+    serial run's. Each frame it then iterates is read from the block's own
+    segment file and copied into the Universe's Timestep: global frame number,
+    the split sidecar's time and exact box, the Universe's transformations
+    applied as its own reader would.
+    """
+
+    def __init__(self, plan, block, trajectory):
+        self.plan, self.block, self.trajectory = plan, block, trajectory
+        self.first, stop = plan.blocks[block]
+        self.n = stop - self.first
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        from MDAnalysis.coordinates.core import reader as mda_reader
+        sidecar = self.plan.load_segment_frames(self.block)
+        times, boxes = sidecar["time"], sidecar.get("dimensions")
+        segment = mda_reader(self.plan.segment_path(self.block))
+        try:
+            for i, frame in enumerate(segment):
+                ts = self.trajectory.ts  # a ChainReader swaps its Timestep between files
+                ts.positions = frame.positions
+                if frame.has_velocities:
+                    ts.velocities = frame.velocities
+                if frame.has_forces:
+                    ts.forces = frame.forces
+                ts.dimensions = boxes[i] if boxes is not None else frame.dimensions
+                ts.frame = self.first + i
+                ts.time = times[i]
+                yield self.trajectory._apply_transformations(ts)
+        finally:
+            segment.close()
+
+
 def open_analysis(plan, topology_and_trajectory, timer=None):
     """A Universe on the given files and the user's analysis built on it."""
     from .readers import open_universe
@@ -204,7 +244,8 @@ def analyze_block(plan, block, timer):
     with timer.phase("open_topology"):
         faults.delay(block, "open")
     # the whole trajectory (shared, or its H5MD copy): the factory sees frame 0
-    # and the frame numbers of a serial run (split io is refused when planning)
+    # and the frame numbers of a serial run; with split io only the block's
+    # frames come from its segment (SegmentFrames)
     files = [plan.h5md_path()] if plan.io == "h5md" else plan.trajectories
     frames = np.arange(b_start, b_stop)
     u, analysis = open_analysis(plan, (plan.topology, files), timer)
@@ -214,7 +255,9 @@ def analyze_block(plan, block, timer):
 
     def timed_slices(slicer):
         prepare_sliced(slicer)
-        analysis._sliced_trajectory = TimedFrames(analysis._sliced_trajectory, timer, block)
+        block_frames = (SegmentFrames(plan, block, u.trajectory) if plan.io == "split"
+                        else analysis._sliced_trajectory)
+        analysis._sliced_trajectory = TimedFrames(block_frames, timer, block)
 
     analysis._prepare_sliced_trajectory = timed_slices
     with warnings.catch_warnings():

@@ -3,8 +3,10 @@ analyze -> reduce (the task programs as the pilot runs them), against MDAnalysis
 own serial run() of the same object built by the same factory.
 
 Every class runs in mpi mode on the shared trajectory and in tasks mode on the
-H5MD conversion (3 blocks each); InterRDF and the user's class run both io
-strategies in both modes (split io is refused for these analyses). Results equal the serial run to 1e-6 relative (exactly for counts).
+H5MD conversion (3 blocks each); InterRDF and the user's class run every io
+strategy in both modes, and the analyses that take positions when they are
+built or read a reference frame (RMSD, Contacts, the user's class) run on split
+segments too. Results equal the serial run to 1e-6 relative (exactly for counts).
 """
 import os
 import subprocess
@@ -28,10 +30,12 @@ import factories  # noqa: E402  the same functions, for the serial runs
 SOLVATED = ("interrdf", "interrdf_s", "density", "linear_density")  # need water and a box
 CLASSES = SOLVATED + ("hbonds", "contacts", "dssp", "dihedral", "janin", "atomic_distances",
                       "distance_matrix", "mda_rmsd", "radius_of_gyration", "user_class")
-EVERY_STRATEGY = [(io, mode) for io in ("shared", "h5md") for mode in ("mpi", "tasks")]
+EVERY_STRATEGY = [(io, mode) for io in ("shared", "split", "h5md") for mode in ("mpi", "tasks")]
 CASES = ([(name, "shared", "mpi") for name in CLASSES] + [(name, "h5md", "tasks") for name in CLASSES]
          + [(name, io, mode) for name in ("interrdf", "user_class") for io, mode in EVERY_STRATEGY
-            if (io, mode) not in (("shared", "mpi"), ("h5md", "tasks"))])
+            if (io, mode) not in (("shared", "mpi"), ("h5md", "tasks"))]
+         + [("mda_rmsd", "split", "mpi"), ("contacts", "split", "tasks"),
+            ("transformed", "split", "mpi")])
 
 
 def inputs_for(name, adk, solvated):
@@ -140,7 +144,6 @@ def trajflow_run(adk, tmp_path, analysis, *extra):
     (f"{FACTORIES}:interrdf", ["--analysis-args", "[1, 2]"], "JSON object"),
     (f"{FACTORIES}:mda_rmsd", ["--select", "name CA"], "drop --select"),
     ("sasa", [], "unknown --analysis"),
-    (f"{FACTORIES}:mda_rmsd", ["--io", "split"], "--io split cannot run your own analysis"),
 ])
 def test_unusable_analyses_are_refused_before_any_pilot(adk, tmp_path, analysis, extra, message):
     proc = trajflow_run(adk, tmp_path, analysis, *extra)

@@ -244,11 +244,6 @@ def make_plan(topology, trajectories, analysis, out, selection=None, io="shared"
     `analysis`: rmsd, dihedrals, or a user's "FILE.py:NAME" / "module:NAME"
     factory called with the Universe and `analysis_args`."""
     builtin = check_analysis_spec(analysis, analysis_args) is None
-    if io == "split" and not builtin:
-        raise InputError("--io split cannot run your own analysis: the factory builds it on a "
-                         "Universe at frame 0 and it may use any frame (a reference structure, "
-                         "ref_frame, positions taken when it is built), while a split segment "
-                         "holds only its block; use --io shared or --io h5md")
     if repeat != 1 and not builtin:
         raise InputError("--repeat applies to rmsd and dihedrals (the papers' workload "
                          "multiplier): drop it")

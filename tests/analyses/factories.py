@@ -116,6 +116,14 @@ def user_class(u):
     return CentreOfMassDrift(u.select_atoms("protein"))
 
 
+def transformed(u):
+    """The user's class on a trajectory the factory transforms on the fly (MDAnalysis
+    applies the shift to every frame read, and to the frame the class starts from)."""
+    from MDAnalysis.transformations import translate
+    u.trajectory.add_transformations(translate([10.0, -5.0, 2.5]))
+    return CentreOfMassDrift(u.select_atoms("protein"))
+
+
 class SerialOnly(AnalysisBase):
     """A user class that does not opt in."""
 
