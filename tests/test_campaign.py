@@ -164,3 +164,44 @@ def test_speedup_and_efficiency_against_the_fewest_ranks_mean():
     n1 = curves[("a", "rmsd", "shared", "mpi", "gatherv", 1)][0]
     assert n1[:3] == (1, 11.0, pytest.approx(statistics.stdev([10.0, 12.0])))
     assert n1[3] == pytest.approx(1.0) and n1[5] == 2
+
+
+OWN_FACTORY = """
+from MDAnalysis.analysis.base import AnalysisFromFunction
+
+def radius_of_gyration(u, select="protein"):
+    group = u.select_atoms(select)
+    return AnalysisFromFunction(lambda ag: ag.radius_of_gyration(), u.trajectory, group)
+"""
+
+
+def test_a_campaign_runs_your_own_analysis_with_its_args(tmp_path, adk):
+    """A factory file relative to the campaign file, its keyword arguments from a TOML
+    table: every experiment's plan carries both, the factory travels into its RUNDIR,
+    and one experiment run through its stages equals MDAnalysis' serial run."""
+    import MDAnalysis as mda
+    from MDAnalysis.analysis.base import AnalysisFromFunction
+    from stages import run_stages
+    from trajflow.workflows.campaign_run import plan_experiments
+    from trajflow.workflows.planning import write_plan
+    from trajflow.workflows.results import open_result
+    (tmp_path / "mine.py").write_text(OWN_FACTORY)
+    text = BASE.replace('analysis = "rmsd"', 'analysis = "mine.py:radius_of_gyration"\n'
+                        'analysis_args = {select = "name CA"}')
+    text = text.replace('dataset = "adk"\ncopies = 1', f'topology = "{adk[0]}"\ntrajectory = "{adk[1]}"')
+    campaign = load_campaign(write(tmp_path, text))
+    assert campaign.analysis == f"{tmp_path / 'mine.py'}:radius_of_gyration"
+    todo, _ = plan_experiments(campaign, str(tmp_path / "camp"), resume=False)
+    assert len(todo) == 24 and all(p.analysis_args == {"select": "name CA"} for p in todo.values())
+    plan = next(p for e, p in todo.items() if e.io == "split" and e.ranks == 2)
+    os.makedirs(plan.workdir)
+    run_stages(plan, write_plan(plan))
+    u = mda.Universe(*adk)
+    ca = u.select_atoms("name CA")
+    serial = AnalysisFromFunction(lambda ag: ag.radius_of_gyration(), u.trajectory, ca).run()
+    import numpy as np
+    np.testing.assert_allclose(open_result(plan.workdir)["timeseries"], serial.results.timeseries,
+                               rtol=1e-6)
+    bad = text.replace('{select = "name CA"}', '{nbins = 3}')
+    with pytest.raises(InputError, match="nbins"):
+        plan_experiments(load_campaign(write(tmp_path, bad, "bad.toml")), str(tmp_path / "c2"), False)

@@ -4,7 +4,9 @@ The file is TOML, read as data (never executed); every table takes only the
 keys listed below, and an unknown key is an error that names it and the keys
 allowed, so a typo ("rank" for "ranks") is not silently a default.
 
-    [campaign]                 name, analysis (required), select, design ("factorial" | "list"),
+    [campaign]                 name, analysis (required: rmsd, dihedrals, FILE.py:NAME or
+                               module:NAME), analysis_args (a table: your factory's keyword
+                               arguments), select, design ("factorial" | "list"),
                                repeats, retries, chunk, compression, concurrent
     [input]                    topology + trajectory (a file or a list), or
                                dataset = "adk" with copies and format (DCD, XTC, H5MD)
@@ -25,7 +27,7 @@ import tomllib
 from typing import Dict, List
 
 from trajflow.tasks.plan import ANALYSES, GATHERS, IO_STRATEGIES, MODES
-from .planning import InputError
+from .planning import ANALYSIS_FORMS, InputError
 
 DESIGNS = ("factorial", "list")
 DATASETS = ("adk",)
@@ -33,7 +35,8 @@ DATASET_FORMATS = ("DCD", "XTC", "H5MD")
 
 # table -> key -> (type, required); a list type means "a list of these, or one"
 SCHEMA = {
-    "campaign": {"name": (str, False), "analysis": (str, True), "select": (str, False),
+    "campaign": {"name": (str, False), "analysis": (str, True), "analysis_args": (dict, False),
+                 "select": (str, False),
                  "design": (str, False), "repeats": (int, False), "retries": (int, False),
                  "chunk": (int, False), "compression": (str, False), "concurrent": (bool, False)},
     "input": {"topology": (str, False), "trajectory": ([str], False), "dataset": (str, False),
@@ -98,6 +101,7 @@ class Campaign:
     input: dict
     resources: Dict[str, ResourceSpec]
     experiments: List[Experiment]
+    analysis_args: dict = dataclasses.field(default_factory=dict)  # your factory's keywords
 
     def on(self, resource: str) -> List[Experiment]:
         return [e for e in self.experiments if e.resource == resource]
@@ -178,16 +182,14 @@ def load_campaign(path) -> Campaign:
             raise InputError(f"{path}: missing table [{key}]; see the README's campaign example")
     c = data["campaign"]
     _check_table(c, "campaign", "[campaign]")
-    if c["analysis"] not in ANALYSES:
-        raise InputError(f"[campaign] analysis = {c['analysis']!r}: choose one of "
-                         f"{', '.join(ANALYSES)}")
+    base = os.path.dirname(path)
+    analysis = _analysis(c["analysis"], base)
     design = c.get("design", "factorial")
     if design not in DESIGNS:
         raise InputError(f"[campaign] design = {design!r}: choose one of {', '.join(DESIGNS)}")
     for key in ("repeats", "retries", "chunk"):
         if c.get(key, 1) < (1 if key == "repeats" else 0):
             raise InputError(f"[campaign] {key} = {c[key]} is too small")
-    base = os.path.dirname(path)
     inputs = _check_input(data["input"], base)
     resources = _check_resources(data["resources"])
     if "factors" not in data and design == "factorial":
@@ -221,11 +223,24 @@ def load_campaign(path) -> Campaign:
     if not name or name.startswith(".") or any(ch in name for ch in "/\\\0"):
         raise InputError(f"[campaign] name = {name!r}: it names the campaign's folder; use "
                          "letters, digits, '.', '-' or '_' (or give --out)")
-    return Campaign(path=path, name=name, analysis=c["analysis"], select=c.get("select", ""),
+    return Campaign(path=path, name=name, analysis=analysis, analysis_args=c.get("analysis_args", {}),
+                    select=c.get("select", ""),
                     design=design, repeats=c.get("repeats", 1), retries=c.get("retries", 1),
                     chunk=c.get("chunk", 0), compression=c.get("compression", ""),
                     concurrent=c.get("concurrent", False), input=inputs,
                     resources=resources, experiments=experiments)
+
+
+def _analysis(analysis, base):
+    """rmsd, dihedrals, module:NAME, or FILE.py:NAME with FILE relative to the campaign file."""
+    from trajflow.tasks.mda_analyses import parse_spec
+    if analysis in ANALYSES:
+        return analysis
+    try:
+        kind, source, name = parse_spec(analysis)
+    except ValueError as exc:
+        raise InputError(f"[campaign] analysis = {analysis!r}: {exc}; give {ANALYSIS_FORMS}")
+    return f"{os.path.join(base, source)}:{name}" if kind == "file" else analysis
 
 
 def _check_input(values, base):

@@ -66,7 +66,8 @@ def plan_experiments(campaign: Campaign, cdir: str, resume: bool):
     experiment half from one pilot and half from another measures nothing).
     """
     top, trajs = input_files(campaign)
-    inputs = read_inputs(top, trajs, campaign.analysis, campaign.select or None)  # once for all
+    inputs = read_inputs(top, trajs, campaign.analysis, campaign.select or None,
+                         campaign.analysis_args)  # once for all
     todo, kept = {}, []
     for e in campaign.experiments:
         d = rundir(cdir, e)
@@ -74,7 +75,8 @@ def plan_experiments(campaign: Campaign, cdir: str, resume: bool):
             outcome = read_outcome(d)
             old = RunPlan.load(os.path.join(d, PLAN_FILE))
             if outcome and outcome["status"] == "done" and os.path.exists(old.result_path()):
-                if old.input_checksum != inputs.checksum or old.analysis != campaign.analysis:
+                if (old.input_checksum != inputs.checksum or old.analysis != campaign.analysis
+                        or old.analysis_args != campaign.analysis_args):
                     raise InputError(f"--resume: experiment {e.id} was run on other inputs or "
                                      "another analysis than the campaign file now names; start "
                                      "a new campaign folder (--out) instead of mixing the two")
@@ -84,7 +86,8 @@ def plan_experiments(campaign: Campaign, cdir: str, resume: bool):
                             io=e.io, mode=e.mode, gather="gatherv" if e.gather == "-" else e.gather,
                             blocks=e.ranks, cpus=campaign.pilot(e.resource)["cpus"],
                             repeat=e.repeat, compression=campaign.compression or None,
-                            chunk_frames=campaign.chunk, new_out=False, inputs=inputs)
+                            chunk_frames=campaign.chunk, new_out=False, inputs=inputs,
+                            analysis_args=campaign.analysis_args)
     return todo, kept
 
 
