@@ -56,7 +56,15 @@ def parse_spec(spec):
 
 
 def load_factory(kind, source, name):
-    """The factory callable; ImportError/AttributeError/TypeError with the reason if not."""
+    """The factory callable; ImportError/AttributeError/TypeError with the reason if not.
+
+    kind "file" and "module" name it; kind "pickle" is a callable a Python
+    script handed over (a function or lambda of the script, pickled by value
+    with cloudpickle into `source`)."""
+    if kind == "pickle":
+        import cloudpickle
+        with open(source, "rb") as fh:
+            return cloudpickle.load(fh)
     if kind == "file":
         if not os.path.isfile(source):
             raise ImportError(f"factory file {source!r} does not exist")
@@ -226,7 +234,10 @@ def open_analysis(plan, topology_and_trajectory, timer=None):
 
 
 def plan_factory(plan):
-    """(kind, source, name) of the plan's factory: a file copied into RUNDIR, or a module."""
+    """(kind, source, name) of the plan's factory: a file copied into RUNDIR, a module,
+    or a pickled callable in RUNDIR."""
+    if plan.factory.get("kind") == "pickle":
+        return "pickle", plan.path(plan.factory["copy"]), plan.factory["name"]
     kind, source, name = parse_spec(plan.analysis)
     if kind == "file":
         source = plan.path(plan.factory["copy"])

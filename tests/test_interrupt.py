@@ -124,3 +124,39 @@ def test_ctrl_c_stops_a_campaign_cancels_its_pilots_and_records_why(tmp_path):
         assert outcome["status"] == "failed" and "interrupted" in outcome["error"], outcome
         assert not os.path.exists(os.path.join(rundir, "result.h5"))
     assert "interrupted" in output
+
+
+API_SCRIPT = """
+import sys, trajflow
+try:
+    trajflow.run(sys.argv[1], sys.argv[2], "rmsd", mode="tasks", blocks=2, cpus=2, walltime=15,
+                 out=sys.argv[3])
+except trajflow.Interrupted as exc:
+    print("caught:", exc)
+    sys.exit(130)
+print("not interrupted")
+"""
+
+
+def test_ctrl_c_in_a_workflow_script_raises_interrupted_and_leaves_nothing_running(tmp_path, adk):
+    out = tmp_path / "api run"
+    script = tmp_path / "script.py"
+    script.write_text(API_SCRIPT)
+    env = {**os.environ, "TRAJFLOW_TEST_DELAY": "0:compute:300,1:compute:300"}
+    proc = subprocess.Popen([sys.executable, str(script), adk[0], adk[1], str(out)], env=env,
+                            start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_analyze(proc)
+        session = os.path.basename(glob.glob(str(out / "re.session.*"))[0])
+        os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=180)
+        output = proc.stdout.read()
+    finally:
+        stop(proc)
+    assert code == 130 and "caught: interrupted" in output, output
+    time.sleep(3)
+    assert processes_mentioning("trajflow.tasks.analyze") == []
+    assert processes_mentioning(session) == []
+    assert not (out / "result.h5").exists()
+    assert json.load(open(out / "outcome.json"))["status"] == "failed"

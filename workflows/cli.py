@@ -11,7 +11,8 @@ import sys
 import time
 
 from trajflow.tasks.plan import ANALYSES, GATHERS, IO_STRATEGIES, MODES
-from .planning import InputError, make_plan, write_plan
+from .errors import Interrupted, RunFailed
+from .planning import InputError
 
 EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -71,6 +72,8 @@ def add_resource_options(p):
     p.add_argument("--project", default=None, metavar="P", help="allocation to charge (default: none)")
     p.add_argument("--retries", type=int, default=1, metavar="R",
                    help="run a failed task again up to R times before the run fails (default: 1)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress lines on stderr (the pilot, each stage, each run's end)")
 
 
 def build_parser():
@@ -172,58 +175,53 @@ def _validate_resource(args):
         raise InputError(str(exc))
 
 
-def _report(report, runs, summaries):
-    """Print how the runs ended; `summaries`: run name -> its profile summary lines,
-    written while the pilot was shut down (see run_plans' on_run_ended)."""
-    for o in report.retried:
-        print(f"retried: {o.pipeline}/{o.stage}/{o.name} failed on attempt {o.attempt} "
-              f"(exit code {o.exit_code}) and was run again", file=sys.stderr)
-    for o in report.failed:
-        print(o.describe(), file=sys.stderr)
-    for name, error in report.errors.items():
-        print(f"{name}: {error}", file=sys.stderr)
-    for name, stage in report.stopped.items():
-        if stage:
-            print(f"{name}: stopped after the {stage} stage failed; later stages did not run",
-                  file=sys.stderr)
-    for name, plan, _ in runs:
-        path = report.results.get(name)
-        status = f"result: {path}" if path else "NO RESULT (the run did not complete)"
-        print(f"{name}: {status}")
-        print(f"{name}: profiles: {plan.path('profile')}")
-        for line in summaries.get(name) or _summarise(plan):
-            print(line)
-    print(f"RADICAL session: {report.session_dir}   wall time: {report.wall_s:.1f} s")
-    return EXIT_OK if report.ok else EXIT_FAILED
+def _run_and_report(plans, args, path, resume=False):
+    """Run the plans on one pilot (the API's Pilot), each run's summary and HTML
+    report written as soon as it has ended (while the pilot is shut down), then
+    printed; the exit code."""
+    import concurrent.futures
+    from .pilot import Pilot
+    t0 = time.time()
+    summaries, runs = {}, {}
+    with Pilot(args.resource, args.cpus, args.walltime, args.queue, args.project, path=path,
+               progress=not args.quiet) as pilot:
+        futures = {pilot.submit_plan(plan, retries=args.retries, resume=resume): plan
+                   for plan in plans}
+        pilot.close(wait=False)  # no more runs: the pilot ends with the last one
+        for future in concurrent.futures.as_completed(futures):
+            try:
+                runs[future] = future.result()
+            except RunFailed as exc:
+                runs[future] = exc.run
+            summaries[future] = _summarise(runs[future])
+    failed = False
+    for future, plan in futures.items():
+        run = runs[future]
+        outcome = run.outcome or {}
+        for text in outcome.get("retried_tasks", []):
+            print("retried (failed, then run again): " + text.splitlines()[0], file=sys.stderr)
+        for text in outcome.get("failed_tasks", []):
+            print(text, file=sys.stderr)
+        name = future.request.name
+        if outcome.get("error"):
+            print(f"{name}: {outcome['error']}", file=sys.stderr)
+        if outcome.get("stopped_at"):
+            print(f"{name}: stopped after the {outcome['stopped_at']} stage failed; later stages "
+                  "did not run", file=sys.stderr)
+        failed |= not run.ok
+        print(summaries[future])
+    print(f"RADICAL session: {pilot.session_dir}   wall time: {time.time() - t0:.1f} s")
+    return EXIT_FAILED if failed else EXIT_OK
 
 
-def _summarise(plan):
-    """The short profile summary of a run (lines), and the HTML report beside the result."""
-    from .inspection import inspect_runs, straggler_lines
-    from .report_html import write_html
+def _summarise(run):
+    """A finished run's summary (Run.summary) and its HTML report beside the result."""
     try:
-        report = inspect_runs([plan.workdir])
-        html_path = plan.path("report.html")
-        write_html(report, html_path, f"trajflow run {plan.workdir}")
+        html_path = run.profile.to_html(run.plan.path("report.html"), f"trajflow run {run.path}")
+        return (run.summary() + f"\n  timeline and phases: {html_path}  (trajflow inspect "
+                f"{run.path} for the table)")
     except Exception as exc:  # the report must never hide the result
-        return [f"  (no profile summary: {exc})"]
-    lines = ["  " + line for line in straggler_lines(report["stragglers"], report["records"])]
-    lines += ["  advice: " + a["text"] for a in report["advice"].values()]
-    lines.append(f"  timeline and phases: {html_path}  (trajflow inspect {plan.workdir} for the table)")
-    return lines
-
-
-def _run_and_report(runs, args, **kwargs):
-    """run_plans, each run's summary written as soon as it has ended, then the report."""
-    from .execute import run_plans
-    plans = {name: plan for name, plan, _ in runs}
-    summaries = {}
-
-    def summarise(name):
-        summaries[name] = _summarise(plans[name])
-    report = run_plans(runs, args.resource, args.walltime, args.cpus, args.queue, args.project,
-                       retries=args.retries, on_run_ended=summarise, **kwargs)
-    return _report(report, runs, summaries)
+        return f"{run.path}: (no profile summary: {exc})"
 
 
 def _json_object(text):
@@ -242,38 +240,33 @@ def cmd_run(args):
     if args.resume:
         from .planning import plan_for_resume
         plan = plan_for_resume(args.resume)
-        runs = [(os.path.basename(plan.workdir) or "run", plan, plan.path("plan.json"))]
-        return _run_and_report(runs, args, resume=True)
+        return _run_and_report([plan], args, plan.workdir, resume=True)
     missing = [flag for flag, value in (("--topology", args.topology), ("--trajectory", args.trajectory),
                                         ("--analysis", args.analysis), ("--out", args.out))
                if not value]
     if missing:
         raise InputError(f"missing {', '.join(missing)}: a new run needs --topology, --trajectory, "
                          "--analysis and --out (or --resume RUNDIR)")
-    plan = make_plan(args.topology, args.trajectory, args.analysis, args.out,
-                     selection=args.select, io=args.io, mode=args.mode, gather=args.gather,
-                     blocks=args.blocks, cpus=args.cpus, repeat=args.repeat,
-                     compression=args.compression, chunk_frames=args.chunk,
-                     analysis_args=_json_object(args.analysis_args))
-    plan_path = write_plan(plan)
-    runs = [(os.path.basename(plan.workdir) or "run", plan, plan_path)]
-    return _run_and_report(runs, args)
+    from .pilot import plan_run
+    plan = plan_run(args.topology, args.trajectory, args.analysis,
+                    args=_json_object(args.analysis_args), select=args.select, io=args.io,
+                    mode=args.mode, gather=args.gather, blocks=args.blocks, repeat=args.repeat,
+                    chunk=args.chunk, compression=args.compression, out=args.out, cpus=args.cpus)
+    return _run_and_report([plan], args, plan.workdir)
 
 
 def cmd_demo(args):
     _validate_resource(args)
     from .datasets import adk_concatenated
+    from .pilot import plan_run
     out = os.path.abspath(args.out or f"trajflow-demo-{time.strftime('%Y%m%d-%H%M%S')}")
     print(f"building the demo trajectory (AdK x{args.copies}) in the cache, once ...")
     top, traj = adk_concatenated(args.copies, "DCD")
     print(f"  {traj}")
-    runs = []
-    for analysis in ANALYSES:
-        plan = make_plan(top, [traj], analysis, os.path.join(out, analysis), io="shared",
-                         mode="mpi", blocks=args.cpus, cpus=args.cpus)
-        runs.append((analysis, plan, write_plan(plan)))
+    plans = [plan_run(top, traj, analysis, out=os.path.join(out, analysis), io="shared",
+                      mode="mpi", blocks=args.cpus, cpus=args.cpus) for analysis in ANALYSES]
     print(f"running rmsd and dihedrals on {args.resource} with {args.cpus} MPI ranks ...")
-    return _run_and_report(runs, args, session_root=out)
+    return _run_and_report(plans, args, out)
 
 
 def cmd_campaign(args):
@@ -391,12 +384,9 @@ def main(argv=None):
     except KeyboardInterrupt:
         print("trajflow: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except Exception as exc:
-        from .execute import Interrupted
-        if isinstance(exc, Interrupted):
-            print(f"trajflow: {exc}", file=sys.stderr)
-            return EXIT_INTERRUPTED
-        raise
+    except Interrupted as exc:
+        print(f"trajflow: {exc}", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -13,12 +13,14 @@ import shutil
 import signal
 import sys
 import re as regex
+import threading
 import time
 from resource import RUSAGE_SELF, getrusage
 from typing import List
 
 from . import resources
 from .entk_client import new_appmanager, reap_local_tasks, shutdown, working_dir
+from .errors import Interrupted
 from .pipeline import RunPipeline, remaining_specs
 
 
@@ -116,15 +118,12 @@ def keep_task_files(outcome, dest_root):
         json.dump(dataclasses.asdict(outcome), fh, indent=1)
 
 
-class Interrupted(Exception):
-    """The user stopped the run (Ctrl-C); the pilot was cancelled."""
-
-
 OUTCOME_FILE = "outcome.json"
 
 
 def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_root=None,
-              retries=1, resume=False, envs=None, one_at_a_time=False, on_run_ended=None):
+              retries=1, resume=False, envs=None, one_at_a_time=False, on_run_ended=None,
+              on_event=None):
     """Run [(name, plan, plan_path)] as pipelines on one pilot; return a RunReport.
 
     A failed task is run again up to `retries` times before its run fails.
@@ -134,118 +133,253 @@ def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_
     once per run, the pilot kept between them), so that no run's timings are
     disturbed by another's; otherwise all run side by side. Each run's RUNDIR
     gets an outcome.json as soon as it has ended, and `on_run_ended(name)` is
-    then called here, while the pilot is still being shut down (the CLI writes
-    the run's report meanwhile).
+    then called here, while the pilot is already being shut down (the CLI
+    writes the run's report meanwhile). `on_event(run, text)`: each stage's
+    start and end as they happen.
+    """
+    t0 = time.time()
+    desc = resources.resource_description(resource, walltime, cpus, queue, project)
+    requests = [RunRequest(name, plan, path, retries, resume, (envs or {}).get(name))
+                for name, plan, path in runs]
+    process = PilotProcess(desc, session_root or runs[0][1].workdir, on_event=on_event)
+    with process:
+        report = process.run_batch(requests, one_at_a_time, close_after=True,
+                                   on_run_ended=lambda name, _outcomes: on_run_ended
+                                   and on_run_ended(name))
+    report.wall_s = time.time() - t0  # the pilot's shutdown included
+    return report
+
+
+@dataclasses.dataclass
+class RunRequest:
+    """One run for the pilot: its plan, and how to run it."""
+    name: str
+    plan: object             # RunPlan
+    plan_path: str
+    retries: int = 1
+    resume: bool = False     # run only what an interrupted run is missing
+    env: dict = None         # extra task environment (testing hooks)
+
+
+class PilotProcess:
+    """One EnTK AppManager (one RADICAL session, one pilot) in a child process,
+    serving batches of runs until it is closed.
 
     EnTK and RADICAL-Pilot run in a child process in a session of its own. A
     Ctrl-C in the terminal reaches the whole foreground process group: had
     RADICAL's client components been in it, they would die at once, the
     pilot's cancel command would never be sent, and the agent and its tasks
     would run on until the walltime. Here only this process gets the signal;
-    it asks the child to stop, which cancels the pilot in order.
+    `interrupt()` asks the child to stop, which cancels the pilot in order.
+    The pilot is requested with the first batch and kept until `close()`.
+
+        with PilotProcess(desc, "/scratch/runs") as pilot:
+            first = pilot.run_batch([RunRequest("rmsd", plan, path)])
+            second = pilot.run_batch([RunRequest("dih", plan2, path2)])
     """
-    kwargs = dict(runs=runs, pilot=resources.resource_description(resource, walltime, cpus,
-                                                                    queue, project),
-                  session_root=session_root, retries=retries, resume=resume, envs=envs or {},
-                  one_at_a_time=one_at_a_time)
-    ctx = multiprocessing.get_context("fork")
-    receiver, sender = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_run_in_own_session, name="trajflow-workflow",
-                        args=(sender, kwargs))
-    child.start()
-    sender.close()
-    try:
-        kind = "ended"
-        while kind == "ended":
-            while not receiver.poll(0.5):
-                if not child.is_alive():
+
+    def __init__(self, pilot, session_root, on_event=None):
+        self.pilot = pilot                  # the RADICAL-Pilot description
+        self.session_root = os.path.abspath(session_root)
+        self.on_event = on_event or (lambda run, text: None)
+        self.session_dir = None
+        self._child = self._conn = None
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            self.interrupt()
+        else:
+            self.close()
+
+    def start(self):
+        ctx = multiprocessing.get_context("fork")
+        self._conn, child_end = ctx.Pipe()
+        self._child = ctx.Process(target=_serve, name="trajflow-pilot",
+                                  args=(child_end, self.pilot, self.session_root))
+        self._child.start()
+        child_end.close()
+
+    @property
+    def alive(self):
+        return self._child is not None and self._child.is_alive()
+
+    def run_batch(self, requests, one_at_a_time=False, close_after=False, on_run_ended=None):
+        """Run the requests side by side (or `one_at_a_time`); a RunReport.
+
+        `on_run_ended(name, outcomes)` as each run ends. `close_after`: the
+        pilot is shut down as soon as the batch has ended, overlapping the
+        callbacks still running here.
+        """
+        self._conn.send(("batch", dict(requests=requests, one_at_a_time=one_at_a_time,
+                                       close_after=close_after)))
+        try:
+            while True:
+                kind, payload = self._receive()
+                if kind == "ended" and on_run_ended is not None:
+                    try:
+                        on_run_ended(*payload)
+                    except Exception as exc:  # the pilot still runs: never leave it
+                        print(f"trajflow: after run {payload[0]}: {type(exc).__name__}: {exc}",
+                              file=sys.stderr)
+                elif kind == "report":
+                    if close_after:
+                        self._child.join()
+                    return payload
+        except KeyboardInterrupt:
+            self.interrupt()
+
+    def _receive(self):
+        """The child's next message; events go to on_event; its failures raised here."""
+        while True:
+            while not self._conn.poll(0.5):
+                if not self._child.is_alive():
                     raise RuntimeError(f"the workflow process ended unexpectedly (exit code "
-                                       f"{child.exitcode}); see the EnTK session folder")
-            kind, payload = receiver.recv()
-            if kind == "ended" and on_run_ended is not None:
-                try:
-                    on_run_ended(payload)
-                except Exception as exc:  # the pilot is still being shut down: never leave it
-                    print(f"trajflow: after run {payload}: {type(exc).__name__}: {exc}",
-                          file=sys.stderr)
-    except KeyboardInterrupt:
-        print("trajflow: interrupted; cancelling the pilot (Ctrl-C again to give up waiting)",
-              file=sys.stderr, flush=True)
-        os.kill(child.pid, signal.SIGINT)
-        child.join()
+                                       f"{self._child.exitcode}); see the EnTK session folder")
+            kind, payload = self._conn.recv()
+            if kind == "event":
+                self.on_event(*payload)
+            elif kind == "session":
+                self.session_dir = payload
+            elif kind == "interrupted":
+                self._child.join()
+                raise Interrupted(payload)
+            elif kind == "error":
+                self._child.join()
+                raise RuntimeError(payload)
+            else:
+                return kind, payload
+
+    def interrupt(self):
+        """Cancel the pilot now (its running tasks end), and raise Interrupted."""
+        if self.alive:
+            print("trajflow: interrupted; cancelling the pilot (Ctrl-C again to give up waiting)",
+                  file=sys.stderr, flush=True)
+            os.kill(self._child.pid, signal.SIGINT)
+            self._child.join()
         raise Interrupted("interrupted by the user; the pilot was cancelled")
-    child.join()
-    if kind == "interrupted":
-        raise Interrupted(payload)
-    if kind == "error":
-        raise RuntimeError(payload)
-    return payload
+
+    def close(self):
+        """Cancel the pilot (after the batches sent have ended) and end the child."""
+        if self.alive:
+            try:
+                self._conn.send(("close", None))
+                while self._receive()[0] != "closed":
+                    pass
+            except (BrokenPipeError, EOFError):
+                pass
+            self._child.join()
 
 
 def _was_interrupted(exc):
     return isinstance(exc, KeyboardInterrupt) or isinstance(exc.__cause__, KeyboardInterrupt)
 
 
-def _run_in_own_session(sender, kwargs):
+def _serve(conn, pilot, session_root):
+    """The child: one AppManager, batches of runs until "close" (or a Ctrl-C)."""
     os.setsid()
-    try:
-        sender.send(("ok", _run_here(**kwargs, notify=lambda name: sender.send(("ended", name)))))
-    except BaseException as exc:  # noqa: the parent must hear of every ending
-        sender.send(("interrupted", "interrupted by the user; the pilot was cancelled")
-                    if _was_interrupted(exc) else ("error", f"{type(exc).__name__}: {exc}"))
-    finally:
-        sender.close()
-
-
-def _run_here(runs, pilot, session_root, retries, resume, envs, one_at_a_time, notify):
-    """run_plans' work, in the process that owns the RADICAL session."""
-    t0 = time.time()
-    session_root = os.path.abspath(session_root or runs[0][1].workdir)
     resources.activate_venv()
     resources.activate_configs()
     os.environ.setdefault("RADICAL_PROFILE", "TRUE")
     os.environ.setdefault("RADICAL_LOG_LVL", "WARNING")
     os.environ.setdefault("RADICAL_REPORT", "FALSE")
-    python = resources.task_python(pilot["resource"])
-    pipelines = {name: RunPipeline(plan, path, python, name, retries,
-                                   remaining_specs(plan, path) if resume else None, envs.get(name))
-                 for name, plan, path in runs}
-    batches = [[run] for run in runs] if one_at_a_time else [list(runs)]
-    outcomes, errors = [], {}
-    with working_dir(session_root):
-        appman = new_appmanager(pilot, autoterminate=False, base_path=session_root)
+    appman = None
+    try:
+        with working_dir(session_root):
+            appman = new_appmanager(pilot, autoterminate=False, base_path=session_root)
+            session_dir = os.path.join(session_root, appman.sid)
+            conn.send(("session", session_dir))
+            lost = None  # why the pilot is gone, once EnTK gave up
+            while True:
+                kind, batch = conn.recv()
+                if kind == "close":
+                    break
+                report, lost = _run_batch(appman, pilot, session_dir, lost, conn, **batch)
+                if batch["close_after"]:
+                    _shutdown(appman, pilot)
+                    appman = None
+                conn.send(("report", report))
+                if batch["close_after"]:
+                    return
+    except BaseException as exc:  # noqa: the parent must hear of every ending
+        _shutdown(appman, pilot)
+        appman = None
+        conn.send(("interrupted", "interrupted by the user; the pilot was cancelled")
+                  if _was_interrupted(exc) else ("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        _shutdown(appman, pilot)
         try:
-            for batch in batches:
-                if errors:  # EnTK gave up on an earlier batch and took the pilot with it
-                    errors.update({name: f"not run: {next(iter(errors.values()))}"
-                                   for name, _, _ in batch})
-                    continue
-                appman.workflow = set(pipelines[name].pipeline for name, _, _ in batch)
-                try:
-                    appman.run()
-                except Exception as exc:
-                    if _was_interrupted(exc):
-                        raise
-                    errors.update({name: f"EnTK failed: {type(exc).__name__}: {exc}"
-                                   for name, _, _ in batch})
-                for name, plan, _ in batch:
-                    done = _collect(name, plan, pipelines[name])
-                    outcomes += done
-                    _write_outcome(plan, done, pipelines[name].stopped_at, errors.get(name))
-                    notify(name)
-        finally:
-            local = resources.is_local(pilot["resource"])
-            shutdown(appman, local)
-            if local:
-                reap_local_tasks(appman.sid)
-        session_dir = os.path.join(session_root, appman.sid)
+            conn.send(("closed", None))
+        except (BrokenPipeError, OSError):
+            pass
+        conn.close()
+
+
+def _shutdown(appman, pilot):
+    if appman is None:
+        return
+    local = resources.is_local(pilot["resource"])
+    try:
+        shutdown(appman, local)
+    finally:
+        if local:
+            reap_local_tasks(appman.sid)
+
+
+def _run_batch(appman, pilot, session_dir, lost, conn, requests, one_at_a_time, close_after):
+    """Run one batch on the AppManager: (RunReport, why the pilot is gone or None)."""
+    t0 = time.time()
+    python = resources.task_python(pilot["resource"])
+
+    lock = threading.Lock()  # EnTK's thread runs the stages' post_exec, which tells events
+
+    def event(run_name):
+        def send(text):
+            with lock:
+                conn.send(("event", (run_name, text)))
+        return send
+    pipelines = {r.name: RunPipeline(r.plan, r.plan_path, python, r.name, r.retries,
+                                     remaining_specs(r.plan, r.plan_path) if r.resume else None,
+                                     r.env, on_event=event(r.name))
+                 for r in requests}
+    batches = [[r] for r in requests] if one_at_a_time else [list(requests)]
+    outcomes, errors, ended = [], {}, set()
+    try:
+        for batch in batches:
+            if lost:  # EnTK gave up on an earlier batch and took the pilot with it
+                errors.update({r.name: f"not run: {lost}" for r in batch})
+                continue
+            appman.workflow = set(pipelines[r.name].pipeline for r in batch)
+            try:
+                appman.run()
+            except Exception as exc:
+                if _was_interrupted(exc):
+                    raise
+                lost = f"EnTK failed: {type(exc).__name__}: {exc}"
+                errors.update({r.name: lost for r in batch})
+            for r in batch:
+                done = _collect(r.name, r.plan, pipelines[r.name])
+                outcomes += done
+                _write_outcome(r.plan, done, pipelines[r.name].stopped_at, errors.get(r.name))
+                ended.add(r.name)
+                conn.send(("ended", (r.name, done)))
+    except BaseException as exc:
+        if _was_interrupted(exc):  # the runs that had not ended say so on disk
+            for r in requests:
+                if r.name not in ended and not os.path.exists(r.plan.result_path()):
+                    record_outcome(r.plan, "failed", "interrupted by the user; the pilot was "
+                                   "cancelled")
+        raise
     results = {}
-    for name, plan, _ in runs:
-        path = plan.result_path()
-        results[name] = path if os.path.exists(path) and name not in errors else None
+    for r in requests:
+        path = r.plan.result_path()
+        results[r.name] = path if os.path.exists(path) and r.name not in errors else None
     stopped = {name: run.stopped_at for name, run in pipelines.items()}
     peak = getrusage(RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
-    return RunReport(outcomes, results, session_dir, time.time() - t0, stopped, peak, errors)
+    return RunReport(outcomes, results, session_dir, time.time() - t0, stopped, peak, errors), lost
 
 
 def _collect(name, plan, run):
@@ -268,14 +402,17 @@ def _write_outcome(plan, outcomes, stopped_at, error):
     """RUNDIR/outcome.json: how the run ended, written the moment it has ended."""
     failed = failed_for_good(outcomes)
     complete = os.path.exists(plan.result_path()) and not failed and not stopped_at and not error
+    retried = [o for o in outcomes if o.state != "DONE" and o not in failed]
     record_outcome(plan, "done" if complete else "failed", error, stopped_at,
-                   [o.describe() for o in failed])
+                   [o.describe() for o in failed], [o.describe() for o in retried])
 
 
-def record_outcome(plan, status, error=None, stopped_at=None, failed_tasks=()):
-    """Write RUNDIR/outcome.json atomically: status "done" or "failed", and why."""
+def record_outcome(plan, status, error=None, stopped_at=None, failed_tasks=(), retried_tasks=()):
+    """Write RUNDIR/outcome.json atomically: status "done" or "failed", and why;
+    the tasks that failed for good and those that failed once and were run again."""
     record = {"run": os.path.basename(plan.workdir), "status": status, "ended": time.time(),
-              "stopped_at": stopped_at, "error": error, "failed_tasks": list(failed_tasks)}
+              "stopped_at": stopped_at, "error": error, "failed_tasks": list(failed_tasks),
+              "retried_tasks": list(retried_tasks)}
     tmp = plan.path(OUTCOME_FILE + ".tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(record, fh, indent=1)

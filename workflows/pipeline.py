@@ -94,9 +94,11 @@ class RunPipeline:
     ORDER = ("split", "analyze", "reduce")
 
     def __init__(self, plan: RunPlan, plan_path: str, python: str, name: str, retries: int = 0,
-                 specs=None, env=None):
+                 specs=None, env=None, on_event=None):
         """`specs`: the stages' task specs (default: all of them; a resumed run
-        passes only what is missing); `env`: extra variables for its tasks."""
+        passes only what is missing); `env`: extra variables for its tasks;
+        `on_event(text)`: told when a stage is handed to EnTK and when it ends."""
+        self.on_event = on_event or (lambda text: None)
         import radical.entk as re
         self.re = re
         self.name = name
@@ -128,6 +130,10 @@ class RunPipeline:
         stage.add_tasks([self._task(spec) for spec in specs])
         stage.post_exec = lambda: self._after(stage_name, stage, by_task_name)
         self.pipeline.add_stages(stage)
+        attempt = self.attempts[stage_name]
+        self.on_event(f"{stage_name} submitted: {len(specs)} task(s)"
+                      + (f", attempt {attempt}" if attempt > 1 else "")
+                      + (f", {specs[0].ranks} MPI ranks" if specs[0].mpi else ""))
 
     def _task(self, spec: TaskSpec):
         task = self.re.Task()
@@ -142,6 +148,12 @@ class RunPipeline:
 
     def _after(self, stage_name, stage, by_task_name):
         failed = [by_task_name[t.name] for t in stage.tasks if t.state != "DONE"]
+        if failed:
+            again = self.attempts[stage_name] <= self.retries
+            self.on_event(f"{stage_name}: {len(failed)} of {len(stage.tasks)} task(s) failed; "
+                          + ("running them again" if again else "the run stops here"))
+        else:
+            self.on_event(f"{stage_name} done")
         if failed and self.attempts[stage_name] <= self.retries:
             self._add_stage(stage_name, failed)
         elif failed:

@@ -17,12 +17,9 @@ from trajflow.tasks import mda_analyses
 from trajflow.tasks.plan import (ANALYSES, DEFAULT_SELECTION, GATHERS, IO_STRATEGIES, MODES,
                                  PLAN_FILE, RunPlan, balanced_blocks)
 from trajflow.tasks.h5md import parse_compression
+from .errors import InputError
 
 RUN_MARKER = ".trajflow-run"
-
-
-class InputError(Exception):
-    """Bad input: the message names the problem and the fix."""
 
 
 def _check_readable(path, what):
@@ -147,6 +144,7 @@ class Inputs:
     checksum: str
     analysis_args: dict = dataclasses.field(default_factory=dict)
     factory: Optional[dict] = None  # a user analysis: where its factory is (see check_factory)
+    factory_pickle: Optional[bytes] = None  # a callable handed over by a script, pickled
 
 
 ANALYSIS_FORMS = ("rmsd, dihedrals, FILE.py:NAME (a function NAME(universe, **args) in that "
@@ -154,7 +152,13 @@ ANALYSIS_FORMS = ("rmsd, dihedrals, FILE.py:NAME (a function NAME(universe, **ar
 
 
 def check_analysis_spec(analysis, analysis_args=None):
-    """(kind, source, name) of a user analysis, None for rmsd/dihedrals; InputError if malformed."""
+    """(kind, source, name) of a user analysis, None for rmsd/dihedrals; InputError if malformed.
+
+    `analysis` may also be a Python callable f(universe, **args) (the API's
+    trajflow.run): kind "pickle", the callable itself as its source."""
+    if callable(analysis):
+        _check_json_args(analysis_args)
+        return "pickle", analysis, getattr(analysis, "__qualname__", type(analysis).__name__)
     if analysis in ANALYSES:
         if analysis_args:
             raise InputError(f"--analysis-args applies to your own analyses, not {analysis}: "
@@ -164,6 +168,11 @@ def check_analysis_spec(analysis, analysis_args=None):
         kind, source, name = mda_analyses.parse_spec(str(analysis))
     except ValueError as exc:
         raise InputError(f"unknown --analysis: {exc}; give {ANALYSIS_FORMS}")
+    _check_json_args(analysis_args)
+    return kind, source, name
+
+
+def _check_json_args(analysis_args):
     try:
         if json.loads(json.dumps(analysis_args or {})) != (analysis_args or {}):
             raise TypeError("values change in JSON")
@@ -173,18 +182,20 @@ def check_analysis_spec(analysis, analysis_args=None):
     if not isinstance(analysis_args or {}, dict):
         raise InputError("--analysis-args must be a JSON object of keyword arguments, "
                          'e.g. \'{"nbins": 75}\'')
-    return kind, source, name
 
 
-def check_factory(u, spec, analysis, analysis_args) -> dict:
+def check_factory(u, spec, analysis, analysis_args):
     """Load the user's factory, build the analysis on the workstation's Universe and check
-    MDAnalysis can split it; the factory's record for the plan, or InputError."""
+    MDAnalysis can split it; (the factory's record for the plan, the pickled
+    callable or None), or InputError."""
     kind, source, name = spec
     if kind == "file":
         source = os.path.abspath(source)
         _check_readable(source, "factory file")
+    if kind == "pickle":
+        analysis = f"python:{name}"
     try:
-        factory = mda_analyses.load_factory(kind, source, name)
+        factory = source if kind == "pickle" else mda_analyses.load_factory(kind, source, name)
     except Exception as exc:
         raise InputError(f"--analysis {analysis!r}: cannot load the factory ({type(exc).__name__}: "
                          f"{exc}); give FILE.py:NAME or module:NAME naming a function "
@@ -197,12 +208,32 @@ def check_factory(u, spec, analysis, analysis_args) -> dict:
         raise InputError(f"--analysis {analysis!r}: the factory failed on your inputs "
                          f"({type(exc).__name__}: {exc}); run it once in Python on the same "
                          "Universe to see why")
-    record = {"kind": kind, "source": source, "name": name,
+    record = {"kind": kind, "source": None if kind == "pickle" else source, "name": name,
               "class": f"{type(analysis_object).__module__}.{type(analysis_object).__name__}"}
     if kind == "file":
         record.update(copy=os.path.join("analysis", os.path.basename(source)),
                       checksum=mda_analyses.file_checksum(source))
-    return record
+        return record, None
+    if kind == "pickle":
+        pickled = _pickle_factory(factory, analysis)
+        record.update(copy=os.path.join("analysis", "factory.pickle"),
+                      checksum=hashlib.sha256(pickled).hexdigest())
+        return record, pickled
+    return record, None
+
+
+def _pickle_factory(factory, analysis):
+    """The callable by value (cloudpickle: a lambda or a function of the script
+    travels with its code), checked to come back in one piece."""
+    import cloudpickle
+    try:
+        pickled = cloudpickle.dumps(factory)
+        cloudpickle.loads(pickled)
+    except Exception as exc:
+        raise InputError(f"analysis {analysis!r}: the function cannot be sent to the tasks "
+                         f"({type(exc).__name__}: {exc}); make it a plain function of your "
+                         "script that builds everything it needs from the Universe")
+    return pickled
 
 
 def read_inputs(topology, trajectories, analysis, selection=None, analysis_args=None) -> Inputs:
@@ -223,9 +254,11 @@ def read_inputs(topology, trajectories, analysis, selection=None, analysis_args=
         common = dict(n_frames=int(u.trajectory.n_frames), n_atoms=len(u.atoms),
                       checksum=input_checksum([topology] + trajectories))
         if spec is not None:
-            return Inputs(topology, trajectories, analysis, "", {}, **common,
-                          analysis_args=dict(analysis_args or {}),
-                          factory=check_factory(u, spec, analysis, dict(analysis_args or {})))
+            factory, pickled = check_factory(u, spec, analysis, dict(analysis_args or {}))
+            name = f"python:{spec[2]}" if spec[0] == "pickle" else analysis
+            return Inputs(topology, trajectories, name, "", {}, **common,
+                          analysis_args=dict(analysis_args or {}), factory=factory,
+                          factory_pickle=pickled)
         check_boxes(trajectories, analysis)
         selection = selection or DEFAULT_SELECTION[analysis]
         return Inputs(topology, trajectories, analysis, selection,
@@ -276,13 +309,14 @@ def make_plan(topology, trajectories, analysis, out, selection=None, io="shared"
         raise InputError(f"--mode mpi runs one rank per block: {n_blocks} ranks do not fit in "
                          f"--cpus {cpus}; ask for --cpus {n_blocks} or fewer --blocks")
     plan = RunPlan(workdir=out, topology=inputs.topology, trajectories=inputs.trajectories,
-                   analysis=analysis, selection=inputs.selection, io=io, mode=mode, gather=gather,
+                   analysis=inputs.analysis, selection=inputs.selection, io=io, mode=mode, gather=gather,
                    n_frames=inputs.n_frames, n_atoms=inputs.n_atoms,
                    blocks=balanced_blocks(inputs.n_frames, n_blocks), repeat=repeat,
                    chunk_frames=chunk_frames, compression=compression,
                    input_checksum=inputs.checksum, analysis_args=inputs.analysis_args,
                    factory=inputs.factory)
     plan.selected = inputs.selected
+    plan.factory_pickle = inputs.factory_pickle
     return plan
 
 
@@ -318,9 +352,9 @@ def plan_for_resume(rundir) -> RunPlan:
         raise InputError(f"--resume: {plan.result_path()!r} exists, the run is complete; "
                          "nothing to resume")
     factory = plan.factory or {}
-    if factory.get("kind") == "file":
+    if factory.get("kind") in ("file", "pickle"):
         for path in (factory["source"], plan.path(factory["copy"])):
-            if os.path.exists(path) and mda_analyses.file_checksum(path) != factory["checksum"]:
+            if path and os.path.exists(path) and mda_analyses.file_checksum(path) != factory["checksum"]:
                 raise InputError(f"--resume: the analysis code {path!r} changed since the run "
                                  "was planned; its parts cannot be mixed with new ones: start "
                                  "a new run with another --out")
@@ -336,5 +370,9 @@ def write_plan(plan: RunPlan) -> str:
     plan.save_selection(plan.selected)
     if plan.factory and plan.factory.get("copy"):  # the factory's code travels with the run
         os.makedirs(plan.path("analysis"), exist_ok=True)
-        shutil.copyfile(plan.factory["source"], plan.path(plan.factory["copy"]))
+        if getattr(plan, "factory_pickle", None) is not None:
+            with open(plan.path(plan.factory["copy"]), "wb") as fh:
+                fh.write(plan.factory_pickle)
+        else:
+            shutil.copyfile(plan.factory["source"], plan.path(plan.factory["copy"]))
     return plan.save(plan.path(PLAN_FILE))

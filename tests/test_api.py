@@ -1,0 +1,154 @@
+"""The Python API (`import trajflow`) on a real local pilot, against MDAnalysis.
+
+One Pilot carries every run here (one pilot start): a blocking run, two runs
+submitted side by side (a lambda factory and dihedrals in tasks mode), a run
+whose block keeps failing (RunFailed carries the task), and a run with an
+injected delay (the profile names that straggler). Bad input raises
+InputError before any pilot. The example workflow script runs end to end.
+"""
+import glob
+import os
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+import trajflow
+
+EXAMPLE = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "rmsd_and_rdf.py")
+
+
+def test_the_public_names_are_all_there():
+    assert trajflow.__version__ not in ("", "unknown")
+    for name in trajflow.__all__:
+        assert getattr(trajflow, name) is not None, name
+    assert {"run", "Pilot", "RunFuture", "Run", "open_run", "open_result", "InputError",
+            "RunFailed", "Interrupted"} <= set(trajflow.__all__)
+    # the tasks import no workstation code: importing trajflow alone loads none of it
+    code = "import sys, trajflow, trajflow.tasks.plan; print(any(m.startswith(('radical', " \
+           "'trajflow.workflows')) for m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_bad_input_raises_input_error_before_any_pilot(tmp_path, adk, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(trajflow.InputError, match="does not exist"):
+        trajflow.run(adk[0], str(tmp_path / "missing.dcd"), "rmsd")
+    with pytest.raises(trajflow.InputError, match="--io"):
+        trajflow.run(adk[0], adk[1], "rmsd", io="nfs")
+    with pytest.raises(trajflow.InputError, match="not an MDAnalysis analysis"):
+        trajflow.run(adk[0], adk[1], lambda u: u.select_atoms("name CA"))
+    assert os.listdir(tmp_path) == []  # no run folder, no RADICAL session
+
+
+@pytest.fixture(scope="module")
+def pilot(tmp_path_factory):
+    path = tmp_path_factory.mktemp("api")
+    with trajflow.Pilot("local.localhost", cpus=2, walltime=15, path=str(path / "pilot"),
+                        progress=False) as p:
+        yield p, path
+    assert glob.glob(str(path / "pilot" / "re.session.*"))
+
+
+def test_pilot_run_gives_mdanalysis_rmsd_as_arrays(pilot, adk, reference_results):
+    p, path = pilot
+    run = p.run(adk[0], adk[1], "rmsd", blocks=2, out=str(path / "rmsd"))
+    assert isinstance(run, trajflow.Run) and run.ok and run.outcome["status"] == "done"
+    ref = reference_results(adk[0], [adk[1]], "rmsd")
+    np.testing.assert_allclose(run.results.rmsd, ref["rmsd"], atol=1e-4)
+    np.testing.assert_array_equal(run.frame, np.arange(98))
+    np.testing.assert_allclose(run.time, ref["time"])
+    assert run.plan.n_blocks == 2 and run.path == str(path / "rmsd")
+    ranks = sorted(r["rank"] for r in run.profile.records if r["task"] == "analyze")
+    assert ranks == [0, 1]
+    assert "result:" in run.summary() and str(run.result_path) in run.summary()
+    html = run.profile.to_html(str(path / "rmsd.html"))
+    assert "analyze" in open(html).read()
+    again = trajflow.open_run(run.path)  # reopened from the folder alone
+    np.testing.assert_array_equal(again.results.rmsd, run.results.rmsd)
+
+
+def test_submitted_runs_go_side_by_side_and_a_lambda_travels(pilot, adk, solvated,
+                                                            reference_results):
+    import MDAnalysis as mda
+    from MDAnalysis.analysis.rdf import InterRDF
+    p, path = pilot
+    nbins = 30
+
+    def make(u):
+        return InterRDF(u.select_atoms("name OW and index 20000:23000"),
+                        u.select_atoms("name OW and index 20000:23000"), nbins=nbins,
+                        exclusion_block=(1, 1))
+    rdf = p.submit(solvated[0], solvated[1], lambda u: make(u), io="h5md", blocks=2,
+                   out=str(path / "rdf"))
+    dih = p.submit(adk[0], [adk[1]], "dihedrals", mode="tasks", blocks=3, out=str(path / "dih"))
+    assert isinstance(rdf, trajflow.RunFuture) and rdf.path == str(path / "rdf")
+    got_rdf, got_dih = rdf.result(timeout=600), dih.result(timeout=600)
+    assert rdf.done() and dih.done() and not rdf.cancel()  # a finished run cannot be cancelled
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = make(mda.Universe(*solvated)).run().results
+    np.testing.assert_allclose(got_rdf.results.rdf, ref.rdf, rtol=1e-6)
+    np.testing.assert_array_equal(got_rdf.results.count, ref.count)
+    assert got_rdf.plan.analysis == "python:test_submitted_runs_go_side_by_side_and_a_lambda_" \
+                                    "travels.<locals>.<lambda>"
+    assert os.path.exists(os.path.join(got_rdf.path, "analysis", "factory.pickle"))
+    ref = reference_results(adk[0], [adk[1]], "dihedrals")
+    np.testing.assert_allclose(got_dih.results["features"], ref["features"], atol=1e-6)
+    # side by side: the two runs (split to reduce) overlapped in time
+    spans = {}
+    for run in (got_rdf, got_dih):
+        recs = run.profile.records
+        spans[run.path] = (min(r["t_start"] for r in recs), max(r["t_stop"] for r in recs))
+    (a0, a1), (b0, b1) = spans.values()
+    assert a0 < b1 and b0 < a1, spans
+
+
+def test_a_failed_run_raises_run_failed_with_the_task(pilot, adk):
+    p, path = pilot
+    with pytest.raises(trajflow.RunFailed) as err:
+        p.run(adk[0], adk[1], "rmsd", mode="tasks", blocks=2, retries=0,
+              env={"TRAJFLOW_TEST_FAIL": "1:5"}, out=str(path / "failing"))
+    exc = err.value
+    [task] = exc.failed_tasks
+    assert (task.stage, task.name, task.exit_code, task.attempt) == ("analyze", "analyze.b00001", 3, 1)
+    assert task.sandbox and "fails on purpose" in task.stderr_tail
+    assert exc.run.path == str(path / "failing") and not exc.run.ok
+    assert exc.run.outcome["status"] == "failed" and exc.run.outcome["stopped_at"] == "analyze"
+    with pytest.raises(trajflow.RunFailed, match="no complete result"):
+        exc.run.results
+    assert not os.path.exists(os.path.join(exc.run.path, "result.h5"))
+
+
+def test_the_profile_names_an_injected_straggler(pilot, adk):
+    p, path = pilot
+    run = p.run(adk[0], adk[1], "rmsd", mode="tasks", blocks=3,
+                env={"TRAJFLOW_TEST_DELAY": "1:compute:3"}, out=str(path / "slow"))
+    [flag] = run.profile.stragglers
+    assert (flag["task"], flag["block"], flag["cause"]) == ("analyze", 1, "compute")
+    assert flag["excess_by_phase_s"]["compute"] >= 2.8
+    assert "straggler" in "\n".join(run.profile.summary_lines())
+
+
+def test_the_example_script_runs_end_to_end(tmp_path, adk, solvated, reference_results):
+    import MDAnalysis as mda
+    from MDAnalysis.analysis.rdf import InterRDF
+    proc = subprocess.run([sys.executable, EXAMPLE], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "first peak at" in proc.stdout and "rank 1:" in proc.stdout
+    rmsd = trajflow.open_run(tmp_path / "example-rmsd")
+    np.testing.assert_allclose(rmsd.results.rmsd, reference_results(adk[0], [adk[1]], "rmsd")["rmsd"],
+                               atol=1e-4)
+    u = mda.Universe(*solvated)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = InterRDF(u.select_atoms("name OW"), u.select_atoms("name OW"), nbins=80,
+                       range=(0.0, 8.0), exclusion_block=(1, 1)).run().results
+    rdf = trajflow.open_run(tmp_path / "example-rdf")
+    np.testing.assert_allclose(rdf.results.rdf, ref.rdf, rtol=1e-6)
+    assert (tmp_path / "example-rdf" / "report.html").exists()
+    assert sorted(os.listdir(tmp_path)) == ["example-pilot", "example-rdf", "example-rmsd"]

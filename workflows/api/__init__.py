@@ -1,0 +1,56 @@
+"""trajflow: parallel analysis of MD trajectories on HPC clusters.
+
+A RADICAL-EnTK pipeline (split -> analyze -> reduce) on a RADICAL-Pilot pilot,
+MPI ranks or single-core tasks, any trajectory MDAnalysis reads, every rank
+profiled. This is the whole public API; the `trajflow` command is a thin layer
+over it.
+
+    >>> import trajflow
+    >>> from MDAnalysisTests.datafiles import PSF, DCD
+    >>> run = trajflow.run(PSF, DCD, "rmsd", blocks=2)
+    >>> run.results.rmsd[:3]
+    >>> run.profile.stragglers
+
+    >>> with trajflow.Pilot("local.localhost", cpus=2) as pilot:
+    ...     a = pilot.submit(PSF, DCD, "rmsd")
+    ...     b = pilot.submit(PSF, DCD, "dihedrals")
+    ...     a.result().results.rmsd, b.result().results.features
+
+Names are imported when first used, so the analysis tasks, which import
+`trajflow.tasks`, do not pay for the workstation's imports (EnTK,
+RADICAL-Pilot) at start-up. (This file is installed as trajflow/__init__.py.)
+"""
+import importlib
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("trajflow")
+except PackageNotFoundError:  # run from a source tree that is not installed
+    __version__ = "unknown"
+
+# public name -> the module that defines it
+_WHERE = {
+    "run": "trajflow.workflows.pilot",
+    "Pilot": "trajflow.workflows.pilot",
+    "RunFuture": "trajflow.workflows.pilot",
+    "Run": "trajflow.workflows.runs",
+    "Profile": "trajflow.workflows.runs",
+    "open_run": "trajflow.workflows.runs",
+    "open_result": "trajflow.workflows.results",
+    "InputError": "trajflow.workflows.errors",
+    "RunFailed": "trajflow.workflows.errors",
+    "Interrupted": "trajflow.workflows.errors",
+}
+__all__ = ["__version__"] + list(_WHERE)
+
+
+def __getattr__(name):
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'trajflow' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(__all__)

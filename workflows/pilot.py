@@ -1,0 +1,408 @@
+"""Runs from Python: `trajflow.run(...)` for one, a `Pilot` for several on one pilot.
+
+    >>> import trajflow
+    >>> from MDAnalysisTests.datafiles import PSF, DCD
+    >>> run = trajflow.run(PSF, DCD, "rmsd")            # a pilot of its own, started and ended
+    >>> run.results.rmsd[:3]
+
+    >>> with trajflow.Pilot("local.localhost", cpus=2) as pilot:   # one pilot start for both
+    ...     rmsd = pilot.submit(PSF, DCD, "rmsd")
+    ...     dih = pilot.submit(PSF, DCD, "dihedrals", mode="tasks")
+    ...     print(rmsd.result().results.rmsd.mean(), dih.result().results.features.shape)
+
+Every run is planned (inputs opened, atoms or the analysis checked) when it is
+submitted, so bad input raises InputError at once, before any pilot. The
+pilot is requested with the first run. Leaving the `with` block normally waits
+for the runs submitted and then cancels the pilot; leaving it by an exception
+or Ctrl-C cancels the pilot at once and ends its tasks (Ctrl-C raises
+Interrupted). EnTK runs one workflow at a time on its pilot: the runs
+submitted together run side by side; a run submitted while others run starts
+when they have ended.
+"""
+import concurrent.futures
+import os
+import re
+import sys
+import threading
+import time
+
+from . import resources
+from .errors import InputError, Interrupted, RunFailed
+from .execute import PilotProcess, RunRequest, failed_for_good
+from .planning import make_plan, write_plan
+from .runs import Run
+
+COALESCE_S = 0.3  # runs submitted this close together go to the pilot as one batch
+
+
+class RunFuture(concurrent.futures.Future):
+    """A run submitted to a Pilot: ``.result()`` waits and gives its Run (or raises
+    RunFailed / Interrupted), ``.done()``, ``.cancel()`` (True only while it
+    has not started: a started run ends with its pilot), ``.path`` its folder.
+
+    Examples
+    --------
+    >>> future = pilot.submit(PSF, DCD, "rmsd")
+    >>> future.path              # the run's folder, there at once
+    >>> run = future.result()    # blocks until the run has ended
+    """
+
+    def __init__(self, request):
+        super().__init__()
+        self.request = request
+        self.path = request.plan.workdir
+
+    def __repr__(self):
+        return f"<trajflow.RunFuture {self.request.plan.analysis} {self.path} " \
+               f"{'done' if self.done() else 'running' if self.running() else 'pending'}>"
+
+
+class Pilot:
+    """One RADICAL pilot on a resource, held for several runs.
+
+    Parameters
+    ----------
+    resource : str
+        a RADICAL-Pilot resource label (``trajflow resources`` lists them).
+    cpus : int, optional
+        cores of the pilot; default: all of this machine's on a local
+        resource (elsewhere it must be given).
+    walltime : int
+        minutes the pilot may run.
+    queue, project : str, optional
+        the batch queue and the allocation to charge.
+    path : str, optional
+        folder for the RADICAL session (logs, profiles); default
+        ``./trajflow-pilot-<date>-<time>``.
+    progress : bool
+        print what happens (pilot requested, each stage, each run's end) on stderr.
+
+    Examples
+    --------
+    >>> with trajflow.Pilot("local.localhost", cpus=2, walltime=30) as pilot:
+    ...     first = pilot.run(PSF, DCD, "rmsd")
+    ...     second = pilot.run(PSF, DCD, "rmsd", io="h5md")      # same pilot, no new start
+    """
+
+    def __init__(self, resource="local.localhost", cpus=None, walltime=30, queue=None,
+                 project=None, *, path=None, progress=True):
+        try:
+            resources.check_resource(resource)
+        except ValueError as exc:
+            raise InputError(str(exc))
+        if cpus is None:
+            if not resources.is_local(resource):
+                raise InputError(f"Pilot({resource!r}): give cpus=N, the cores to ask "
+                                 f"{resource} for")
+            cpus = os.cpu_count() or 1
+        if cpus < 1:
+            raise InputError(f"cpus={cpus}: ask for at least 1 cpu")
+        if walltime <= 0:
+            raise InputError(f"walltime={walltime}: give the pilot's walltime in minutes, > 0")
+        self.resource, self.cpus, self.walltime = resource, int(cpus), walltime
+        self.description = resources.resource_description(resource, walltime, cpus, queue, project)
+        self.path = os.path.abspath(path or f"trajflow-pilot-{time.strftime('%Y%m%d-%H%M%S')}")
+        self.progress = progress
+        self._process = None
+        self._thread = None
+        self._pending = []          # RunFutures not yet handed to the pilot
+        self._running = {}          # run name -> RunFuture
+        self._cond = threading.Condition()
+        self._closing = False
+        self._closed = False
+        self._broken = None         # why the pilot can take no more runs
+        self._names = set()
+
+    def __repr__(self):
+        return f"<trajflow.Pilot {self.resource} {self.cpus} cpus " \
+               f"{'active' if self._process else 'not started'}>"
+
+    # --- lifetime --------------------------------------------------------------
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        elif issubclass(exc_type, KeyboardInterrupt):
+            self.abort()  # raises Interrupted
+        else:
+            try:
+                self.abort()
+            except Interrupted:
+                pass  # the script's own exception is the one to see
+
+    def close(self, wait=True):
+        """No more runs: let the runs submitted end, then cancel the pilot (as
+        leaving the `with` block does). `wait=False` returns at once; the pilot
+        is then cancelled as soon as its last run has ended."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if not wait:
+            return
+        if self._thread is not None:
+            try:
+                while self._thread.is_alive():  # Thread.join alone would not see a Ctrl-C
+                    self._thread.join(0.2)
+            except KeyboardInterrupt:
+                self.abort()
+        if self._process is not None and not self._closed:
+            self._process.close()
+            self._closed = True
+            self._say("pilot cancelled")
+
+    @property
+    def session_dir(self):
+        """The RADICAL session's folder (logs, profiles), once the pilot is started."""
+        return self._process.session_dir if self._process is not None else None
+
+    def abort(self):
+        """Cancel the pilot now: runs not started are cancelled, running ones end
+        (their tasks killed) with Interrupted, which is raised here too."""
+        with self._cond:
+            self._closing = True
+            for future in self._pending:
+                future.cancel()
+            self._pending.clear()
+            self._cond.notify_all()
+        if self._process is not None and self._process.alive:
+            try:
+                self._process.interrupt()
+            except Interrupted as exc:  # raised for the caller once the dispatcher has ended
+                if self._thread is not None:
+                    self._thread.join()
+                raise exc from None
+
+    def _start(self):
+        if self._process is not None:
+            return
+        os.makedirs(self.path, exist_ok=True)
+        self._say(f"pilot requested on {self.resource}: {self.cpus} cores for "
+                  f"{self.walltime} min (session in {self.path})")
+        self._process = PilotProcess(self.description, self.path, on_event=self._event)
+        self._process.start()
+        self._thread = threading.Thread(target=self._dispatch, name="trajflow-pilot", daemon=True)
+        self._thread.start()
+
+    # --- runs ------------------------------------------------------------------
+    def submit(self, topology, trajectory, analysis, *, args=None, select=None, io="shared",
+               mode="mpi", gather="gatherv", blocks=None, repeat=1, chunk=0, compression=None,
+               out=None, retries=1, env=None) -> RunFuture:
+        """Plan a run and hand it to the pilot; returns at once with its RunFuture.
+
+        Same arguments as :func:`trajflow.run` (without the pilot's own).
+        InputError at once for bad input (nothing written).
+        """
+        plan = plan_run(topology, trajectory, analysis, args=args, select=select, io=io,
+                        mode=mode, gather=gather, blocks=blocks, repeat=repeat, chunk=chunk,
+                        compression=compression, out=out, cpus=self.cpus)
+        return self.submit_plan(plan, retries=retries, env=env)
+
+    def run(self, topology, trajectory, analysis, **kwargs) -> Run:
+        """Run on this pilot and wait: the Run, or RunFailed / Interrupted.
+
+        Same arguments as :func:`trajflow.run` (without the pilot's own).
+
+        Examples
+        --------
+        >>> with trajflow.Pilot(cpus=2) as pilot:
+        ...     run = pilot.run(PSF, DCD, "rmsd", io="h5md")
+        """
+        return self.submit(topology, trajectory, analysis, **kwargs).result()
+
+    def submit_plan(self, plan, retries=1, env=None, resume=False) -> RunFuture:
+        """Hand a plan already made (and not yet written) to the pilot."""
+        if self._closing:
+            raise RuntimeError("this Pilot is closed (it takes no more runs): start a new one")
+        if self._broken is not None:
+            raise RuntimeError(f"this Pilot can take no more runs: {self._broken}")
+        if plan.mode == "mpi" and plan.n_blocks > self.cpus:
+            raise InputError(f"{plan.n_blocks} MPI ranks do not fit in the pilot's {self.cpus} "
+                             "cpus: give fewer blocks or a larger Pilot")
+        path = plan.path("plan.json") if resume else write_plan(plan)
+        future = RunFuture(RunRequest(self._unique_name(plan), plan, path, retries, resume, env))
+        with self._cond:
+            self._start()
+            self._pending.append(future)
+            self._cond.notify_all()
+        self._say(f"{future.request.name}: submitted ({plan.analysis}, {plan.io}/{plan.mode}, "
+                  f"{plan.n_blocks} blocks, {plan.n_frames} frames) -> {plan.workdir}")
+        return future
+
+    def _unique_name(self, plan):
+        base = os.path.basename(plan.workdir) or "run"
+        name, k = base, 1
+        while name in self._names:
+            k += 1
+            name = f"{base}.{k}"
+        self._names.add(name)
+        return name
+
+    def _dispatch(self):
+        """The pilot's side: hand waiting runs over as one batch, resolve their futures."""
+        while True:
+            with self._cond:
+                while not self._pending and not self._closing:
+                    self._cond.wait()
+                if not self._pending:
+                    return
+                if not self._closing:
+                    self._cond.wait(COALESCE_S)  # let a script's submits in a row go together
+                batch = [f for f in self._pending if f.set_running_or_notify_cancel()]
+                self._pending.clear()
+                last = self._closing  # no more runs: the pilot ends with this batch
+            if not batch:
+                continue
+            self._running.update({f.request.name: f for f in batch})
+            try:
+                self._process.run_batch([f.request for f in batch], close_after=last,
+                                        on_run_ended=self._ended)
+            except BaseException as exc:  # the pilot is gone: every run not ended fails with it
+                self._broken = exc
+                with self._cond:
+                    batch += [f for f in self._pending if f.set_running_or_notify_cancel()]
+                    self._pending.clear()
+                for f in batch:
+                    if not f.done():
+                        f.set_exception(exc)
+                return
+            for f in batch:  # ended without a word from the pilot (it should not happen)
+                if not f.done():
+                    f.set_exception(RunFailed(f"run {f.request.name} ended without an outcome",
+                                              run=Run(f.path)))
+            if last:
+                return
+
+    def _ended(self, name, outcomes):
+        future = self._running.pop(name)
+        run = Run(future.path)
+        if run.ok:
+            self._say(f"{name}: done -> {run.result_path}")
+            future.set_result(run)
+            return
+        failed = failed_for_good(outcomes)
+        outcome = run.outcome or {}
+        why = (failed[0].describe() if failed else outcome.get("error")
+               or f"stopped after {outcome.get('stopped_at')}")
+        self._say(f"{name}: FAILED")
+        future.set_exception(RunFailed(f"run {name} failed: {why}", failed, run))
+
+    # --- progress --------------------------------------------------------------
+    def _event(self, run_name, text):
+        self._say(f"{run_name}: {text}")
+
+    def _say(self, text):
+        if self.progress:
+            print(f"trajflow {time.strftime('%H:%M:%S')} {text}", file=sys.stderr, flush=True)
+
+
+def default_out(analysis):
+    """A new folder under the current one named after the analysis and the time."""
+    if callable(analysis):
+        label = getattr(analysis, "__name__", "analysis")
+    else:
+        label = str(analysis).rpartition(":")[2]
+    label = re.sub(r"[^A-Za-z0-9_.-]+", "", label) or "analysis"
+    base = os.path.abspath(f"trajflow-{label}-{time.strftime('%Y%m%d-%H%M%S')}")
+    path, k = base, 1
+    while os.path.exists(path):
+        k += 1
+        path = f"{base}-{k}"
+    return path
+
+
+def plan_run(topology, trajectory, analysis, *, args=None, select=None, io="shared",
+             mode="mpi", gather="gatherv", blocks=None, repeat=1, chunk=0, compression=None,
+             out=None, cpus=None):
+    """The checked plan of a run (nothing written); InputError naming the problem."""
+    trajectories = [trajectory] if isinstance(trajectory, (str, os.PathLike)) else list(trajectory)
+    trajectories = [os.fspath(t) for t in trajectories]
+    cpus = cpus or blocks or os.cpu_count() or 1
+    return make_plan(os.fspath(topology), trajectories, analysis,
+                     os.fspath(out) if out is not None else default_out(analysis),
+                     selection=select, io=io, mode=mode, gather=gather, blocks=blocks, cpus=cpus,
+                     repeat=repeat, compression=compression, chunk_frames=chunk,
+                     analysis_args=args)
+
+
+def run(topology, trajectory, analysis, *, args=None, select=None, io="shared", mode="mpi",
+        gather="gatherv", blocks=None, repeat=1, chunk=0, compression=None, out=None,
+        pilot=None, resource="local.localhost", cpus=None, walltime=30, queue=None,
+        project=None, retries=1, env=None, progress=True) -> Run:
+    """Analyse a trajectory on a pilot and return the finished Run.
+
+    Parameters
+    ----------
+    topology : str
+        a topology MDAnalysis reads (PSF, PDB, GRO, TPR, ...).
+    trajectory : str or list of str
+        the trajectory; several files are one trajectory, in order.
+    analysis : str or callable
+        "rmsd", "dihedrals", "FILE.py:NAME" / "module:NAME" (a function
+        NAME(universe, **args) returning a parallelisable MDAnalysis analysis),
+        or such a function itself (a lambda or a function of your script: it
+        is sent to the tasks by value with cloudpickle).
+    args : dict, optional
+        keyword arguments for your analysis function (plain JSON values).
+    select : str, optional
+        the atoms, rmsd and dihedrals only (default "name CA" / "protein").
+    io : {"shared", "split", "h5md"}
+        every block reads the one trajectory; one segment file per block; an
+        H5MD copy with one-frame chunks.
+    mode : {"mpi", "tasks"}
+        one MPI task with a rank per block, or one single-core task per block.
+    gather : {"gatherv", "rma"}
+        how MPI ranks hand results to rank 0.
+    blocks : int, optional
+        how many blocks (= MPI ranks); default: the pilot's cpus.
+    repeat, chunk, compression
+        the papers' workload multiplier; frames per read (0: automatic);
+        "gzip:N" for the H5MD copy.
+    out : str, optional
+        the run's new folder; default ``./trajflow-<analysis>-<date>-<time>``.
+    pilot : Pilot, optional
+        run on this pilot; otherwise a pilot of its own is started on
+        `resource` with `cpus` (default: what the run needs), `walltime`,
+        `queue`, `project`, and cancelled at the end.
+    retries : int
+        a failed task runs again this often before the run fails.
+    env : dict, optional
+        extra environment variables for this run's tasks.
+    progress : bool
+        print the pilot's and the stages' progress on stderr.
+
+    Returns
+    -------
+    Run
+        ``run.results`` (arrays), ``run.profile``, ``run.path``, ...
+
+    Raises
+    ------
+    InputError
+        bad input, found before anything is written or started.
+    RunFailed
+        a task failed for good; ``exc.failed_tasks``, ``exc.run``.
+    Interrupted
+        Ctrl-C; the pilot was cancelled and its tasks ended.
+
+    Examples
+    --------
+    >>> from MDAnalysis.analysis.rdf import InterRDF
+    >>> rdf = trajflow.run(GRO, XTC, lambda u: InterRDF(u.select_atoms("name OW"),
+    ...                                                u.select_atoms("name OW"), nbins=75),
+    ...                    io="h5md", blocks=2)
+    >>> rdf.results.rdf
+    """
+    options = dict(args=args, select=select, io=io, mode=mode, gather=gather, blocks=blocks,
+                   repeat=repeat, chunk=chunk, compression=compression, out=out)
+    if pilot is not None:
+        return pilot.run(topology, trajectory, analysis, retries=retries, env=env, **options)
+    if cpus is None and blocks is None and not resources.is_local(resource):
+        raise InputError(f"give blocks= or cpus= for a run on {resource}")
+    plan = plan_run(topology, trajectory, analysis, cpus=cpus or blocks, **options)
+    pilot_cpus = cpus or (plan.n_blocks if plan.mode == "mpi" or not resources.is_local(resource)
+                          else min(plan.n_blocks, os.cpu_count() or 1))
+    with Pilot(resource, pilot_cpus, walltime, queue, project, path=plan.workdir,
+               progress=progress) as own:
+        return own.submit_plan(plan, retries=retries, env=env).result()

@@ -1,0 +1,180 @@
+"""A run as a Python object: its results as arrays, its plan, how it ended, its profile.
+
+Everything is read from RUNDIR alone (result.h5, plan.json, outcome.json,
+profile/, radical/), so a run made by the CLI, by a script or on another
+machine opens the same way:
+
+    >>> import trajflow
+    >>> run = trajflow.open_run("runs/adk-rmsd")
+    >>> run.results.rmsd[:3]              # numpy arrays, as MDAnalysis' RMSD gives them
+    >>> run.frame, run.time               # every frame analysed, and its time (ps)
+    >>> run.profile.stragglers            # flags with the numbers behind them
+    >>> print(run.summary())              # what `trajflow run` prints at the end
+"""
+import os
+
+from trajflow.tasks.plan import PLAN_FILE, RunPlan
+from .errors import RunFailed
+
+
+class Run:
+    """One trajflow run, read from its folder.
+
+    Attributes
+    ----------
+    path : str
+        the run's folder (RUNDIR).
+    plan : RunPlan
+        what was asked: inputs, analysis, io, mode, blocks (``plan.to_dict()``).
+
+    Examples
+    --------
+    >>> run = trajflow.open_run("runs/adk-rmsd")
+    >>> run.ok, run.outcome["status"]
+    (True, 'done')
+    >>> run.results.rmsd.shape
+    (9800,)
+    """
+
+    def __init__(self, path):
+        self.path = os.path.abspath(path)
+        if not os.path.exists(os.path.join(self.path, PLAN_FILE)):
+            raise FileNotFoundError(f"{self.path!r} is not a trajflow run (no {PLAN_FILE}): "
+                                    "give the folder a run wrote (its --out / out=)")
+        self.plan = RunPlan.load(os.path.join(self.path, PLAN_FILE))
+        self._results = None
+
+    def __repr__(self):
+        outcome = self.outcome
+        state = outcome["status"] if outcome else "not ended"
+        return f"<trajflow.Run {self.plan.analysis} {self.plan.io}/{self.plan.mode} " \
+               f"{self.plan.n_blocks} blocks, {state}: {self.path}>"
+
+    @property
+    def result_path(self):
+        return self.plan.result_path()
+
+    @property
+    def outcome(self):
+        """How the run ended (outcome.json as a dict: status "done" or "failed",
+        stopped_at, error, failed_tasks), or None while it has not ended."""
+        from .execute import read_outcome
+        return read_outcome(self.path)
+
+    @property
+    def ok(self):
+        """True when the run ended done and its result.h5 is there."""
+        outcome = self.outcome
+        return bool(outcome and outcome["status"] == "done" and os.path.exists(self.result_path))
+
+    @property
+    def results(self):
+        """The results as an MDAnalysis ``Results`` of numpy arrays (``.rmsd``,
+        ``["features"]``, your analysis' own names, ``.frame``, ``.time``).
+        RunFailed if the run has no complete result."""
+        if self._results is None:
+            if not self.ok:
+                outcome = self.outcome or {}
+                raise RunFailed(f"run {self.path} has no complete result (it "
+                                f"{'ended ' + outcome['status'] if outcome else 'has not ended'}"
+                                f"{': ' + outcome['error'] if outcome.get('error') else ''}); "
+                                "see run.outcome", run=self)
+            from .results import open_result
+            self._results = open_result(self.result_path)
+        return self._results
+
+    @property
+    def frame(self):
+        """The frame number of every result row."""
+        return self.results["frame"]
+
+    @property
+    def time(self):
+        """The time (ps) of every result row, as MDAnalysis' trajectory.time."""
+        return self.results["time"]
+
+    @property
+    def profile(self):
+        """Per-task and per-rank timings, stragglers and advice (a Profile)."""
+        return Profile([self.path])
+
+    def summary(self):
+        """The text `trajflow run` prints for this run: result, stragglers, advice."""
+        lines = [f"{os.path.basename(self.path)}: "
+                 + (f"result: {self.result_path}" if self.ok
+                    else "NO RESULT (the run did not complete)"),
+                 f"{os.path.basename(self.path)}: profiles: {self.plan.path('profile')}"]
+        lines += ["  " + line for line in self.profile.summary_lines()]
+        return "\n".join(lines)
+
+
+class Profile:
+    """The timing records of one or more runs, judged.
+
+    Attributes
+    ----------
+    records : list of dict
+        one row per task and MPI rank: run, task, rank, block, host, frames,
+        t_open_topology, t_open_trajectory, t_io, t_compute, t_wait, t_comm,
+        t_launch, t_total (seconds) and the intervals of the timeline.
+    stragglers : list of dict
+        the members flagged by the straggler rule, most harmful first, each
+        with the numbers behind the flag (duration, median, ratio, cause).
+    advice : dict
+        run name -> the papers' advice for its t_compute/t_IO.
+
+    Examples
+    --------
+    >>> prof = trajflow.open_run("runs/adk-rmsd").profile
+    >>> [(r["rank"], round(r["t_io"], 2)) for r in prof.records if r["task"] == "analyze"]
+    >>> prof.to_html("adk-rmsd.html")
+    >>> prof.to_pandas().groupby("task").t_total.max()      # with pandas installed
+    """
+
+    def __init__(self, rundirs):
+        from .inspection import inspect_runs
+        self.rundirs = [os.path.abspath(d) for d in rundirs]
+        self.report = inspect_runs(self.rundirs)
+        self.records = self.report["records"]
+        self.stragglers = self.report["stragglers"]
+        self.advice = {run: a["text"] for run, a in self.report["advice"].items()}
+        self.scaling = self.report["scaling"]
+
+    def to_pandas(self):
+        """The records as a pandas DataFrame (pandas is not a trajflow requirement)."""
+        try:
+            import pandas
+        except ImportError:
+            raise ImportError("Profile.to_pandas() needs pandas: pip install pandas "
+                              "(Profile.records holds the same rows as dicts)") from None
+        return pandas.DataFrame([{k: v for k, v in r.items() if k != "intervals"}
+                                 for r in self.records])
+
+    def to_html(self, path, title=None):
+        """Write the offline HTML report (timeline, phases, stragglers); returns `path`."""
+        from .report_html import write_html
+        write_html(self.report, path, title or f"trajflow {', '.join(self.rundirs)}")
+        return path
+
+    def summary_lines(self):
+        """Stragglers and advice in a few lines (what the CLI prints after a run)."""
+        from .inspection import straggler_lines
+        lines = straggler_lines(self.stragglers, self.records)
+        lines += ["advice: " + text for text in self.advice.values()]
+        return lines
+
+    def table(self):
+        """The phase table, stragglers, advice and scaling as text (`trajflow inspect`)."""
+        from .inspection import summary_text
+        return summary_text(self.report)
+
+
+def open_run(path):
+    """Reopen a run from its folder (made by the CLI, a script, or another machine).
+
+    Examples
+    --------
+    >>> run = trajflow.open_run("runs/adk-rmsd")
+    >>> run.results.rmsd
+    """
+    return Run(path)
