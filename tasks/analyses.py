@@ -11,7 +11,7 @@ import warnings
 
 import numpy as np
 
-from . import kernels, faults
+from . import kernels
 
 
 class BlockAnalysis:
@@ -48,24 +48,21 @@ class BlockAnalysis:
         first = next(iter(reference_source.chunks(0, 1, 1)))
         self._prepare(first)
 
-    def run_block(self, source, start, stop, chunk_frames, timer, block=0, mpi_rank=None):
+    def run_block(self, source, start, stop, chunk_frames, timer):
         """Read [start, stop) chunk by chunk, compute, and return the block's arrays."""
         out = {"frame": [], "time": []}
         chunks = source.chunks(start, stop, chunk_frames)
         n_bytes = 0
         while True:
             with timer.phase("io"):
-                faults.delay(block, "io")
                 chunk = next(chunks, None)
             if chunk is None:
                 break
             n_bytes += chunk.nbytes
             with timer.phase("compute"):
-                faults.delay(block, "compute")
                 for _ in range(self.repeat):  # the papers' workload multiplier
                     rows = self._process_chunk(chunk)
-            if mpi_rank is not None:
-                faults.maybe_kill(mpi_rank)  # testing hook: mid-loop, after a chunk
+            timer.progress(len(chunk.frames))
             out["frame"].append(chunk.frames)
             out["time"].append(chunk.times)
             for key, value in rows.items():

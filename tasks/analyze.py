@@ -56,15 +56,13 @@ def analyze_block(plan, block, timer, comm=None):
     if not plan.builtin:  # a user's MDAnalysis analysis, through MDAnalysis' own machinery
         return mda_analyses.analyze_block(plan, block, timer)
     with timer.phase("open_topology"):  # the atoms, resolved on the workstation
-        faults.delay(block, "open")
         selected = plan.load_selection()
     analysis = ANALYSIS_CLASSES[plan.analysis](selected, plan.selection, plan.repeat)
     source, start, stop, reference = open_block_source(plan, analysis, block, timer, comm)
     with timer.phase("io"):  # frame 0, the reference
         analysis.prepare(reference)
     frames_per_chunk = chunk_size(plan.chunk_frames, len(analysis.atom_indices))
-    arrays = analysis.run_block(source, start, stop, frames_per_chunk, timer, block=block,
-                                mpi_rank=block if comm is not None else None)
+    arrays = analysis.run_block(source, start, stop, frames_per_chunk, timer)
     source.close()
     if reference is not source and reference.traj is not source.traj:
         reference.close()  # split io: block 0's segment, opened for frame 0 only
@@ -78,11 +76,11 @@ def part_attrs(plan, analysis_attrs, blocks):
 
 
 def run_tasks_mode(plan, block):
-    timer = RankTimer("analyze", rank=0, size=1, block=block, mode="tasks")
+    timer = RankTimer("analyze", rank=0, size=1, block=block, mode="tasks",
+                      progress_path=plan.progress_path(block))
     arrays, attrs = analyze_block(plan, block, timer)
     # tasks mode hands its block to reduce through a part file: its "gather"
     with timer.phase("comm"):
-        faults.delay(block, "comm")
         parts.write_part(plan.part_path(f"block_{block:05d}"), arrays,
                          part_attrs(plan, attrs, [block]))
     timer.finish(plan.profile_path(f"analyze.block_{block:05d}"))
@@ -96,14 +94,13 @@ def run_mpi_mode(plan):
         raise SystemExit(f"analyze: {size} MPI ranks for {plan.n_blocks} blocks; "
                          f"start it with mpiexec -n {plan.n_blocks}")
     timer = RankTimer("analyze", rank=rank, size=size, block=rank, mode="mpi",
-                      gather=plan.gather)
+                      gather=plan.gather, progress_path=plan.progress_path(rank))
     arrays, attrs = analyze_block(plan, rank, timer, comm)
     with timer.phase("wait"):  # the straggler signal of paper 001
         barrier_or_abort(comm, plan.collective_timeout_s)
     with timer.phase("comm"):
         gather = gather_rma if plan.gather == "rma" else gather_gatherv
         gathered = {key: gather(comm, value, plan) for key, value in arrays.items()}
-        faults.delay(rank, "comm")  # after its data is out: only this rank is slowed
     if rank == 0:
         with timer.phase("write"):
             parts.write_part(plan.part_path("mpi"), gathered,

@@ -119,6 +119,10 @@ class RunPlan:
     def result_path(self) -> str:
         return self.path("result.h5")
 
+    def progress_path(self, block: int) -> str:
+        """An analyze rank's frames done so far (one number), for the progress bar."""
+        return self.path("progress", f"analyze.block_{block:05d}")
+
     def profile_path(self, name: str) -> str:
         return self.path("profile", f"{name}.jsonl")
 

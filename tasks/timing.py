@@ -13,13 +13,27 @@ import os
 import socket
 import time
 
+from . import faults
+
 # Phase names follow paper 000, Table 3 (t_open_topology, t_IO, ...).
 PHASES = ("open_topology", "open_trajectory", "io", "compute", "wait", "comm",
           "write", "convert")
+# the phase a testing delay (faults.py, TRAJFLOW_TEST_DELAY) is injected into
+FAULT_PHASES = {"open_topology": "open", "io": "io", "compute": "compute", "comm": "comm"}
+PROGRESS_EVERY_S = 2.0  # how often a rank rewrites its progress file, at most
 
 
 class RankTimer:
-    def __init__(self, task: str, rank: int = 0, size: int = 1, **info):
+    """One task's (one MPI rank's) phases; with `progress_path`, its frames done so far.
+
+    The testing hooks live here, not in the analysis loops: a rank with a
+    `block` sleeps where TRAJFLOW_TEST_DELAY says, at the end of the first
+    interval of that phase (so the delay is inside it, and a delayed gather
+    delays only this rank), and an MPI rank named by TRAJFLOW_TEST_KILL kills
+    itself when it reports its first frames done.
+    """
+
+    def __init__(self, task: str, rank: int = 0, size: int = 1, progress_path=None, **info):
         self.task = task
         self.rank = rank
         self.size = size
@@ -27,6 +41,9 @@ class RankTimer:
         self.intervals = []  # (phase, start, stop)
         self.t_start = time.time()
         self.t_stop = None
+        self.progress_path = progress_path
+        self.frames_done = 0
+        self._progress_written = 0.0
 
     @contextlib.contextmanager
     def phase(self, name: str):
@@ -35,8 +52,33 @@ class RankTimer:
         t0 = time.time()
         try:
             yield
+            self.inject(name)
         finally:
             self.intervals.append((name, t0, time.time()))
+
+    def inject(self, name: str):
+        """The testing delay for this rank's block in this phase, once (see faults.py)."""
+        block = self.info.get("block")
+        if block is not None and name in FAULT_PHASES:
+            faults.delay(block, FAULT_PHASES[name])
+
+    def progress(self, frames: int):
+        """`frames` more are done: rewrite the progress file (at most every
+        PROGRESS_EVERY_S; the workstation sums them into its progress bar)."""
+        self.frames_done += frames
+        if self.info.get("mode") == "mpi":
+            faults.maybe_kill(self.rank)
+        now = time.time()
+        if self.progress_path and now - self._progress_written >= PROGRESS_EVERY_S:
+            self._write_progress()
+            self._progress_written = now
+
+    def _write_progress(self):
+        os.makedirs(os.path.dirname(self.progress_path), exist_ok=True)
+        tmp = f"{self.progress_path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(f"{self.frames_done}\n")
+        os.replace(tmp, self.progress_path)
 
     def add(self, name: str, t0: float, t1: float):
         """An interval measured by the caller (e.g. sums of per-frame times)."""
@@ -64,6 +106,8 @@ class RankTimer:
     def finish(self, profile_path: str) -> dict:
         """Stop the clock and write the record (atomically) and RP events."""
         self.t_stop = time.time()
+        if self.progress_path:
+            self._write_progress()
         rec = self.record()
         os.makedirs(os.path.dirname(profile_path), exist_ok=True)
         tmp = f"{profile_path}.{os.getpid()}.tmp"

@@ -7,9 +7,11 @@ injected delay (the profile names that straggler). Bad input raises
 InputError before any pilot. The example workflow script runs end to end.
 """
 import glob
+import io
 import os
 import subprocess
 import sys
+import time
 import warnings
 
 import numpy as np
@@ -44,6 +46,39 @@ def test_bad_input_raises_input_error_before_any_pilot(tmp_path, adk, monkeypatc
     assert os.listdir(tmp_path) == []  # no run folder, no RADICAL session
 
 
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("tty", [False, True])
+def test_progress_shows_the_frames_the_ranks_report(tmp_path, tty):
+    """Two ranks' progress files (what tasks/timing.py writes) summed into lines at
+    every quarter, or a tqdm bar on a terminal."""
+    from trajflow.tasks.plan import RunPlan
+    from trajflow.workflows.progress import Progress
+    plan = RunPlan(workdir=str(tmp_path), topology="t", trajectories=["x"], analysis="rmsd",
+                   selection="name CA", io="shared", mode="mpi", gather="gatherv", n_frames=100,
+                   n_atoms=1, blocks=[(0, 50), (50, 100)])
+    stream = _Terminal() if tty else io.StringIO()
+    progress = Progress(stream=stream, poll_s=0.05)
+    progress.stage("run1", plan, "analyze", "submitted", "analyze submitted")
+    os.makedirs(tmp_path / "progress")
+    for done in (10, 30, 50):
+        for b in range(2):
+            (tmp_path / "progress" / f"analyze.block_{b:05d}").write_text(f"{done}\n")
+        time.sleep(0.3)
+    progress.stage("run1", plan, "analyze", "done", "analyze done")
+    progress.close()
+    out = stream.getvalue()
+    assert "run1: analyze submitted" in out and "run1: analyze done" in out
+    if tty:
+        assert "run1 analyze" in out and "100/100" in out
+    else:
+        assert "analyze 60 of 100 frames (60 %)" in out
+        assert "analyze 100 of 100 frames (100 %)" in out
+
+
 @pytest.fixture(scope="module")
 def pilot(tmp_path_factory):
     path = tmp_path_factory.mktemp("api")
@@ -65,6 +100,8 @@ def test_pilot_run_gives_mdanalysis_rmsd_as_arrays(pilot, adk, reference_results
     ranks = sorted(r["rank"] for r in run.profile.records if r["task"] == "analyze")
     assert ranks == [0, 1]
     assert "result:" in run.summary() and str(run.result_path) in run.summary()
+    from trajflow.workflows.progress import frames_done
+    assert frames_done(run.plan) == 98  # the ranks' progress files, final
     html = run.profile.to_html(str(path / "rmsd.html"))
     assert "analyze" in open(html).read()
     again = trajflow.open_run(run.path)  # reopened from the folder alone

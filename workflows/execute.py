@@ -134,8 +134,8 @@ def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_
     disturbed by another's; otherwise all run side by side. Each run's RUNDIR
     gets an outcome.json as soon as it has ended, and `on_run_ended(name)` is
     then called here, while the pilot is already being shut down (the CLI
-    writes the run's report meanwhile). `on_event(run, text)`: each stage's
-    start and end as they happen.
+    writes the run's report meanwhile). `on_event(run, stage, kind, text)`:
+    the pilot's activation and each stage's start and end as they happen.
     """
     t0 = time.time()
     desc = resources.resource_description(resource, walltime, cpus, queue, project)
@@ -181,7 +181,7 @@ class PilotProcess:
     def __init__(self, pilot, session_root, on_event=None):
         self.pilot = pilot                  # the RADICAL-Pilot description
         self.session_root = os.path.abspath(session_root)
-        self.on_event = on_event or (lambda run, text: None)
+        self.on_event = on_event or (lambda run, stage, kind, text: None)
         self.session_dir = None
         self._child = self._conn = None
 
@@ -292,6 +292,7 @@ def _serve(conn, pilot, session_root):
             appman = new_appmanager(pilot, autoterminate=False, base_path=session_root)
             session_dir = os.path.join(session_root, appman.sid)
             conn.send(("session", session_dir))
+            threading.Thread(target=_tell_when_active, args=(appman, conn), daemon=True).start()
             lost = None  # why the pilot is gone, once EnTK gave up
             while True:
                 kind, batch = conn.recv()
@@ -301,21 +302,44 @@ def _serve(conn, pilot, session_root):
                 if batch["close_after"]:
                     _shutdown(appman, pilot)
                     appman = None
-                conn.send(("report", report))
+                _send(conn, ("report", report))
                 if batch["close_after"]:
                     return
     except BaseException as exc:  # noqa: the parent must hear of every ending
         _shutdown(appman, pilot)
         appman = None
-        conn.send(("interrupted", "interrupted by the user; the pilot was cancelled")
-                  if _was_interrupted(exc) else ("error", f"{type(exc).__name__}: {exc}"))
+        _send(conn, ("interrupted", "interrupted by the user; the pilot was cancelled")
+              if _was_interrupted(exc) else ("error", f"{type(exc).__name__}: {exc}"))
     finally:
         _shutdown(appman, pilot)
         try:
-            conn.send(("closed", None))
+            _send(conn, ("closed", None))
         except (BrokenPipeError, OSError):
             pass
         conn.close()
+
+
+_SEND_LOCK = threading.Lock()  # the child's threads share one pipe to the parent
+
+
+def _send(conn, message):
+    with _SEND_LOCK:
+        conn.send(message)
+
+
+def _tell_when_active(appman, conn, poll_s=0.5):
+    """Tell the parent when the pilot is active (EnTK tells nobody): between the
+    request and this, the time is the batch queue's and the agent's start."""
+    import radical.pilot as rp
+    while True:
+        pilot = getattr(getattr(appman, "_rmgr", None), "pilot", None)  # EnTK's, private
+        state = getattr(pilot, "state", None)
+        if state == rp.PMGR_ACTIVE:
+            _send(conn, ("event", ("pilot", None, "active", f"active ({pilot.uid})")))
+            return
+        if state in rp.FINAL:
+            return
+        time.sleep(poll_s)
 
 
 def _shutdown(appman, pilot):
@@ -334,13 +358,8 @@ def _run_batch(appman, pilot, session_dir, lost, conn, requests, one_at_a_time, 
     t0 = time.time()
     python = resources.task_python(pilot["resource"])
 
-    lock = threading.Lock()  # EnTK's thread runs the stages' post_exec, which tells events
-
-    def event(run_name):
-        def send(text):
-            with lock:
-                conn.send(("event", (run_name, text)))
-        return send
+    def event(run_name):  # called from EnTK's thread, which runs the stages' post_exec
+        return lambda stage, kind, text: _send(conn, ("event", (run_name, stage, kind, text)))
     pipelines = {r.name: RunPipeline(r.plan, r.plan_path, python, r.name, r.retries,
                                      remaining_specs(r.plan, r.plan_path) if r.resume else None,
                                      r.env, on_event=event(r.name))
@@ -365,7 +384,7 @@ def _run_batch(appman, pilot, session_dir, lost, conn, requests, one_at_a_time, 
                 outcomes += done
                 _write_outcome(r.plan, done, pipelines[r.name].stopped_at, errors.get(r.name))
                 ended.add(r.name)
-                conn.send(("ended", (r.name, done)))
+                _send(conn, ("ended", (r.name, done)))
     except BaseException as exc:
         if _was_interrupted(exc):  # the runs that had not ended say so on disk
             for r in requests:

@@ -22,7 +22,6 @@ when they have ended.
 import concurrent.futures
 import os
 import re
-import sys
 import threading
 import time
 
@@ -30,6 +29,7 @@ from . import resources
 from .errors import InputError, Interrupted, RunFailed
 from .execute import PilotProcess, RunRequest, failed_for_good
 from .planning import make_plan, write_plan
+from .progress import Progress
 from .runs import Run
 
 COALESCE_S = 0.3  # runs submitted this close together go to the pilot as one batch
@@ -102,7 +102,7 @@ class Pilot:
         self.resource, self.cpus, self.walltime = resource, int(cpus), walltime
         self.description = resources.resource_description(resource, walltime, cpus, queue, project)
         self.path = os.path.abspath(path or f"trajflow-pilot-{time.strftime('%Y%m%d-%H%M%S')}")
-        self.progress = progress
+        self._progress = Progress(progress)
         self._process = None
         self._thread = None
         self._pending = []          # RunFutures not yet handed to the pilot
@@ -150,6 +150,7 @@ class Pilot:
         if self._process is not None and not self._closed:
             self._process.close()
             self._closed = True
+            self._progress.close()
             self._say("pilot cancelled")
 
     @property
@@ -172,6 +173,7 @@ class Pilot:
             except Interrupted as exc:  # raised for the caller once the dispatcher has ended
                 if self._thread is not None:
                     self._thread.join()
+                self._progress.close()
                 raise exc from None
 
     def _start(self):
@@ -289,12 +291,12 @@ class Pilot:
         future.set_exception(RunFailed(f"run {name} failed: {why}", failed, run))
 
     # --- progress --------------------------------------------------------------
-    def _event(self, run_name, text):
-        self._say(f"{run_name}: {text}")
+    def _event(self, run_name, stage, kind, text):
+        future = self._running.get(run_name)
+        self._progress.stage(run_name, future.request.plan if future else None, stage, kind, text)
 
     def _say(self, text):
-        if self.progress:
-            print(f"trajflow {time.strftime('%H:%M:%S')} {text}", file=sys.stderr, flush=True)
+        self._progress.line(text)
 
 
 def default_out(analysis):

@@ -97,8 +97,9 @@ class RunPipeline:
                  specs=None, env=None, on_event=None):
         """`specs`: the stages' task specs (default: all of them; a resumed run
         passes only what is missing); `env`: extra variables for its tasks;
-        `on_event(text)`: told when a stage is handed to EnTK and when it ends."""
-        self.on_event = on_event or (lambda text: None)
+        `on_event(stage, kind, text)`: told when a stage is handed to EnTK
+        (kind "submitted") and when it ends ("done" or "failed")."""
+        self.on_event = on_event or (lambda stage, kind, text: None)
         import radical.entk as re
         self.re = re
         self.name = name
@@ -131,7 +132,7 @@ class RunPipeline:
         stage.post_exec = lambda: self._after(stage_name, stage, by_task_name)
         self.pipeline.add_stages(stage)
         attempt = self.attempts[stage_name]
-        self.on_event(f"{stage_name} submitted: {len(specs)} task(s)"
+        self.on_event(stage_name, "submitted", f"{stage_name} submitted: {len(specs)} task(s)"
                       + (f", attempt {attempt}" if attempt > 1 else "")
                       + (f", {specs[0].ranks} MPI ranks" if specs[0].mpi else ""))
 
@@ -150,10 +151,11 @@ class RunPipeline:
         failed = [by_task_name[t.name] for t in stage.tasks if t.state != "DONE"]
         if failed:
             again = self.attempts[stage_name] <= self.retries
-            self.on_event(f"{stage_name}: {len(failed)} of {len(stage.tasks)} task(s) failed; "
+            self.on_event(stage_name, "failed",
+                          f"{stage_name}: {len(failed)} of {len(stage.tasks)} task(s) failed; "
                           + ("running them again" if again else "the run stops here"))
         else:
-            self.on_event(f"{stage_name} done")
+            self.on_event(stage_name, "done", f"{stage_name} done")
         if failed and self.attempts[stage_name] <= self.retries:
             self._add_stage(stage_name, failed)
         elif failed:
