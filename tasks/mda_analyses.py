@@ -225,6 +225,20 @@ class SegmentFrames:
             segment.close()
 
 
+def time_frame_loop(analysis, timer, block, block_frames=None):
+    """Make `_compute` iterate its frames through TimedFrames (io and compute told
+    apart). `block_frames()`: where the frames come from instead of the
+    analysis' own sliced trajectory (a split segment)."""
+    prepare_sliced = analysis._prepare_sliced_trajectory
+
+    def timed_slices(slicer):
+        prepare_sliced(slicer)
+        frames = block_frames() if block_frames is not None else analysis._sliced_trajectory
+        analysis._sliced_trajectory = TimedFrames(frames, timer, block)
+
+    analysis._prepare_sliced_trajectory = timed_slices
+
+
 def open_analysis(plan, topology_and_trajectory, timer=None):
     """A Universe on the given files and the user's analysis built on it."""
     from .readers import open_universe
@@ -260,15 +274,8 @@ def analyze_block(plan, block, timer):
     u, analysis = open_analysis(plan, (plan.topology, files), timer)
     analysis._setup_frames(analysis._trajectory)  # the whole run's frames, as run() does
 
-    prepare_sliced = analysis._prepare_sliced_trajectory
-
-    def timed_slices(slicer):
-        prepare_sliced(slicer)
-        block_frames = (SegmentFrames(plan, block, u.trajectory) if plan.io == "split"
-                        else analysis._sliced_trajectory)
-        analysis._sliced_trajectory = TimedFrames(block_frames, timer, block)
-
-    analysis._prepare_sliced_trajectory = timed_slices
+    time_frame_loop(analysis, timer, block,
+                    (lambda: SegmentFrames(plan, block, u.trajectory)) if plan.io == "split" else None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         analysis._compute(np.stack([np.arange(len(frames)), frames], axis=1))

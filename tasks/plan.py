@@ -65,6 +65,9 @@ class RunPlan:
     # the factory's keyword arguments, and where its code is (see mda_analyses)
     analysis_args: dict = dataclasses.field(default_factory=dict)
     factory: Optional[dict] = None
+    # an MDAnalysis run() through trajflow.Backend: its parts are MDAnalysis' own
+    # computation groups (tasks/backend_part.py), not the blocks' frames
+    backend: bool = False
     # the resolved atoms; kept in selection.npz beside plan.json, not in it
     selected: Optional[dict] = dataclasses.field(default=None, repr=False, compare=False)
 
@@ -117,7 +120,8 @@ class RunPlan:
             return {k: data[k] for k in data.files}
 
     def result_path(self) -> str:
-        return self.path("result.h5")
+        """The file whose presence means the run is complete."""
+        return self.path("backend", "results.pickle") if self.backend else self.path("result.h5")
 
     def progress_path(self, block: int) -> str:
         """An analyze rank's frames done so far (one number), for the progress bar."""

@@ -299,14 +299,16 @@ class Pilot:
         self._progress.line(text)
 
 
-def default_out(analysis):
-    """A new folder under the current one named after the analysis and the time."""
+def default_out(analysis, parent=None):
+    """A new folder (under `parent`, default the current folder) named after the
+    analysis and the time."""
     if callable(analysis):
         label = getattr(analysis, "__name__", "analysis")
     else:
         label = str(analysis).rpartition(":")[2]
     label = re.sub(r"[^A-Za-z0-9_.-]+", "", label) or "analysis"
-    base = os.path.abspath(f"trajflow-{label}-{time.strftime('%Y%m%d-%H%M%S')}")
+    base = os.path.join(os.path.abspath(parent or os.getcwd()),
+                        f"trajflow-{label}-{time.strftime('%Y%m%d-%H%M%S')}")
     path, k = base, 1
     while os.path.exists(path):
         k += 1

@@ -27,6 +27,11 @@ def stage_specs(plan: RunPlan, plan_path: str) -> Dict[str, List[TaskSpec]]:
     """The three stages of a run as task specs, in order."""
     p = ["--plan", encode_path_arg(plan_path)]
     n = plan.n_blocks
+    if plan.backend:  # an MDAnalysis run(): its computation groups, then collected in order
+        module = "trajflow.tasks.backend_part"
+        return {"analyze": [TaskSpec(f"analyze.b{b:05d}", module, p + ["--part", str(b)])
+                            for b in range(n)],
+                "reduce": [TaskSpec("reduce", module, p + ["--collect"])]}
     if plan.io == "split" and plan.mode == "mpi":
         split = [TaskSpec("split", "trajflow.tasks.split", p + ["--mpi"], ranks=n, mpi=True)]
     elif plan.io == "split":

@@ -37,6 +37,7 @@ _WHERE = {
     "Profile": "trajflow.workflows.runs",
     "open_run": "trajflow.workflows.runs",
     "open_result": "trajflow.workflows.results",
+    "Backend": "trajflow.workflows.backend",
     "InputError": "trajflow.workflows.errors",
     "RunFailed": "trajflow.workflows.errors",
     "Interrupted": "trajflow.workflows.errors",

@@ -1,0 +1,102 @@
+"""One part of an MDAnalysis run() handed to trajflow.Backend (runs inside the pilot).
+
+MDAnalysis' run(backend=...) splits the frames into computation groups and
+asks its backend to apply `_compute` to each. trajflow.Backend writes the
+bound `_compute` (cloudpickle: the analysis object with its Universe) and
+each group into RUNDIR/backend/; here one task runs one group, its frame loop
+timed like every analyze rank's (io and compute apart, the same record in
+RUNDIR/profile/), and hands back what MDAnalysis merges: frames, times,
+results. `--collect` (the reduce stage) checks every part is there and puts
+them, in order, into results.pickle, whose presence means the run is complete.
+
+  python -m trajflow.tasks.backend_part --plan PLAN --part I
+  python -m trajflow.tasks.backend_part --plan PLAN --collect
+"""
+import argparse
+import os
+import pickle
+import sys
+import types
+import warnings
+
+import numpy as np
+
+from . import faults, mda_analyses
+from .plan import RunPlan, decode_path_arg
+from .timing import RankTimer
+
+
+def function_path(plan):
+    return plan.path("backend", "compute.pickle")
+
+
+def group_path(plan, part):
+    return plan.path("backend", f"group_{part:05d}.npy")
+
+
+def part_path(plan, part):
+    return plan.path("parts", f"backend_{part:05d}.pickle")
+
+
+def _write_pickle(path, obj):
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as fh:
+        pickle.dump(obj, fh, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(tmp, path)
+
+
+def run_part(plan, part):
+    import cloudpickle
+    faults.maybe_fail(plan.workdir, part)
+    timer = RankTimer("analyze", rank=0, size=1, block=part, mode="tasks",
+                      progress_path=plan.progress_path(part))
+    with timer.phase("open_topology"):  # the analysis and its Universe, unpickled
+        with open(function_path(plan), "rb") as fh:
+            compute = cloudpickle.load(fh)
+        group = np.load(group_path(plan, part))
+    analysis = compute.func.__self__  # functools.partial(analysis._compute, ...)
+    mda_analyses.time_frame_loop(analysis, timer, part)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        done = compute(group)
+    timer.info.update(frames=len(group))
+    with timer.phase("comm"):  # handed to reduce as a file, as tasks mode does
+        _write_pickle(part_path(plan, part), types.SimpleNamespace(
+            frames=done.frames, times=done.times, results=done.results))
+    timer.finish(plan.profile_path(f"analyze.block_{part:05d}"))
+
+
+def collect(plan):
+    timer = RankTimer("reduce")
+    with timer.phase("io"):
+        missing = [p for p in range(plan.n_blocks) if not os.path.exists(part_path(plan, p))]
+        if missing:
+            raise SystemExit(f"backend collect: parts {missing} are missing; the run is "
+                             "not complete")
+        pieces = []
+        for p in range(plan.n_blocks):
+            with open(part_path(plan, p), "rb") as fh:
+                pieces.append(pickle.load(fh))
+    with timer.phase("write"):
+        _write_pickle(plan.result_path(), pieces)
+    timer.finish(plan.profile_path("reduce"))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m trajflow.tasks.backend_part",
+                                description="One part of an MDAnalysis run() on trajflow.Backend.")
+    p.add_argument("--plan", required=True, help="the run's plan.json")
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--part", type=int, help="the computation group to run")
+    group.add_argument("--collect", action="store_true", help="gather the parts, in order")
+    args = p.parse_args(argv)
+    plan = RunPlan.load(decode_path_arg(args.plan))
+    if args.collect:
+        collect(plan)
+    else:
+        run_part(plan, args.part)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
