@@ -205,3 +205,17 @@ def test_a_campaign_runs_your_own_analysis_with_its_args(tmp_path, adk):
     bad = text.replace('{select = "name CA"}', '{nbins = 3}')
     with pytest.raises(InputError, match="nbins"):
         plan_experiments(load_campaign(write(tmp_path, bad, "bad.toml")), str(tmp_path / "c2"), False)
+
+
+def test_the_api_dry_run_returns_the_experiments_and_pilots(tmp_path):
+    import trajflow
+    campaign = trajflow.Campaign.load(write(tmp_path, BASE))
+    plan = campaign.dry_run(out=str(tmp_path / "camp"))
+    assert plan["folder"] == str(tmp_path / "camp") and not (tmp_path / "camp").exists()
+    assert len(plan["experiments"]) == 24
+    assert {e["state"] for e in plan["experiments"]} == {"to run"}
+    assert plan["pilots"]["local.slurm"] == {"resource": "local.slurm", "walltime": 15, "cpus": 2,
+                                             "queue": "debug"}
+    assert "24 experiments" in plan["text"]
+    with pytest.raises(trajflow.InputError, match="unknown key 'rank'"):
+        trajflow.Campaign.load(write(tmp_path, BASE.replace("ranks =", "rank ="), "bad.toml"))

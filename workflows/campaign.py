@@ -103,6 +103,41 @@ class Campaign:
     experiments: List[Experiment]
     analysis_args: dict = dataclasses.field(default_factory=dict)  # your factory's keywords
 
+    @classmethod
+    def load(cls, path) -> "Campaign":
+        """Read and check a campaign file (TOML); InputError naming the problem and the fix.
+
+        Examples
+        --------
+        >>> campaign = trajflow.Campaign.load("scaling.toml")
+        >>> len(campaign.experiments), list(campaign.resources)
+        """
+        return load_campaign(path)
+
+    def dry_run(self, out=None, resume=False) -> dict:
+        """Check everything (inputs read, every plan made) and write nothing: the
+        experiments (each "to run" or "done, kept"), each resource's pilot
+        description, the folder, and all that as "text"."""
+        from .campaign_run import dry_run
+        return dry_run(self, self._folder(out), resume)
+
+    def run(self, out=None, resume=False, progress=True):
+        """Run every experiment (one pilot per resource, the resources side by
+        side) and return the CampaignResult; `resume` keeps what completed in
+        `out`. A failed experiment is recorded in the table, the others go on.
+        Raises InputError before anything is written, Interrupted on Ctrl-C.
+
+        Examples
+        --------
+        >>> result = trajflow.Campaign.load("scaling.toml").run(out="adk-scaling")
+        >>> result.ok, result.failures, result.table_path
+        """
+        from .campaign_run import run_campaign
+        return run_campaign(self, self._folder(out), resume, progress)
+
+    def _folder(self, out):
+        return os.path.abspath(out or os.path.join(os.getcwd(), self.name))
+
     def on(self, resource: str) -> List[Experiment]:
         return [e for e in self.experiments if e.resource == resource]
 

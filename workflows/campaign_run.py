@@ -13,6 +13,7 @@ experiment's RUNDIR gets outcome.json when it ends, which is what the
 progress lines and `--resume` read: a failed experiment is recorded and the
 others go on.
 """
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -23,12 +24,13 @@ import time
 
 from trajflow.tasks.plan import PLAN_FILE, RunPlan
 from .campaign import Campaign
-from .execute import Interrupted, read_outcome, record_outcome
+from .errors import Interrupted
+from .execute import read_outcome, record_outcome
 from .planning import RUN_MARKER, InputError, check_outdir, make_plan, read_inputs, write_plan
 
 CAMPAIGN_MARKER = ".trajflow-campaign"
 EXPERIMENTS_FILE = "experiments.json"
-EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130  # a resource process' exit codes
 
 
 def rundir(cdir, experiment) -> str:
@@ -142,14 +144,67 @@ def write_campaign_files(campaign: Campaign, cdir: str, todo: dict):
     return plans
 
 
-def run_campaign(campaign: Campaign, out: str, resume=False, dry_run=False) -> int:
+@dataclasses.dataclass
+class CampaignResult:
+    """How a campaign ended: its table, one record per experiment (as campaign.csv).
+
+    Examples
+    --------
+    >>> result = trajflow.Campaign.load("scaling.toml").run(out="adk-scaling")
+    >>> [(r["experiment"], r["status"], r["t_total"], r["E"]) for r in result.records]
+    >>> result.failures            # the records of experiments that did not end done
+    >>> result.to_csv("table.csv")
+    """
+    path: str                 # CAMPAIGN_DIR
+    records: list             # one dict per experiment, campaign.csv's columns
+    interrupted: bool = False
+
+    @property
+    def table_path(self):
+        from .campaign_table import TABLE_FILE
+        return os.path.join(self.path, TABLE_FILE)
+
+    @property
+    def failures(self):
+        return [r for r in self.records if r["status"] != "done"]
+
+    @property
+    def ok(self):
+        return not self.interrupted and not self.failures
+
+    def to_csv(self, path):
+        from .campaign_table import write_table
+        return write_table(self.records, path)
+
+    def summary(self):
+        from .campaign_table import summary_lines
+        return "\n".join(summary_lines(self.records))
+
+
+def dry_run(campaign: Campaign, out: str, resume=False) -> dict:
+    """What run_campaign would do, checked (inputs read, plans made), nothing written:
+    the folder, the experiments (each "to run" or "done, kept"), each resource's
+    pilot description, and the same as text."""
     cdir = prepare_dir(campaign, out, resume)
     check_resources(campaign)
     todo, kept = plan_experiments(campaign, cdir, resume)
-    print(describe(campaign, cdir, kept))
-    if dry_run:
-        print("\n--dry-run: nothing submitted, no campaign folder written")
-        return EXIT_OK
+    return {"folder": cdir,
+            "experiments": [dict(e.as_dict(), state="done, kept" if e in kept else "to run",
+                                 rundir=rundir(cdir, e)) for e in campaign.experiments],
+            "pilots": {label: campaign.pilot(label) for label in campaign.resources},
+            "text": describe(campaign, cdir, kept)}
+
+
+def run_campaign(campaign: Campaign, out: str, resume=False, progress=True) -> CampaignResult:
+    """Run the campaign's experiments, one pilot per resource side by side; the
+    table is written to CAMPAIGN_DIR/campaign.csv and returned. InputError before
+    anything is written; Interrupted (its `result` the table so far) on Ctrl-C.
+    `progress`: the plan and a bar per resource on stderr."""
+    cdir = prepare_dir(campaign, out, resume)
+    check_resources(campaign)
+    todo, kept = plan_experiments(campaign, cdir, resume)
+    if progress:
+        print(describe(campaign, cdir, kept), file=sys.stderr, flush=True)
     plans = write_campaign_files(campaign, cdir, todo)
     procs = {}
     ctx = multiprocessing.get_context("fork")
@@ -159,27 +214,27 @@ def run_campaign(campaign: Campaign, out: str, resume=False, dry_run=False) -> i
             procs[label] = ctx.Process(target=_run_resource, name=f"trajflow-{label}",
                                        args=(campaign, label, mine, cdir))
             procs[label].start()
-    interrupted = _follow(campaign, cdir, procs, kept)
-    from .campaign_table import TABLE_FILE, experiment_rows, summary_lines, write_table
+    interrupted = _follow(campaign, cdir, procs, kept, progress)
+    from .campaign_table import TABLE_FILE, experiment_rows, write_table
     rows = experiment_rows(cdir)
-    path = write_table(rows, os.path.join(cdir, TABLE_FILE))
-    for line in summary_lines(rows):
-        print(line)
-    print(f"campaign table: {path}\n(trajflow inspect {cdir} --html FILE compares the resources)")
+    write_table(rows, os.path.join(cdir, TABLE_FILE))
+    result = CampaignResult(cdir, rows, interrupted)
     if interrupted:
-        return EXIT_INTERRUPTED
-    return EXIT_OK if all(r["status"] == "done" for r in rows) else EXIT_FAILED
+        exc = Interrupted("interrupted by the user; every resource's pilot was cancelled")
+        exc.result = result
+        raise exc
+    return result
 
 
-def _follow(campaign, cdir, procs, kept) -> bool:
-    """A progress line per resource until every resource process has ended.
+def _follow(campaign, cdir, procs, kept, progress=True) -> bool:
+    """A progress bar per resource until every resource process has ended.
     Ctrl-C is passed to each resource process once; they cancel their pilots."""
     from tqdm import tqdm
     bars, seen = {}, set(kept)
     for i, label in enumerate(procs):
         bars[label] = tqdm(total=len([e for e in campaign.on(label) if e not in seen]),
-                           desc=label, position=i, unit="exp", disable=None, leave=True,
-                           file=sys.stderr)
+                           desc=label, position=i, unit="exp", leave=True, file=sys.stderr,
+                           disable=None if progress else True)
     interrupted = False
     while True:
         try:
@@ -193,7 +248,8 @@ def _follow(campaign, cdir, procs, kept) -> bool:
                         msg = f"{e.id}: {outcome['status']}"
                         if outcome["status"] != "done":
                             msg += f" ({outcome.get('error') or outcome.get('stopped_at') or 'a task failed'})"
-                        tqdm.write(msg, file=sys.stderr)
+                        if progress:
+                            tqdm.write(msg, file=sys.stderr)
             if not alive:
                 break
             time.sleep(1.0)
@@ -201,7 +257,7 @@ def _follow(campaign, cdir, procs, kept) -> bool:
             if interrupted:
                 continue  # already asked; keep waiting for the pilots to be cancelled
             interrupted = True
-            tqdm.write("trajflow: interrupted; cancelling every resource's pilot", file=sys.stderr)
+            print("trajflow: interrupted; cancelling every resource's pilot", file=sys.stderr)
             for p in procs.values():
                 if p.is_alive():
                     os.kill(p.pid, signal.SIGINT)

@@ -270,11 +270,22 @@ def cmd_demo(args):
 
 
 def cmd_campaign(args):
-    from .campaign import load_campaign
-    from .campaign_run import run_campaign
-    campaign = load_campaign(args.file)
-    out = args.out or os.path.join(os.getcwd(), campaign.name)
-    return run_campaign(campaign, out, resume=args.resume, dry_run=args.dry_run)
+    from .campaign import Campaign
+    campaign = Campaign.load(args.file)
+    if args.dry_run:
+        print(campaign.dry_run(args.out, args.resume)["text"])
+        print("\n--dry-run: nothing submitted, no campaign folder written")
+        return EXIT_OK
+    try:
+        result = campaign.run(args.out, args.resume)
+    except Interrupted as exc:
+        print(exc.result.summary())
+        print(f"trajflow: {exc}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(result.summary())
+    print(f"campaign table: {result.table_path}\n(trajflow inspect {result.path} --html FILE "
+          "compares the resources)")
+    return EXIT_OK if result.ok else EXIT_FAILED
 
 
 def cmd_resources(args):

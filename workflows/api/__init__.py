@@ -38,6 +38,8 @@ _WHERE = {
     "open_run": "trajflow.workflows.runs",
     "open_result": "trajflow.workflows.results",
     "Backend": "trajflow.workflows.backend",
+    "Campaign": "trajflow.workflows.campaign",
+    "CampaignResult": "trajflow.workflows.campaign_run",
     "InputError": "trajflow.workflows.errors",
     "RunFailed": "trajflow.workflows.errors",
     "Interrupted": "trajflow.workflows.errors",
