@@ -12,6 +12,7 @@ import warnings
 import numpy as np
 
 from . import kernels
+from .readers import BlockReader
 
 
 class BlockAnalysis:
@@ -44,11 +45,11 @@ class BlockAnalysis:
         return {}
 
     # --- the block loop -------------------------------------------------------
-    def prepare(self, reference_source):
+    def prepare(self, reference_source: BlockReader):
         first = next(iter(reference_source.chunks(0, 1, 1)))
         self._prepare(first)
 
-    def run_block(self, source, start, stop, chunk_frames, timer):
+    def run_block(self, source: BlockReader, start, stop, chunk_frames, timer):
         """Read [start, stop) chunk by chunk, compute, and return the block's arrays."""
         out = {"frame": [], "time": []}
         chunks = source.chunks(start, stop, chunk_frames)

@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import os
 import warnings
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Protocol
 
 import numpy as np
 # Imported with the module, not in the timed open: interpreter start-up and
@@ -36,6 +36,20 @@ class Chunk:
     @property
     def nbytes(self) -> int:
         return self.coords.nbytes
+
+
+class BlockReader(Protocol):
+    """What the analyze loop asks of a reader (TrajectoryBlockReader and
+    H5MDChunkReader have it): frames [start, stop) as Chunks of at most
+    `chunk_frames` frames, global frame numbers in each chunk, then close()."""
+
+    n_frames: int
+
+    def chunks(self, start: int, stop: int, chunk_frames: int) -> Iterator[Chunk]:
+        ...
+
+    def close(self) -> None:
+        ...
 
 
 def _phase(timer, name):

@@ -26,8 +26,11 @@ def test_the_public_names_are_all_there():
     assert trajflow.__version__ not in ("", "unknown")
     for name in trajflow.__all__:
         assert getattr(trajflow, name) is not None, name
-    assert {"run", "Pilot", "RunFuture", "Run", "open_run", "open_result", "InputError",
-            "RunFailed", "Interrupted"} <= set(trajflow.__all__)
+    assert {"run", "Pilot", "RunFuture", "Run", "Profile", "open_run", "open_result", "Backend",
+            "Campaign", "CampaignResult", "InputError", "RunFailed",
+            "Interrupted"} <= set(trajflow.__all__)
+    for name in trajflow.__all__[1:]:  # every public name shows how it is used
+        assert ">>>" in getattr(trajflow, name).__doc__, name
     # the tasks import no workstation code: importing trajflow alone loads none of it
     code = "import sys, trajflow, trajflow.tasks.plan; print(any(m.startswith(('radical', " \
            "'trajflow.workflows')) for m in sys.modules))"

@@ -88,6 +88,15 @@ class ResourceSpec:
 
 @dataclasses.dataclass
 class Campaign:
+    """A campaign file read and checked: its experiments and resources.
+
+    Examples
+    --------
+    >>> campaign = trajflow.Campaign.load("scaling.toml")
+    >>> campaign.dry_run()["pilots"]            # nothing written or submitted
+    >>> result = campaign.run(out="adk-scaling")
+    >>> result.records, result.failures
+    """
     path: str
     name: str
     analysis: str

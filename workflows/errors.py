@@ -15,7 +15,13 @@ The CLI turns them into exit codes: InputError 2, RunFailed 1, Interrupted 130.
 
 class InputError(Exception):
     """Bad input: the message names the problem and the fix. Raised before
-    anything is written or any pilot is requested."""
+    anything is written or any pilot is requested.
+
+    Examples
+    --------
+    >>> trajflow.run(PSF, DCD, "rmsd", io="nfs")
+    trajflow.InputError: unknown --io 'nfs': choose one of shared, split, h5md
+    """
 
 
 class RunFailed(Exception):
@@ -29,6 +35,14 @@ class RunFailed(Exception):
     run : Run
         the run as far as it went: its folder, plan, outcome and profile
         (``run.results`` raises, since there is no complete result).
+
+    Examples
+    --------
+    >>> try:
+    ...     trajflow.run(PSF, DCD, "rmsd", mode="tasks", retries=0)
+    ... except trajflow.RunFailed as exc:
+    ...     task = exc.failed_tasks[0]
+    ...     print(task.stage, task.exit_code, task.sandbox, task.stderr_tail)
     """
 
     def __init__(self, message, failed_tasks=(), run=None):
@@ -38,4 +52,13 @@ class RunFailed(Exception):
 
 
 class Interrupted(Exception):
-    """The user stopped the run (Ctrl-C); the pilot was cancelled and its tasks ended."""
+    """The user stopped the run (Ctrl-C); the pilot was cancelled and its tasks ended.
+    From Campaign.run, `exc.result` is the CampaignResult so far.
+
+    Examples
+    --------
+    >>> try:
+    ...     run = trajflow.run(PSF, DCD, "rmsd")
+    ... except trajflow.Interrupted:
+    ...     print("stopped; nothing is left running")
+    """

@@ -16,7 +16,13 @@ from trajflow.tasks.mda_analyses import read_results
 
 
 def open_result(path):
-    """The results of one run (its RUNDIR or its result.h5)."""
+    """The results of one run (its RUNDIR or its result.h5) as an MDAnalysis ``Results``.
+
+    Examples
+    --------
+    >>> results = trajflow.open_result("runs/adk-rmsd")
+    >>> results.rmsd, results.frame, results.time
+    """
     import os
     from MDAnalysis.analysis.results import Results
     if os.path.isdir(path):
