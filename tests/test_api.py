@@ -148,7 +148,7 @@ def test_submitted_runs_go_side_by_side_and_a_lambda_travels(pilot, adk, solvate
     assert a0 < b1 and b0 < a1, spans
 
 
-def test_a_failed_run_raises_run_failed_with_the_task(pilot, adk):
+def test_a_failed_run_raises_run_failed_with_the_task_and_resumes(pilot, adk, reference_results):
     p, path = pilot
     with pytest.raises(trajflow.RunFailed) as err:
         p.run(adk[0], adk[1], "rmsd", mode="tasks", blocks=2, retries=0,
@@ -162,6 +162,15 @@ def test_a_failed_run_raises_run_failed_with_the_task(pilot, adk):
     with pytest.raises(trajflow.RunFailed, match="no complete result"):
         exc.run.results
     assert not os.path.exists(os.path.join(exc.run.path, "result.h5"))
+    # resumed on the same pilot (without the failure hook): only block 1, then reduce
+    parts_before = sorted(os.listdir(os.path.join(exc.run.path, "parts")))
+    assert parts_before == ["block_00000.h5"]
+    run = trajflow.resume(exc.run.path, pilot=p)
+    assert run.ok and run.outcome["status"] == "done"
+    np.testing.assert_allclose(run.results.rmsd, reference_results(adk[0], [adk[1]], "rmsd")["rmsd"],
+                               atol=1e-4)
+    analyzed = [r["block"] for r in run.profile.records if r["task"] == "analyze"]
+    assert sorted(analyzed) == [0, 1]  # block 0's record from the first attempt, 1 from now
 
 
 def test_the_profile_names_an_injected_straggler(pilot, adk):
@@ -172,6 +181,15 @@ def test_the_profile_names_an_injected_straggler(pilot, adk):
     assert (flag["task"], flag["block"], flag["cause"]) == ("analyze", 1, "compute")
     assert flag["excess_by_phase_s"]["compute"] >= 2.8
     assert "straggler" in "\n".join(run.profile.summary_lines())
+    try:
+        import pandas  # noqa: F401  not a trajflow requirement
+    except ImportError:
+        with pytest.raises(ImportError, match="pip install pandas"):
+            run.profile.to_pandas()
+    else:
+        frame = run.profile.to_pandas()
+        slow = frame[frame.task == "analyze"].set_index("block").t_compute
+        assert slow[1] > slow[0] + 2.8 and slow[1] > slow[2] + 2.8
 
 
 def test_the_example_script_runs_end_to_end(tmp_path, adk, solvated, reference_results):

@@ -160,3 +160,31 @@ def test_ctrl_c_in_a_workflow_script_raises_interrupted_and_leaves_nothing_runni
     assert processes_mentioning(session) == []
     assert not (out / "result.h5").exists()
     assert json.load(open(out / "outcome.json"))["status"] == "failed"
+
+
+RAISING_SCRIPT = """
+import sys, time, trajflow
+from trajflow.workflows.progress import frames_done
+with trajflow.Pilot("local.localhost", cpus=2, walltime=15, path=sys.argv[3]) as pilot:
+    future = pilot.submit(sys.argv[1], sys.argv[2], "rmsd", mode="tasks", blocks=2,
+                          out=sys.argv[3] + "/run")
+    while not frames_done(future.request.plan) and not future.done():
+        time.sleep(1)  # until the ranks report frames (their compute then sleeps 300 s)
+    raise RuntimeError("the script's own error")
+"""
+
+
+def test_an_exception_in_the_with_block_cancels_the_pilot_and_ends_the_tasks(tmp_path, adk):
+    script = tmp_path / "script.py"
+    script.write_text(RAISING_SCRIPT)
+    env = {**os.environ, "TRAJFLOW_TEST_DELAY": "0:comm:300,1:comm:300"}
+    proc = subprocess.run([sys.executable, str(script), adk[0], adk[1], str(tmp_path / "p")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "RuntimeError: the script's own error" in proc.stderr, \
+        proc.stderr
+    assert "Interrupted" not in proc.stderr  # the script's own exception is the one seen
+    session = os.path.basename(glob.glob(str(tmp_path / "p" / "re.session.*"))[0])
+    time.sleep(3)
+    assert processes_mentioning("trajflow.tasks.analyze") == []
+    assert processes_mentioning(session) == []
+    assert not (tmp_path / "p" / "run" / "result.h5").exists()

@@ -27,7 +27,7 @@ from MDAnalysis.analysis.backends import BackendBase
 from trajflow.tasks import backend_part
 from trajflow.tasks.plan import RunPlan
 from .errors import InputError
-from .pilot import Pilot, default_out
+from .pilot import Pilot, cpus_needed, default_out
 from .runs import Run
 
 
@@ -94,9 +94,7 @@ class Backend(BackendBase):
             future.result()
         else:
             options = dict(self.pilot_options)
-            if options["cpus"] is None:
-                local = options["resource"].startswith("local.")
-                options["cpus"] = min(plan.n_blocks, os.cpu_count() or 1) if local else plan.n_blocks
+            options["cpus"] = options["cpus"] or cpus_needed(plan, options["resource"])
             with Pilot(path=plan.workdir, progress=self.progress, **options) as own:
                 future = own.submit_plan(plan, retries=self.retries)
                 self.runs.append(Run(plan.workdir))

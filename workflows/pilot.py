@@ -316,6 +316,37 @@ def default_out(analysis, parent=None):
     return path
 
 
+def resume(rundir, *, pilot=None, resource="local.localhost", cpus=None, walltime=30,
+           queue=None, project=None, retries=1, env=None, progress=True) -> Run:
+    """Run again only what an interrupted or failed run is missing (`trajflow run --resume`).
+
+    InputError if its inputs or its analysis code changed since it was planned,
+    or if it is complete already.
+
+    Examples
+    --------
+    >>> try:
+    ...     run = trajflow.run(PSF, DCD, "rmsd", out="runs/adk")
+    ... except trajflow.RunFailed:
+    ...     run = trajflow.resume("runs/adk")     # only the missing blocks, then reduce
+    """
+    from .planning import plan_for_resume
+    plan = plan_for_resume(rundir)
+    if pilot is not None:
+        return pilot.submit_plan(plan, retries=retries, env=env, resume=True).result()
+    with Pilot(resource, cpus or cpus_needed(plan, resource), walltime, queue, project,
+               path=plan.workdir, progress=progress) as own:
+        return own.submit_plan(plan, retries=retries, env=env, resume=True).result()
+
+
+def cpus_needed(plan, resource):
+    """A pilot's cores for one run: a core per MPI rank; in tasks mode a core per
+    task, at most this machine's on a local resource (the rest queue)."""
+    if plan.mode == "mpi" or not resources.is_local(resource):
+        return plan.n_blocks
+    return min(plan.n_blocks, os.cpu_count() or 1)
+
+
 def plan_run(topology, trajectory, analysis, *, args=None, select=None, io="shared",
              mode="mpi", gather="gatherv", blocks=None, repeat=1, chunk=0, compression=None,
              out=None, cpus=None):
@@ -405,8 +436,7 @@ def run(topology, trajectory, analysis, *, args=None, select=None, io="shared", 
     if cpus is None and blocks is None and not resources.is_local(resource):
         raise InputError(f"give blocks= or cpus= for a run on {resource}")
     plan = plan_run(topology, trajectory, analysis, cpus=cpus or blocks, **options)
-    pilot_cpus = cpus or (plan.n_blocks if plan.mode == "mpi" or not resources.is_local(resource)
-                          else min(plan.n_blocks, os.cpu_count() or 1))
+    pilot_cpus = cpus or cpus_needed(plan, resource)
     with Pilot(resource, pilot_cpus, walltime, queue, project, path=plan.workdir,
                progress=progress) as own:
         return own.submit_plan(plan, retries=retries, env=env).result()

@@ -31,6 +31,7 @@ except PackageNotFoundError:  # run from a source tree that is not installed
 # public name -> the module that defines it
 _WHERE = {
     "run": "trajflow.workflows.pilot",
+    "resume": "trajflow.workflows.pilot",
     "Pilot": "trajflow.workflows.pilot",
     "RunFuture": "trajflow.workflows.pilot",
     "Run": "trajflow.workflows.runs",
