@@ -84,8 +84,9 @@ class RMSD(BlockAnalysis):
     @classmethod
     def select(cls, universe, selection):
         ag = universe.select_atoms(selection)
-        if len(ag) == 0:
-            raise ValueError(f"selection {selection!r} matches no atoms")
+        if len(ag) < 3:  # fewer points have no unique superposition (MDAnalysis gives NaN)
+            raise ValueError(f"selection {selection!r} matches {len(ag)} atom(s); RMSD after "
+                             "superposition needs at least 3")
         return {"atom_indices": ag.indices}
 
     def _prepare(self, first_chunk):

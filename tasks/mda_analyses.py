@@ -272,7 +272,8 @@ def analyze_block(plan, block, timer):
     files = [plan.h5md_path()] if plan.io == "h5md" else plan.trajectories
     frames = np.arange(b_start, b_stop)
     u, analysis = open_analysis(plan, (plan.topology, files), timer)
-    analysis._setup_frames(analysis._trajectory)  # the whole run's frames, as run() does
+    # the whole run's frames, as run() does (the whole frames of a truncated input)
+    analysis._setup_frames(analysis._trajectory, stop=plan.n_frames)
 
     time_frame_loop(analysis, timer, block,
                     (lambda: SegmentFrames(plan, block, u.trajectory)) if plan.io == "split" else None)
@@ -294,7 +295,7 @@ def conclude(plan, arrays):
     """One analysis object over the whole trajectory, the blocks' results merged by
     its class' aggregator, then `_conclude()`: what `AnalysisBase.run()` does."""
     u, analysis = open_analysis(plan, (plan.topology, plan.trajectories))
-    analysis._setup_frames(analysis._trajectory)
+    analysis._setup_frames(analysis._trajectory, stop=plan.n_frames)
     bounds = np.concatenate([[0], np.cumsum(arrays["results_pickle_size"])])
     blob = arrays["results_pickle"].tobytes()
     pieces = [pickle.loads(blob[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]

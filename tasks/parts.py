@@ -5,10 +5,14 @@ in MPI mode) with datasets `frame`, `time` and the analysis' own arrays, and
 one JSON attribute `trajflow_part` (what reduce checks it belongs to this run:
 one attribute, because each h5py attribute costs ~0.07 ms and rank 0 writes
 its part while the job's clock runs). Written under a temporary name and
-renamed, so a part that exists is a whole part.
+renamed, so a part that exists was written whole; the attribute also holds a
+CRC-32 of every array, so a part damaged afterwards (a truncated file, an
+overwritten value) is found when it is read, named, and analysed again by
+--resume.
 """
 import json
 import os
+import zlib
 
 import h5py
 import numpy as np
@@ -32,19 +36,47 @@ def _plain(value):
     raise TypeError(f"part attribute of type {type(value).__name__} is not JSON")
 
 
+class DamagedPart(Exception):
+    """A part file that cannot be read or whose data do not match its checksum."""
+
+
+def checksum(arrays):
+    """CRC-32 over the arrays' names and bytes, in name order (~1 GB/s)."""
+    crc = 0
+    for key in sorted(arrays):
+        crc = zlib.crc32(key.encode(), crc)
+        crc = zlib.crc32(np.ascontiguousarray(arrays[key]).data, crc)
+    return crc
+
+
 def write_part(path, arrays, attrs):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
     with h5py.File(tmp, "w") as f:
         for key, value in arrays.items():
             f.create_dataset(key, data=value)
-        f.attrs[ATTRIBUTE] = json.dumps(attrs, default=_plain)
+        f.attrs[ATTRIBUTE] = json.dumps({**attrs, "crc32": checksum(arrays)}, default=_plain)
     os.replace(tmp, path)
 
 
 def read_part(path):
-    """(arrays, attrs) of one part file."""
-    with h5py.File(path, "r") as f:
-        arrays = {k: f[k][()] for k in f.keys()}
-        attrs = json.loads(f.attrs[ATTRIBUTE])
+    """(arrays, attrs) of one part file; DamagedPart naming it if it is not whole."""
+    try:
+        with h5py.File(path, "r") as f:
+            arrays = {k: f[k][()] for k in f.keys()}
+            attrs = json.loads(f.attrs[ATTRIBUTE])
+    except (OSError, KeyError, ValueError) as exc:
+        raise DamagedPart(f"part {path} cannot be read ({type(exc).__name__}: {exc})") from None
+    if attrs.get("crc32") != checksum(arrays):
+        raise DamagedPart(f"part {path} is damaged: its data do not match the checksum written "
+                          "with it")
     return arrays, attrs
+
+
+def is_whole(path):
+    """True if the part exists and reads back with its checksum."""
+    try:
+        read_part(path)
+    except (DamagedPart, FileNotFoundError):
+        return False
+    return os.path.exists(path)

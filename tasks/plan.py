@@ -68,6 +68,9 @@ class RunPlan:
     # an MDAnalysis run() through trajflow.Backend: its parts are MDAnalysis' own
     # computation groups (tasks/backend_part.py), not the blocks' frames
     backend: bool = False
+    # a truncated last input analysed by its whole frames (--allow-truncated): the
+    # damage as found, and how many frames MDAnalysis counts in the files
+    truncated: Optional[dict] = None
     # the resolved atoms; kept in selection.npz beside plan.json, not in it
     selected: Optional[dict] = dataclasses.field(default=None, repr=False, compare=False)
 

@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 
 from . import mda_analyses
-from .parts import read_part
+from .parts import DamagedPart, read_part
 from .plan import RunPlan, decode_path_arg
 from .timing import RankTimer
 
@@ -35,7 +35,10 @@ def join_parts(plan):
         raise IncompleteResult(f"{len(missing)} part(s) missing, e.g. {missing[0]}")
     pieces, attrs = [], None
     for path in expected_parts(plan):
-        arrays, a = read_part(path)
+        try:
+            arrays, a = read_part(path)
+        except DamagedPart as exc:
+            raise IncompleteResult(f"{exc}; trajflow run --resume analyses its blocks again")
         if a.get("input_checksum") != plan.input_checksum:
             raise IncompleteResult(f"{path} was made from other inputs")
         if a.get("selection") != plan.selection or a.get("analysis") != plan.analysis:
@@ -98,6 +101,8 @@ def write_result(plan, arrays, analysis_attrs, results=None):
             "input_checksum": plan.input_checksum, "compression": plan.compression or "none",
             "versions": json.dumps(package_versions()),
         }
+        if plan.truncated:  # say so wherever the result goes
+            root["truncated_input"] = json.dumps(plan.truncated)
         if not plan.builtin:
             root.update(analysis_args=json.dumps(plan.analysis_args),
                         analysis_class=analysis_attrs.get("analysis_class", ""),

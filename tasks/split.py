@@ -22,9 +22,10 @@ from .timing import RankTimer
 def check_inputs(plan, timer):
     u = open_universe(plan.topology, plan.trajectories, timer)
     n_frames, n_atoms = u.trajectory.n_frames, len(u.atoms)
-    if (n_frames, n_atoms) != (plan.n_frames, plan.n_atoms):
+    planned = plan.truncated["frames_in_files"] if plan.truncated else plan.n_frames
+    if (n_frames, n_atoms) != (planned, plan.n_atoms):
         raise SystemExit(f"split: inputs changed since the run was planned: {n_frames} frames "
-                         f"and {n_atoms} atoms now, {plan.n_frames} and {plan.n_atoms} planned; "
+                         f"and {n_atoms} atoms now, {planned} and {plan.n_atoms} planned; "
                          "plan the run again")
     return u
 

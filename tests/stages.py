@@ -46,5 +46,8 @@ def run_stages(plan, plan_path, env=None, timeout=300, side_by_side=False):
 
 def plan_and_run(tmp_path, top, trajs, analysis, env=None, side_by_side=False, **kw):
     plan = make_plan(top, trajs, analysis, str(tmp_path), **kw)
-    return run_stages(plan, write_plan(plan), env, side_by_side=side_by_side), plan
+    try:
+        return run_stages(plan, write_plan(plan), env, side_by_side=side_by_side), plan
+    finally:
+        plan.lock.release()  # the run has ended, as the Pilot would release it
 

@@ -175,11 +175,13 @@ def test_a_failed_run_raises_run_failed_with_the_task_and_resumes(pilot, adk, re
 
 def test_the_profile_names_an_injected_straggler(pilot, adk):
     p, path = pilot
+    # 3 tasks on 2 cores: the third waits for a core (its launch phase), which spreads the
+    # group (its MAD) by about a task's length; a delay of 8 s stands out of that
     run = p.run(adk[0], adk[1], "rmsd", mode="tasks", blocks=3,
-                env={"TRAJFLOW_TEST_DELAY": "1:compute:3"}, out=str(path / "slow"))
-    [flag] = run.profile.stragglers
-    assert (flag["task"], flag["block"], flag["cause"]) == ("analyze", 1, "compute")
-    assert flag["excess_by_phase_s"]["compute"] >= 2.8
+                env={"TRAJFLOW_TEST_DELAY": "1:compute:8"}, out=str(path / "slow"))
+    flags = {f["block"]: f for f in run.profile.stragglers if f["task"] == "analyze"}
+    assert flags[1]["cause"] == "compute" and flags[1]["excess_by_phase_s"]["compute"] >= 7.5
+    assert [b for b, f in flags.items() if f["cause"] == "compute"] == [1], flags
     assert "straggler" in "\n".join(run.profile.summary_lines())
     try:
         import pandas  # noqa: F401  not a trajflow requirement
@@ -189,7 +191,7 @@ def test_the_profile_names_an_injected_straggler(pilot, adk):
     else:
         frame = run.profile.to_pandas()
         slow = frame[frame.task == "analyze"].set_index("block").t_compute
-        assert slow[1] > slow[0] + 2.8 and slow[1] > slow[2] + 2.8
+        assert slow[1] > slow[0] + 7.5 and slow[1] > slow[2] + 7.5
 
 
 def test_the_example_script_runs_end_to_end(tmp_path, adk, solvated, reference_results):

@@ -44,7 +44,8 @@ def _with(base, **over):
 BAD = [
     (dict(analysis="rmsd", topology="/nonexistent.psf"), "does not exist"),
     (dict(analysis="rmsd", trajectory="/nonexistent.dcd"), "does not exist"),
-    (dict(analysis="rmsd", select="resname NOPE"), "matches no atoms"),
+    (dict(analysis="rmsd", select="resname NOPE"), "matches 0 atom(s)"),
+    (dict(analysis="rmsd", select="name CA and resid 1"), "needs at least 3"),
     (dict(analysis="dihedrals", select="resname TIP3 or name OH2"), "no atoms"),
     (dict(analysis="dihedrals", select="resid 1"), "phi and psi"),
     (dict(analysis="rmsd", blocks="0"), "at least 1 block"),
@@ -143,3 +144,42 @@ def test_an_h5md_that_lost_its_box_is_refused_for_dihedrals(solvated, tmp_path):
     with h5py.File(boxless, "r+") as f:
         f["particles/trajectory/box"].attrs["boundary"] = [b"none"] * 3
     make_plan(gro, [boxless], "dihedrals", str(tmp_path / "vacuum"))
+
+
+def test_one_run_per_folder_a_second_run_or_resume_is_refused_naming_the_holder(adk, tmp_path):
+    """While a run holds its RUNDIR (here: this test process, as a running trajflow
+    would), another run or a resume into it is refused at once, exit 2; a lock left
+    by a process that is gone is taken over."""
+    import socket
+    from trajflow.workflows.planning import make_plan, write_plan
+    from trajflow.workflows.rundir_lock import LOCK_FILE, RunLock
+    out = tmp_path / "run"
+    lock = RunLock(out).acquire()
+    holder = f"host {socket.gethostname()} pid {os.getpid()}"
+    proc = trajflow("run", "--topology", adk[0], "--trajectory", adk[1], "--analysis", "rmsd",
+                    "--out", str(out))
+    assert proc.returncode == 2 and "is in use by another trajflow run" in proc.stderr
+    assert holder in proc.stderr, proc.stderr
+    assert os.listdir(out) == [LOCK_FILE]  # the refused run wrote nothing
+    lock.release()
+    plan = make_plan(adk[0], [adk[1]], "rmsd", str(out), mode="tasks", blocks=2, cpus=2)
+    write_plan(plan)  # a run planned, and its lock held, by this process
+    proc = trajflow("run", "--resume", str(out))
+    assert proc.returncode == 2 and holder in proc.stderr, proc.stderr
+    plan.lock.release()
+    # a lock file whose process is gone (no flock held): taken over, with its holder noted
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / LOCK_FILE).write_text(f"host {socket.gethostname()} pid {dead} since x\n")
+    again = make_plan(adk[0], [adk[1]], "rmsd", str(tmp_path / "other"), blocks=2, cpus=2)
+    assert again.lock.taken_over.startswith(f"host {socket.gethostname()} pid {dead}")
+    again.lock.release()
+    assert not (tmp_path / "other" / LOCK_FILE).exists()
+
+
+def test_a_refused_run_leaves_no_folder_and_no_lock(adk, tmp_path):
+    from trajflow.workflows.planning import InputError, make_plan
+    with pytest.raises(InputError):
+        make_plan(adk[0], [adk[1]], "rmsd", str(tmp_path / "run"), selection="resname NOPE")
+    assert not (tmp_path / "run").exists()

@@ -124,7 +124,7 @@ def test_every_rank_left_a_timing_record_also_in_radicals_profile(session):
     assert "app_compute_start" in prof and "rank=0" in prof and "rank=1" in prof
 
 
-def test_cli_run_exits_zero_and_says_where_things_are(tmp_path, adk):
+def test_cli_run_exits_zero_and_says_where_things_are(tmp_path, adk, reference_results):
     out = tmp_path / "cli run"  # a space in the path, on purpose
     cwd = tmp_path / "where the user stands"
     cwd.mkdir()
@@ -141,6 +141,17 @@ def test_cli_run_exits_zero_and_says_where_things_are(tmp_path, adk):
         assert f["rmsd"].shape == (98,) and f.attrs["gather"] == "rma"
     # the summary, written while the pilot was shut down, is printed and on disk
     assert "timeline and phases:" in proc.stdout and (out / "report.html").exists()
+    # progress lines went to stderr: the pilot, every stage, the run's end
+    for line in ("pilot requested on local.localhost", "pilot: active", "split submitted",
+                 "analyze submitted: 1 task(s), 2 MPI ranks", "reduce done", "cli run: done"):
+        assert line in proc.stderr, proc.stderr
+    # a script reopens the CLI's run: the same numbers, the same summary
+    import trajflow
+    run = trajflow.open_run(out)
+    assert run.ok and run.plan.gather == "rma"
+    np.testing.assert_allclose(run.results.rmsd, reference_results(adk[0], [adk[1]], "rmsd")["rmsd"],
+                               atol=1e-4)
+    assert run.summary().splitlines()[0] in proc.stdout
     # the pilot's bootstrapper was ended after its own END, not before
     with open(glob.glob(str(out / "radical" / "*" / "outcome.json"))[0]) as fh:
         task_sandbox = json.load(fh)["sandbox"]

@@ -188,3 +188,33 @@ def test_an_exception_in_the_with_block_cancels_the_pilot_and_ends_the_tasks(tmp
     assert processes_mentioning("trajflow.tasks.analyze") == []
     assert processes_mentioning(session) == []
     assert not (tmp_path / "p" / "run" / "result.h5").exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_stop_a_background_run_cleanly(tmp_path, adk, sig):
+    """kill (a batch system's, a user's) or a dropped SSH session: the pilot is cancelled
+    in order, its tasks end, the outcome is recorded, exit 128 + N. Started as `&`
+    from a script starts it: SIGINT ignored."""
+    out = tmp_path / "killed"
+    env = {**os.environ, "TRAJFLOW_TEST_DELAY": "0:compute:300,1:compute:300"}
+    proc = subprocess.Popen([TRAJFLOW, "run", "--topology", adk[0], "--trajectory", adk[1],
+                             "--analysis", "rmsd", "--mode", "tasks", "--blocks", "2", "--cpus",
+                             "2", "--walltime", "15", "--out", str(out)], env=env,
+                            start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        wait_for_analyze(proc)
+        session = os.path.basename(glob.glob(str(out / "re.session.*"))[0])
+        os.kill(proc.pid, sig)  # the client alone, as kill PID does
+        code = proc.wait(timeout=180)
+        output = proc.stdout.read()
+    finally:
+        stop(proc)
+    assert code == 128 + sig, output
+    time.sleep(3)
+    assert processes_mentioning("trajflow.tasks.analyze") == []
+    assert processes_mentioning(session) == []
+    outcome = json.load(open(out / "outcome.json"))
+    assert outcome["status"] == "failed" and "interrupted" in outcome["error"]
+    assert not (out / "result.h5").exists()

@@ -76,3 +76,34 @@ def test_a_5000_block_expansion_is_cheap_for_the_client(tmp_path, adk):
     assert len(run.pipeline.stages[-1].tasks) == 5000
     print(f"5,000-block expansion: peak {peak / 2**20:.1f} MiB traced in the client")
     assert peak < 200 * 2**20
+
+
+@pytest.mark.parametrize("damage", ["truncated", "value overwritten"])
+def test_a_damaged_part_is_named_by_reduce_and_analysed_again_on_resume(tmp_path, adk, damage):
+    from trajflow.workflows.results import open_result
+    plan = make_plan(adk[0], [adk[1]], "rmsd", str(tmp_path / "run"), mode="tasks", blocks=3,
+                     cpus=3)
+    path = write_plan(plan)
+    specs = stage_specs(plan, path)
+    for stage in ("split", "analyze"):
+        for spec in specs[stage]:
+            assert run_spec(spec).returncode == 0
+    part = plan.part_path("block_00001")
+    if damage == "truncated":
+        with open(part, "r+b") as fh:
+            fh.truncate(os.path.getsize(part) // 2)
+    else:
+        with h5py.File(part, "r+") as f:
+            f["rmsd"][5] = 0.0  # HDF5 itself is content; only our checksum tells
+    proc = run_spec(specs["reduce"][0])
+    assert proc.returncode != 0 and part in proc.stderr and "--resume" in proc.stderr, proc.stderr
+    assert not os.path.exists(plan.result_path())
+    todo = remaining_specs(plan_for_resume(plan.workdir), path)
+    assert [s.name for s in todo["analyze"]] == ["analyze.b00001"]
+    for stage in ("analyze", "reduce"):
+        for spec in todo[stage]:
+            assert run_spec(spec).returncode == 0
+    import MDAnalysis as mda
+    from MDAnalysis.analysis import rms
+    ref = rms.RMSD(mda.Universe(*adk), select="name CA").run().results.rmsd[:, 2]
+    np.testing.assert_allclose(open_result(plan.workdir)["rmsd"], ref, atol=1e-4)

@@ -56,6 +56,9 @@ def add_run_options(p):
     add_resource_options(p)
     p.add_argument("--out", metavar="RUNDIR",
                    help="new folder for result.h5, profiles and the plan; required")
+    p.add_argument("--allow-truncated", action="store_true",
+                   help="analyse the whole frames of a truncated last trajectory file (without "
+                        "it a damaged input is refused); result.h5 and the summary say so")
     p.add_argument("--resume", metavar="RUNDIR", default=None,
                    help="instead of a new run: re-run only the blocks an interrupted run is "
                         "missing; refused if its inputs changed (default: a new run)")
@@ -251,7 +254,8 @@ def cmd_run(args):
     plan = plan_run(args.topology, args.trajectory, args.analysis,
                     args=_json_object(args.analysis_args), select=args.select, io=args.io,
                     mode=args.mode, gather=args.gather, blocks=args.blocks, repeat=args.repeat,
-                    chunk=args.chunk, compression=args.compression, out=args.out, cpus=args.cpus)
+                    chunk=args.chunk, compression=args.compression, out=args.out, cpus=args.cpus,
+                    allow_truncated=args.allow_truncated)
     return _run_and_report([plan], args, plan.workdir)
 
 
@@ -385,19 +389,31 @@ def cmd_analyses(args):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    from .pilot import stop_on_signals
     try:
-        return {"run": cmd_run, "demo": cmd_demo, "bench": cmd_bench, "campaign": cmd_campaign,
-                "resources": cmd_resources, "inspect": cmd_inspect,
-                "analyses": cmd_analyses}[args.command](args)
+        with stop_on_signals(also_sigint=True):
+            return _command(args)
     except InputError as exc:
         print(f"trajflow: error: {exc}", file=sys.stderr)
         return EXIT_INPUT
     except KeyboardInterrupt:
         print("trajflow: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return _interrupted_code()
     except Interrupted as exc:
         print(f"trajflow: {exc}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return _interrupted_code()
+
+
+def _interrupted_code():
+    """130 for Ctrl-C; 128 + N for a stop signal N (143 SIGTERM, 129 SIGHUP), as shells do."""
+    from . import pilot
+    return 128 + pilot.stopped_by if pilot.stopped_by else EXIT_INTERRUPTED
+
+
+def _command(args):
+    return {"run": cmd_run, "demo": cmd_demo, "bench": cmd_bench, "campaign": cmd_campaign,
+            "resources": cmd_resources, "inspect": cmd_inspect,
+            "analyses": cmd_analyses}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import contextlib
 import glob
 import os
 import queue as std_queue
+import re
 import signal
 import threading
 import time
@@ -220,19 +221,26 @@ def reap_local_tasks(sid, grace_s=5.0):
     RADICAL-Pilot starts every task in a session of its own (its launch.sh)
     and, when the pilot is cancelled mid-run, does not end them: on a cluster
     the batch system does, on a workstation they would run on. They are found
-    by their sandbox path (under this session's id) in /proc and ended by
-    process group id: SIGTERM, then SIGKILL after `grace_s`.
+    by their own launch script (<sid>/pilot.NNNN/task.N/task.N.launch.sh) in
+    /proc and ended by process group id: SIGTERM, then SIGKILL after
+    `grace_s`. Never the caller's own process group: the pilot job's wrapper
+    (psij's single_launch.sh, also under the session's folder) and the agent
+    share the group of the process holding the session, and a looser match
+    once ended that process itself (seen: a bare EOFError in its parent).
     """
-    marker = f"/{sid}/".encode()
+    launcher = re.compile(rb"/" + re.escape(sid.encode()) +
+                          rb"/+pilot\.\d+/+task\.\d+/+task\.\d+\.launch\.sh")
+    own = os.getpgid(0)
     groups = set()
     for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
         try:
             with open(cmdline, "rb") as fh:
                 text = fh.read()
-            if marker in text and b"launch.sh" in text:
+            if launcher.search(text):
                 groups.add(os.getpgid(int(cmdline.split("/")[2])))
         except (OSError, ProcessLookupError):
             continue
+    groups.discard(own)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         alive = set()
         for pgid in groups:

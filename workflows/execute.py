@@ -199,7 +199,7 @@ class PilotProcess:
         ctx = multiprocessing.get_context("fork")
         self._conn, child_end = ctx.Pipe()
         self._child = ctx.Process(target=_serve, name="trajflow-pilot",
-                                  args=(child_end, self.pilot, self.session_root))
+                                  args=(child_end, self.pilot, self.session_root, self._conn))
         self._child.start()
         child_end.close()
 
@@ -235,11 +235,18 @@ class PilotProcess:
     def _receive(self):
         """The child's next message; events go to on_event; its failures raised here."""
         while True:
-            while not self._conn.poll(0.5):
-                if not self._child.is_alive():
-                    raise RuntimeError(f"the workflow process ended unexpectedly (exit code "
-                                       f"{self._child.exitcode}); see the EnTK session folder")
-            kind, payload = self._conn.recv()
+            try:
+                while not self._conn.poll(0.5):
+                    if not self._child.is_alive():
+                        raise EOFError
+                kind, payload = self._conn.recv()
+            except EOFError:  # the child is gone without a word
+                self._child.join(5)
+                code = self._child.exitcode
+                how = (f"killed by signal {-code}" if code is not None and code < 0
+                       else f"exit code {code}")
+                raise RuntimeError(f"the process holding the pilot ended unexpectedly ({how}); "
+                                   f"see the RADICAL session folder {self.session_dir or ''}")
             if kind == "event":
                 self.on_event(*payload)
             elif kind == "session":
@@ -278,8 +285,9 @@ def _was_interrupted(exc):
     return isinstance(exc, KeyboardInterrupt) or isinstance(exc.__cause__, KeyboardInterrupt)
 
 
-def _serve(conn, pilot, session_root):
+def _serve(conn, pilot, session_root, parent_end):
     """The child: one AppManager, batches of runs until "close" (or a Ctrl-C)."""
+    parent_end.close()  # else its sends would never fail once the parent is gone
     os.setsid()
     resources.activate_venv()
     resources.activate_configs()

@@ -20,8 +20,10 @@ submitted together run side by side; a run submitted while others run starts
 when they have ended.
 """
 import concurrent.futures
+import contextlib
 import os
 import re
+import signal
 import threading
 import time
 
@@ -33,6 +35,35 @@ from .progress import Progress
 from .runs import Run
 
 COALESCE_S = 0.3  # runs submitted this close together go to the pilot as one batch
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+stopped_by = None  # the stop signal that last interrupted a run, if one did
+
+
+@contextlib.contextmanager
+def stop_on_signals(also_sigint=False):
+    """SIGTERM (a batch system's or a user's kill) and SIGHUP (a dropped SSH
+    session) stop a run as Ctrl-C does: the pilot is cancelled in order, its
+    tasks end, the outcome is recorded, Interrupted is raised. Only in the
+    main thread (Python delivers signals there); the handlers before are put
+    back after. `also_sigint`: Ctrl-C too where it was ignored (a command
+    started with & from a script inherits SIGINT ignored)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        global stopped_by
+        stopped_by = signum
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+    signals = STOP_SIGNALS + ((signal.SIGINT,) if also_sigint else ())
+    before = {sig: signal.getsignal(sig) for sig in signals}
+    for sig in signals:
+        signal.signal(sig, stop if sig != signal.SIGINT else signal.default_int_handler)
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 class RunFuture(concurrent.futures.Future):
@@ -119,9 +150,17 @@ class Pilot:
 
     # --- lifetime --------------------------------------------------------------
     def __enter__(self):
+        self._signals = stop_on_signals()
+        self._signals.__enter__()
         return self
 
     def __exit__(self, exc_type, exc, tb):
+        try:
+            self._leave(exc_type)
+        finally:
+            self._signals.__exit__(None, None, None)
+
+    def _leave(self, exc_type):
         if exc_type is None:
             self.close()
         elif issubclass(exc_type, KeyboardInterrupt):
@@ -190,7 +229,7 @@ class Pilot:
     # --- runs ------------------------------------------------------------------
     def submit(self, topology, trajectory, analysis, *, args=None, select=None, io="shared",
                mode="mpi", gather="gatherv", blocks=None, repeat=1, chunk=0, compression=None,
-               out=None, retries=1, env=None) -> RunFuture:
+               out=None, retries=1, env=None, allow_truncated=False) -> RunFuture:
         """Plan a run and hand it to the pilot; returns at once with its RunFuture.
 
         Same arguments as :func:`trajflow.run` (without the pilot's own).
@@ -198,7 +237,8 @@ class Pilot:
         """
         plan = plan_run(topology, trajectory, analysis, args=args, select=select, io=io,
                         mode=mode, gather=gather, blocks=blocks, repeat=repeat, chunk=chunk,
-                        compression=compression, out=out, cpus=self.cpus)
+                        compression=compression, out=out, cpus=self.cpus,
+                        allow_truncated=allow_truncated)
         return self.submit_plan(plan, retries=retries, env=env)
 
     def run(self, topology, trajectory, analysis, **kwargs) -> Run:
@@ -224,6 +264,12 @@ class Pilot:
                              "cpus: give fewer blocks or a larger Pilot")
         path = plan.path("plan.json") if resume else write_plan(plan)
         future = RunFuture(RunRequest(self._unique_name(plan), plan, path, retries, resume, env))
+        lock = getattr(plan, "lock", None)  # one run per RUNDIR, until this one has ended
+        if lock is not None:
+            future.add_done_callback(lambda _: lock.release())
+            if lock.taken_over:
+                self._say(f"{plan.workdir}: took over the lock of a run that is gone "
+                          f"({lock.taken_over})")
         with self._cond:
             self._start()
             self._pending.append(future)
@@ -349,7 +395,7 @@ def cpus_needed(plan, resource):
 
 def plan_run(topology, trajectory, analysis, *, args=None, select=None, io="shared",
              mode="mpi", gather="gatherv", blocks=None, repeat=1, chunk=0, compression=None,
-             out=None, cpus=None):
+             out=None, cpus=None, allow_truncated=False):
     """The checked plan of a run (nothing written); InputError naming the problem."""
     trajectories = [trajectory] if isinstance(trajectory, (str, os.PathLike)) else list(trajectory)
     trajectories = [os.fspath(t) for t in trajectories]
@@ -358,13 +404,13 @@ def plan_run(topology, trajectory, analysis, *, args=None, select=None, io="shar
                      os.fspath(out) if out is not None else default_out(analysis),
                      selection=select, io=io, mode=mode, gather=gather, blocks=blocks, cpus=cpus,
                      repeat=repeat, compression=compression, chunk_frames=chunk,
-                     analysis_args=args)
+                     analysis_args=args, allow_truncated=allow_truncated)
 
 
 def run(topology, trajectory, analysis, *, args=None, select=None, io="shared", mode="mpi",
         gather="gatherv", blocks=None, repeat=1, chunk=0, compression=None, out=None,
         pilot=None, resource="local.localhost", cpus=None, walltime=30, queue=None,
-        project=None, retries=1, env=None, progress=True) -> Run:
+        project=None, retries=1, env=None, progress=True, allow_truncated=False) -> Run:
     """Analyse a trajectory on a pilot and return the finished Run.
 
     Parameters
@@ -406,6 +452,9 @@ def run(topology, trajectory, analysis, *, args=None, select=None, io="shared", 
         extra environment variables for this run's tasks.
     progress : bool
         print the pilot's and the stages' progress on stderr.
+    allow_truncated : bool
+        analyse the whole frames of a truncated last trajectory file (without
+        it a damaged input raises InputError); result.h5 and the summary say so.
 
     Returns
     -------
@@ -430,7 +479,8 @@ def run(topology, trajectory, analysis, *, args=None, select=None, io="shared", 
     >>> rdf.results.rdf
     """
     options = dict(args=args, select=select, io=io, mode=mode, gather=gather, blocks=blocks,
-                   repeat=repeat, chunk=chunk, compression=compression, out=out)
+                   repeat=repeat, chunk=chunk, compression=compression, out=out,
+                   allow_truncated=allow_truncated)
     if pilot is not None:
         return pilot.run(topology, trajectory, analysis, retries=retries, env=env, **options)
     if cpus is None and blocks is None and not resources.is_local(resource):

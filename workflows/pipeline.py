@@ -8,6 +8,7 @@ import dataclasses
 import os
 from typing import Dict, List
 
+from trajflow.tasks.parts import is_whole
 from trajflow.tasks.plan import RunPlan, encode_path_arg
 
 
@@ -50,7 +51,7 @@ def stage_specs(plan: RunPlan, plan_path: str) -> Dict[str, List[TaskSpec]]:
 
 def remaining_specs(plan: RunPlan, plan_path: str) -> Dict[str, List[TaskSpec]]:
     """The task specs of an interrupted run that still have work to do: split
-    tasks whose output is missing, analyze tasks whose part is missing, and
+    tasks whose output is missing, analyze tasks whose part is missing or damaged, and
     reduce (always: it checks and publishes)."""
     specs = stage_specs(plan, plan_path)
     if plan.io == "split":
@@ -64,10 +65,10 @@ def remaining_specs(plan: RunPlan, plan_path: str) -> Dict[str, List[TaskSpec]]:
         specs["split"] = []
     elif plan.io == "shared" and os.path.exists(plan.path("split", "manifest.json")):
         specs["split"] = []
-    if plan.mode == "tasks":
+    if plan.mode == "tasks":  # a missing or damaged part is analysed again
         specs["analyze"] = [s for s in specs["analyze"]
-                            if not os.path.exists(plan.part_path(f"block_{int(s.args[-1]):05d}"))]
-    elif os.path.exists(plan.part_path("mpi")):
+                            if not is_whole(plan.part_path(f"block_{int(s.args[-1]):05d}"))]
+    elif is_whole(plan.part_path("mpi")):
         specs["analyze"] = []
     return specs
 

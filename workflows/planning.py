@@ -17,7 +17,9 @@ from trajflow.tasks import mda_analyses
 from trajflow.tasks.plan import (ANALYSES, DEFAULT_SELECTION, GATHERS, IO_STRATEGIES, MODES,
                                  PLAN_FILE, RunPlan, balanced_blocks)
 from trajflow.tasks.h5md import parse_compression
+from . import integrity
 from .errors import InputError
+from .rundir_lock import LOCK_FILE, RunLock
 
 RUN_MARKER = ".trajflow-run"
 
@@ -31,8 +33,9 @@ def _check_readable(path, what):
         raise InputError(f"{what} {path!r} is not readable: fix its permissions (chmod u+r)")
 
 
-def open_inputs(topology, trajectories):
-    """Open the inputs with MDAnalysis as the tasks will; InputError if it cannot."""
+def open_inputs(topology, trajectories, damages=None):
+    """Open the inputs with MDAnalysis as the tasks will; InputError if it cannot.
+    `damages`: a list that gets each input file's Damage (integrity.py), if any."""
     import MDAnalysis as mda
     _check_readable(topology, "topology")
     for t in trajectories:
@@ -58,6 +61,10 @@ def open_inputs(topology, trajectories):
             except Exception as exc:
                 raise InputError(f"MDAnalysis cannot read trajectory {t!r} ({exc}); "
                                  "give a format MDAnalysis reads (DCD, XTC, TRR, H5MD, ...)")
+            if damages is not None:
+                damage = integrity.whole_frames(u.trajectory)
+                if damage is not None:
+                    damages.append(damage)
         if len(trajectories) > 1:
             u.load_new(list(trajectories))
     return u
@@ -111,7 +118,7 @@ def check_outdir(out):
     if os.path.exists(out):
         if not os.path.isdir(out):
             raise InputError(f"--out {out!r} exists and is not a folder: choose a new folder name")
-        entries = os.listdir(out)
+        entries = [e for e in os.listdir(out) if e != LOCK_FILE]  # a lock: see RunLock
         if entries and not os.path.exists(os.path.join(out, RUN_MARKER)):
             raise InputError(f"--out {out!r} exists, is not empty and is not a trajflow run: "
                              "choose a new folder (trajflow never writes into other files)")
@@ -145,6 +152,7 @@ class Inputs:
     analysis_args: dict = dataclasses.field(default_factory=dict)
     factory: Optional[dict] = None  # a user analysis: where its factory is (see check_factory)
     factory_pickle: Optional[bytes] = None  # a callable handed over by a script, pickled
+    truncated: Optional[dict] = None  # see check_whole
 
 
 ANALYSIS_FORMS = ("rmsd, dihedrals, FILE.py:NAME (a function NAME(universe, **args) in that "
@@ -236,7 +244,28 @@ def _pickle_factory(factory, analysis):
     return pickled
 
 
-def read_inputs(topology, trajectories, analysis, selection=None, analysis_args=None) -> Inputs:
+def check_whole(u, trajectories, damages, allow_truncated):
+    """(frames to analyse, the truncation record or None); InputError for a damaged
+    input unless `allow_truncated` and it is the last file (its whole frames are used)."""
+    n_seen = int(u.trajectory.n_frames)
+    if not damages:
+        return n_seen, None
+    damage = damages[0]
+    if not allow_truncated:
+        raise InputError(f"{damage.describe()}. Restore the file, or pass --allow-truncated "
+                         f"(allow_truncated=True) to analyse its {damage.whole_frames} whole "
+                         "frame(s); the result then says so")
+    if damage.file != trajectories[-1] or len(damages) > 1:
+        raise InputError(f"{damage.describe()}. Only the last trajectory file may be truncated: "
+                         "the frames after a damaged file would be numbered wrongly")
+    n_frames = n_seen - (damage.frames_seen - damage.whole_frames)
+    if n_frames < 1:
+        raise InputError(f"{damage.describe()}: no whole frame to analyse")
+    return n_frames, dict(dataclasses.asdict(damage), frames_in_files=n_seen, analysed=n_frames)
+
+
+def read_inputs(topology, trajectories, analysis, selection=None, analysis_args=None,
+                allow_truncated=False) -> Inputs:
     """Open the inputs with MDAnalysis as the tasks will and resolve the atoms (or
     build the user's analysis); InputError if not."""
     spec = check_analysis_spec(analysis, analysis_args)
@@ -249,9 +278,11 @@ def read_inputs(topology, trajectories, analysis, selection=None, analysis_args=
         raise InputError("no trajectory given: pass --trajectory FILE [FILE ...]")
     topology = os.path.abspath(topology)
     trajectories = [os.path.abspath(t) for t in trajectories]
-    u = open_inputs(topology, trajectories)
+    damages = []
+    u = open_inputs(topology, trajectories, damages)
     try:
-        common = dict(n_frames=int(u.trajectory.n_frames), n_atoms=len(u.atoms),
+        n_frames, truncated = check_whole(u, trajectories, damages, allow_truncated)
+        common = dict(n_frames=n_frames, n_atoms=len(u.atoms), truncated=truncated,
                       checksum=input_checksum([topology] + trajectories))
         if spec is not None:
             factory, pickled = check_factory(u, spec, analysis, dict(analysis_args or {}))
@@ -270,12 +301,13 @@ def read_inputs(topology, trajectories, analysis, selection=None, analysis_args=
 def make_plan(topology, trajectories, analysis, out, selection=None, io="shared",
               mode="mpi", gather="gatherv", blocks=None, cpus=2, repeat=1,
               compression=None, chunk_frames=0, new_out=True, inputs=None,
-              analysis_args=None) -> RunPlan:
+              analysis_args=None, allow_truncated=False) -> RunPlan:
     """Check everything and return the plan (not yet written). `new_out=False`:
     the caller owns `out` (a campaign's experiment folder) and has checked it.
     `inputs`: the inputs already read (read_inputs), for many plans of one input.
     `analysis`: rmsd, dihedrals, or a user's "FILE.py:NAME" / "module:NAME"
-    factory called with the Universe and `analysis_args`."""
+    factory called with the Universe and `analysis_args`. `allow_truncated`: a
+    truncated last input is analysed by its whole frames (check_whole)."""
     builtin = check_analysis_spec(analysis, analysis_args) is None
     if repeat != 1 and not builtin:
         raise InputError("--repeat applies to rmsd and dihedrals (the papers' workload "
@@ -296,9 +328,24 @@ def make_plan(topology, trajectories, analysis, out, selection=None, io="shared"
         raise InputError(f"--compression: {exc}")
     if compression and io != "h5md":
         raise InputError("--compression applies to --io h5md only: drop it or use --io h5md")
-    out = check_outdir(out) if new_out else os.path.abspath(out)
-    if inputs is None:
-        inputs = read_inputs(topology, trajectories, analysis, selection, analysis_args)
+    def plan_in(rundir):
+        read = inputs or read_inputs(topology, trajectories, analysis, selection, analysis_args,
+                                     allow_truncated)
+        return _make_plan(rundir, read, io, mode, gather, blocks, cpus, repeat, compression,
+                          chunk_frames)
+    if not new_out:
+        return plan_in(os.path.abspath(out))
+    lock = RunLock(check_outdir(out)).acquire()  # before anything is read or written
+    try:
+        plan = plan_in(lock.rundir)
+    except BaseException:
+        lock.release(remove_dir=True)  # refused: nothing left behind
+        raise
+    plan.lock = lock
+    return plan
+
+
+def _make_plan(out, inputs, io, mode, gather, blocks, cpus, repeat, compression, chunk_frames):
     n_blocks = cpus if blocks is None else blocks
     if n_blocks < 1:
         raise InputError(f"--blocks {n_blocks}: use at least 1 block")
@@ -314,6 +361,7 @@ def make_plan(topology, trajectories, analysis, out, selection=None, io="shared"
                    blocks=balanced_blocks(inputs.n_frames, n_blocks), repeat=repeat,
                    chunk_frames=chunk_frames, compression=compression,
                    input_checksum=inputs.checksum, analysis_args=inputs.analysis_args,
+                   truncated=inputs.truncated,
                    factory=inputs.factory)
     plan.selected = inputs.selected
     plan.factory_pickle = inputs.factory_pickle
@@ -339,7 +387,18 @@ def plan_for_resume(rundir) -> RunPlan:
     if not os.path.exists(os.path.join(rundir, RUN_MARKER)) or not os.path.exists(path):
         raise InputError(f"--resume {rundir!r} is not a trajflow run (no {PLAN_FILE}): give the "
                          "--out folder of an earlier trajflow run")
-    plan = RunPlan.load(path)
+    lock = RunLock(rundir).acquire("--resume")  # refused while the run still goes
+    try:
+        plan = _resumable(RunPlan.load(path), rundir)
+    except BaseException:
+        lock.release()
+        raise
+    plan.lock = lock
+    return plan
+
+
+def _resumable(plan, rundir):
+    """The plan, if its inputs and code are unchanged and it is not complete; else InputError."""
     for p in [plan.topology] + list(plan.trajectories):
         if not os.path.exists(p):
             raise InputError(f"--resume: input {p!r} of that run is gone; restore it or start "

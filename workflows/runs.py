@@ -104,6 +104,10 @@ class Run:
                  + (f"result: {self.result_path}" if self.ok
                     else "NO RESULT (the run did not complete)"),
                  f"{os.path.basename(self.path)}: profiles: {self.plan.path('profile')}"]
+        if self.plan.truncated:
+            t = self.plan.truncated
+            lines.append(f"  TRUNCATED INPUT: {t['file']}: analysed {t['analysed']} whole frames "
+                         f"of {t['frames_in_files']} ({t['where']})")
         lines += ["  " + line for line in self.profile.summary_lines()]
         return "\n".join(lines)
 

@@ -1,0 +1,103 @@
+"""One run per RUNDIR: a lock taken before anything is read or written.
+
+Two runs started into one folder (or a --resume while the run still goes)
+would read each other's plan and both report success with one result (seen).
+The lock is RUNDIR/.trajflow-lock, held with flock(2) by the process that
+runs the run (and the child holding its pilot, which inherits it) until the
+run has ended; the file says who holds it (host, pid, since when). A lock
+whose holder is gone is released by the kernel and taken over with a note;
+where the file system has no flock, a lock of this host whose pid is dead is
+taken over, one of another host is refused (remove the file if that run is
+gone).
+"""
+import fcntl
+import os
+import socket
+import time
+
+from .errors import InputError
+
+LOCK_FILE = ".trajflow-lock"
+
+
+class RunLock:
+    """The lock of one RUNDIR, held from acquire() to release()."""
+
+    def __init__(self, rundir):
+        self.rundir = os.path.abspath(rundir)
+        self.path = os.path.join(self.rundir, LOCK_FILE)
+        self.fd = None
+        self.taken_over = None   # the holder of a stale lock this one replaced
+        self.created_dir = False
+
+    def acquire(self, what="--out"):
+        """Take the lock (creating RUNDIR if needed); InputError naming the holder if held."""
+        if not os.path.isdir(self.rundir):
+            os.makedirs(self.rundir)
+            self.created_dir = True
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            if _ours(holder):  # this very process planned it: a script's own second call
+                return self
+            raise InputError(f"{what} {self.rundir!r} is in use by another trajflow run "
+                             f"({holder or 'holder unknown'}): wait for it to end, or choose "
+                             "another folder") from None
+        except OSError:  # no flock on this file system: judge by the holder's pid
+            if holder and not _stale(holder):
+                os.close(fd)
+                raise InputError(f"{what} {self.rundir!r} is in use by another trajflow run "
+                                 f"({holder}); if that run is gone, remove {self.path}") from None
+        self.taken_over = holder or None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"host {socket.gethostname()} pid {os.getpid()} since "
+                      f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+        self.fd = fd
+        return self
+
+    def release(self, remove_dir=False):
+        """Let go (the file goes first, then the lock); `remove_dir`: also RUNDIR, if
+        this lock created it and nothing else is in it (a run refused while planning)."""
+        if self.fd is None:
+            return
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        os.close(self.fd)
+        self.fd = None
+        if remove_dir and self.created_dir:
+            try:
+                os.rmdir(self.rundir)
+            except OSError:
+                pass
+
+
+def _fields(holder):
+    parts = holder.split()
+    try:
+        return parts[parts.index("host") + 1], int(parts[parts.index("pid") + 1])
+    except (ValueError, IndexError):
+        return None, None
+
+
+def _ours(holder):
+    host, pid = _fields(holder)
+    return host == socket.gethostname() and pid == os.getpid()
+
+
+def _stale(holder):
+    """A holder on this host whose process is gone."""
+    host, pid = _fields(holder)
+    if host != socket.gethostname() or pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
