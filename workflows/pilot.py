@@ -15,9 +15,10 @@ submitted, so bad input raises InputError at once, before any pilot. The
 pilot is requested with the first run. Leaving the `with` block normally waits
 for the runs submitted and then cancels the pilot; leaving it by an exception
 or Ctrl-C cancels the pilot at once and ends its tasks (Ctrl-C raises
-Interrupted). EnTK runs one workflow at a time on its pilot: the runs
-submitted together run side by side; a run submitted while others run starts
-when they have ended.
+Interrupted). EnTK runs one workflow at a time on its pilot: runs submitted in
+a row (each submit starting while the one before is planned or within 0.3 s of
+it) go to the pilot as one batch and run side by side; a run submitted while
+a batch runs starts when that batch has ended.
 """
 import concurrent.futures
 import contextlib
@@ -141,6 +142,8 @@ class Pilot:
         self._cond = threading.Condition()
         self._closing = False
         self._closed = False
+        self._planning = 0          # submits being planned right now
+        self._last_submit = 0.0
         self._broken = None         # why the pilot can take no more runs
         self._names = set()
 
@@ -235,11 +238,18 @@ class Pilot:
         Same arguments as :func:`trajflow.run` (without the pilot's own).
         InputError at once for bad input (nothing written).
         """
-        plan = plan_run(topology, trajectory, analysis, args=args, select=select, io=io,
-                        mode=mode, gather=gather, blocks=blocks, repeat=repeat, chunk=chunk,
-                        compression=compression, out=out, cpus=self.cpus,
-                        allow_truncated=allow_truncated)
-        return self.submit_plan(plan, retries=retries, env=env)
+        with self._cond:
+            self._planning += 1  # the pilot waits for this run to join the next batch
+        try:
+            plan = plan_run(topology, trajectory, analysis, args=args, select=select, io=io,
+                            mode=mode, gather=gather, blocks=blocks, repeat=repeat, chunk=chunk,
+                            compression=compression, out=out, cpus=self.cpus,
+                            allow_truncated=allow_truncated)
+            return self.submit_plan(plan, retries=retries, env=env)
+        finally:
+            with self._cond:
+                self._planning -= 1
+                self._cond.notify_all()
 
     def run(self, topology, trajectory, analysis, **kwargs) -> Run:
         """Run on this pilot and wait: the Run, or RunFailed / Interrupted.
@@ -273,6 +283,7 @@ class Pilot:
         with self._cond:
             self._start()
             self._pending.append(future)
+            self._last_submit = time.time()
             self._cond.notify_all()
         self._say(f"{future.request.name}: submitted ({plan.analysis}, {plan.io}/{plan.mode}, "
                   f"{plan.n_blocks} blocks, {plan.n_frames} frames) -> {plan.workdir}")
@@ -295,8 +306,11 @@ class Pilot:
                     self._cond.wait()
                 if not self._pending:
                     return
-                if not self._closing:
-                    self._cond.wait(COALESCE_S)  # let a script's submits in a row go together
+                # a script's submits in a row go together: while one is being planned
+                # (seconds, for a large input) and for COALESCE_S after the last
+                while not self._closing and (self._planning or
+                                             time.time() - self._last_submit < COALESCE_S):
+                    self._cond.wait(COALESCE_S)
                 batch = [f for f in self._pending if f.set_running_or_notify_cancel()]
                 self._pending.clear()
                 last = self._closing  # no more runs: the pilot ends with this batch
