@@ -27,7 +27,7 @@ from MDAnalysis.analysis.backends import BackendBase
 from trajflow.tasks import backend_part
 from trajflow.tasks.plan import RunPlan
 from .errors import InputError
-from .pilot import Pilot, cpus_needed, default_out
+from .pilot import default_out, run_plan
 from .runs import Run
 
 
@@ -88,17 +88,12 @@ class Backend(BackendBase):
                              f"{func!r}")
         plan = backend_plan(analysis, func, computations,
                             default_out(type(analysis).__name__, parent=self.out))
-        if self.pilot is not None:
-            future = self.pilot.submit_plan(plan, retries=self.retries)
-            self.runs.append(Run(plan.workdir))
-            future.result()
-        else:
-            options = dict(self.pilot_options)
-            options["cpus"] = options["cpus"] or cpus_needed(plan, options["resource"])
-            with Pilot(path=plan.workdir, progress=self.progress, **options) as own:
-                future = own.submit_plan(plan, retries=self.retries)
+        try:
+            run_plan(plan, self.pilot, retries=self.retries, progress=self.progress,
+                     **self.pilot_options)
+        finally:  # failed or not, the run is there to inspect
+            if os.path.exists(plan.path("plan.json")):
                 self.runs.append(Run(plan.workdir))
-                future.result()
         with open(plan.result_path(), "rb") as fh:
             return pickle.load(fh)
 

@@ -294,7 +294,7 @@ def _serve(conn, pilot, session_root, parent_end):
     os.environ.setdefault("RADICAL_PROFILE", "TRUE")
     os.environ.setdefault("RADICAL_LOG_LVL", "WARNING")
     os.environ.setdefault("RADICAL_REPORT", "FALSE")
-    appman = None
+    appman, ending = None, ("closed", None)
     try:
         with working_dir(session_root):
             appman = new_appmanager(pilot, autoterminate=False, base_path=session_root)
@@ -307,21 +307,19 @@ def _serve(conn, pilot, session_root, parent_end):
                 if kind == "close":
                     break
                 report, lost = _run_batch(appman, pilot, session_dir, lost, conn, **batch)
-                if batch["close_after"]:
-                    _shutdown(appman, pilot)
-                    appman = None
+                if batch["close_after"]:  # the report goes once the pilot is cancelled
+                    ending = ("report", report)
+                    break
                 _send(conn, ("report", report))
-                if batch["close_after"]:
-                    return
     except BaseException as exc:  # noqa: the parent must hear of every ending
-        _shutdown(appman, pilot)
-        appman = None
-        _send(conn, ("interrupted", "interrupted by the user; the pilot was cancelled")
-              if _was_interrupted(exc) else ("error", f"{type(exc).__name__}: {exc}"))
+        ending = (("interrupted", "interrupted by the user; the pilot was cancelled")
+                  if _was_interrupted(exc) else ("error", f"{type(exc).__name__}: {exc}"))
     finally:
-        _shutdown(appman, pilot)
+        _shutdown(appman, pilot)  # the pilot cancelled before the parent hears the end
         try:
-            _send(conn, ("closed", None))
+            _send(conn, ending)
+            if ending[0] != "closed":
+                _send(conn, ("closed", None))
         except (BrokenPipeError, OSError):
             pass
         conn.close()

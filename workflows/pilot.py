@@ -391,12 +391,20 @@ def resume(rundir, *, pilot=None, resource="local.localhost", cpus=None, walltim
     ...     run = trajflow.resume("runs/adk")     # only the missing blocks, then reduce
     """
     from .planning import plan_for_resume
-    plan = plan_for_resume(rundir)
+    return run_plan(plan_for_resume(rundir), pilot, resource=resource, cpus=cpus,
+                    walltime=walltime, queue=queue, project=project, retries=retries, env=env,
+                    progress=progress, resume=True)
+
+
+def run_plan(plan, pilot=None, *, resource="local.localhost", cpus=None, walltime=30,
+             queue=None, project=None, retries=1, env=None, progress=True, resume=False) -> Run:
+    """A planned run on `pilot`, or on a pilot of its own sized for it (its RADICAL
+    session in RUNDIR), started and cancelled around it; the Run, or RunFailed."""
     if pilot is not None:
-        return pilot.submit_plan(plan, retries=retries, env=env, resume=True).result()
+        return pilot.submit_plan(plan, retries=retries, env=env, resume=resume).result()
     with Pilot(resource, cpus or cpus_needed(plan, resource), walltime, queue, project,
                path=plan.workdir, progress=progress) as own:
-        return own.submit_plan(plan, retries=retries, env=env, resume=True).result()
+        return own.submit_plan(plan, retries=retries, env=env, resume=resume).result()
 
 
 def cpus_needed(plan, resource):
@@ -500,7 +508,5 @@ def run(topology, trajectory, analysis, *, args=None, select=None, io="shared", 
     if cpus is None and blocks is None and not resources.is_local(resource):
         raise InputError(f"give blocks= or cpus= for a run on {resource}")
     plan = plan_run(topology, trajectory, analysis, cpus=cpus or blocks, **options)
-    pilot_cpus = cpus or cpus_needed(plan, resource)
-    with Pilot(resource, pilot_cpus, walltime, queue, project, path=plan.workdir,
-               progress=progress) as own:
-        return own.submit_plan(plan, retries=retries, env=env).result()
+    return run_plan(plan, resource=resource, cpus=cpus, walltime=walltime, queue=queue,
+                    project=project, retries=retries, env=env, progress=progress)

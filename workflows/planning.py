@@ -200,8 +200,6 @@ def check_factory(u, spec, analysis, analysis_args):
     if kind == "file":
         source = os.path.abspath(source)
         _check_readable(source, "factory file")
-    if kind == "pickle":
-        analysis = f"python:{name}"
     try:
         factory = source if kind == "pickle" else mda_analyses.load_factory(kind, source, name)
     except Exception as exc:
@@ -285,9 +283,10 @@ def read_inputs(topology, trajectories, analysis, selection=None, analysis_args=
         common = dict(n_frames=n_frames, n_atoms=len(u.atoms), truncated=truncated,
                       checksum=input_checksum([topology] + trajectories))
         if spec is not None:
-            factory, pickled = check_factory(u, spec, analysis, dict(analysis_args or {}))
-            name = f"python:{spec[2]}" if spec[0] == "pickle" else analysis
-            return Inputs(topology, trajectories, name, "", {}, **common,
+            # a script's callable is named by its qualified name
+            label = f"python:{spec[2]}" if spec[0] == "pickle" else analysis
+            factory, pickled = check_factory(u, spec, label, dict(analysis_args or {}))
+            return Inputs(topology, trajectories, label, "", {}, **common,
                           analysis_args=dict(analysis_args or {}), factory=factory,
                           factory_pickle=pickled)
         check_boxes(trajectories, analysis)
