@@ -10,6 +10,9 @@ that tests can check retries, and failure once retries are spent.
 
 TRAJFLOW_TEST_KILL=<rank> makes that MPI rank SIGKILL itself in the middle
 of its loop, so that tests can check nothing hangs and nothing is published.
+
+TRAJFLOW_TEST_LINGER=<seconds> makes reduce sleep after it has published
+result.h5, so that tests can interrupt a run whose result is complete.
 """
 import os
 import signal
@@ -71,6 +74,13 @@ def maybe_fail(workdir, block):
         print(f"TRAJFLOW_TEST_FAIL: block {block} fails on purpose "
               f"(attempt {done + 1} of {_FAILS[block]} failing ones)", file=sys.stderr, flush=True)
         sys.exit(FAIL_EXIT_CODE)
+
+
+def linger_after_publish():
+    """Sleep after the result is published when TRAJFLOW_TEST_LINGER asks to."""
+    seconds = float(os.environ.get("TRAJFLOW_TEST_LINGER") or 0)
+    if seconds:
+        time.sleep(seconds)
 
 
 def maybe_kill(rank):

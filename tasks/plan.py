@@ -9,6 +9,7 @@ import base64
 import dataclasses
 import json
 import os
+import re
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -133,6 +134,19 @@ class RunPlan:
     def profile_path(self, name: str) -> str:
         return self.path("profile", f"{name}.jsonl")
 
+    def partial_files(self) -> List[str]:
+        """Files a task was writing when it was killed or its disk filled: every file
+        of the run is written under a temporary name (`X.tmpPID`, `X.tmpPID.ext`,
+        `X.PID.tmp`, `X.tmp`) and renamed into place when whole."""
+        found = []
+        for folder in ("", "split", "parts", "progress", "profile"):
+            try:
+                names = os.listdir(self.path(folder))
+            except OSError:
+                continue
+            found += [self.path(folder, n) for n in names if _PARTIAL.search(n)]
+        return found
+
     # --- serialisation -------------------------------------------------------
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "selected"}
@@ -156,6 +170,7 @@ class RunPlan:
         return cls(**d)
 
 
+_PARTIAL = re.compile(r"\.tmp\d*(\.[A-Za-z0-9]+)?$|\.\d+\.tmp$")
 CHUNK_BYTES = 8 << 20  # coordinates read at a time per rank when --chunk is not given
 
 

@@ -12,7 +12,7 @@ import sys
 import h5py
 import numpy as np
 
-from . import mda_analyses
+from . import faults, mda_analyses
 from .parts import DamagedPart, read_part
 from .plan import RunPlan, decode_path_arg
 from .timing import RankTimer
@@ -132,6 +132,7 @@ def main(argv=None):
     with timer.phase("write"):
         write_result(plan, arrays, attrs, results)
     timer.finish(plan.profile_path("reduce"))
+    faults.linger_after_publish()
     return 0
 
 

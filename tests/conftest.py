@@ -1,5 +1,6 @@
 """Shared fixtures: real MDAnalysisTests files and trajectories built from them at run time."""
 import os
+import subprocess
 import sys
 import warnings
 
@@ -79,3 +80,26 @@ def reference_results():
                               "features": feats.reshape(len(times), -1)}
         return cache[key]
     return compute
+
+
+SLURM_SCRIPT = os.path.join(os.path.dirname(__file__), "slurm", "single_node.sh")
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """A single-node SLURM on this machine (tests/slurm/single_node.sh), started
+    once for the session when this runs as root and it is not up; stopped after."""
+    def up():
+        return subprocess.run(["bash", SLURM_SCRIPT, "status"], capture_output=True).returncode == 0
+    started = False
+    if not up():
+        if os.geteuid() != 0:
+            pytest.skip("SLURM is not running and this test is not root: start it with "
+                        "`sudo tests/slurm/single_node.sh install start`")
+        proc = subprocess.run(["bash", SLURM_SCRIPT, "start"], capture_output=True, text=True)
+        if proc.returncode != 0 or not up():
+            pytest.skip(f"SLURM could not start here: {(proc.stderr or proc.stdout).strip()[-400:]}")
+        started = True
+    yield
+    if started:
+        subprocess.run(["bash", SLURM_SCRIPT, "stop"], capture_output=True)

@@ -7,8 +7,8 @@ retries): they are recorded as failed and the 1-rank ones still complete.
 `--resume` then keeps the completed experiments untouched and runs the failed
 ones again. Every result is checked against MDAnalysis' own RMSD.
 
-SLURM is started with tests/slurm/single_node.sh when this test runs as root
-and it is not up; where it cannot start, the test is skipped with the reason.
+SLURM is started once for the session (conftest.py's `slurm` fixture); where
+it cannot start, the test is skipped with the reason.
 """
 import csv
 import json
@@ -22,7 +22,6 @@ import pytest
 
 pytestmark = pytest.mark.entk
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "slurm", "single_node.sh")
 CAMPAIGN = """
 [campaign]
 name = "two-resources"
@@ -43,24 +42,6 @@ walltime = 20
 ranks = [1, 2]
 io = ["shared"]
 """
-
-
-@pytest.fixture(scope="module")
-def slurm():
-    def up():
-        return subprocess.run(["bash", SCRIPT, "status"], capture_output=True).returncode == 0
-    started = False
-    if not up():
-        if os.geteuid() != 0:
-            pytest.skip("SLURM is not running and this test is not root: start it with "
-                        "`sudo tests/slurm/single_node.sh install start`")
-        proc = subprocess.run(["bash", SCRIPT, "start"], capture_output=True, text=True)
-        if proc.returncode != 0 or not up():
-            pytest.skip(f"SLURM could not start here: {(proc.stderr or proc.stdout).strip()[-400:]}")
-        started = True
-    yield
-    if started:
-        subprocess.run(["bash", SCRIPT, "stop"], capture_output=True)
 
 
 def trajflow(*args, env=None):

@@ -118,10 +118,11 @@ def test_every_rank_left_a_timing_record_also_in_radicals_profile(session):
     for r in ranks:
         assert r["frames"] == 49 and r["t_total"] > 0
         assert r["t_total"] >= r["t_io"] + r["t_compute"] + r["t_wait"] + r["t_comm"]
-    sandbox = next(o.sandbox for o in report.outcomes
-                   if o.pipeline == "rmsd_mpi" and o.stage == "analyze")
-    prof = open(glob.glob(os.path.join(sandbox, "*.prof"))[0]).read()
+    task = next(o for o in report.outcomes if o.pipeline == "rmsd_mpi" and o.stage == "analyze")
+    prof = open(glob.glob(os.path.join(task.kept, "*.prof"))[0]).read()  # RUNDIR's copy
     assert "app_compute_start" in prof and "rank=0" in prof and "rank=1" in prof
+    assert task.kept.startswith(plans["rmsd_mpi"].path("radical"))
+    assert not os.path.exists(task.sandbox)  # the pilot's sandbox is removed at the end
 
 
 def test_cli_run_exits_zero_and_says_where_things_are(tmp_path, adk, reference_results):
@@ -152,10 +153,12 @@ def test_cli_run_exits_zero_and_says_where_things_are(tmp_path, adk, reference_r
     np.testing.assert_allclose(run.results.rmsd, reference_results(adk[0], [adk[1]], "rmsd")["rmsd"],
                                atol=1e-4)
     assert run.summary().splitlines()[0] in proc.stdout
-    # the pilot's bootstrapper was ended after its own END, not before
+    # the pilot's bootstrapper was ended after its own END, not before (its profile is
+    # kept in the session folder; the sandbox is removed)
     with open(glob.glob(str(out / "radical" / "*" / "outcome.json"))[0]) as fh:
         task_sandbox = json.load(fh)["sandbox"]
-    with open(os.path.join(os.path.dirname(task_sandbox.rstrip("/")), "bootstrap_0.prof")) as fh:
+    assert not os.path.exists(task_sandbox)
+    with open(glob.glob(str(out / "re.session.*" / "pilot.0000" / "bootstrap_0.prof"))[0]) as fh:
         assert fh.read().splitlines()[-1].split(",")[1] == "END"
 
 

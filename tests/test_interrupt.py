@@ -8,49 +8,9 @@ import sys
 import time
 
 import pytest
+from processes import TRAJFLOW, processes_mentioning, start_with_sleeping_tasks, stop, wait_for_analyze
 
 pytestmark = pytest.mark.entk
-TRAJFLOW = os.path.join(os.path.dirname(sys.executable), "trajflow")
-
-
-def processes_mentioning(text):
-    """pids whose command line contains `text` (from /proc, no extra dependency)."""
-    found = []
-    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
-        try:
-            with open(cmdline, "rb") as fh:
-                if text.encode() in fh.read():
-                    found.append(int(cmdline.split("/")[2]))
-        except OSError:
-            pass
-    return [p for p in found if p != os.getpid()]
-
-
-def start_with_sleeping_tasks(args):
-    """`trajflow ARGS` in a session of its own (as a terminal would run it), its
-    blocks 0 and 1 sleeping 300 s in compute, so that there is time to press Ctrl-C."""
-    env = {**os.environ, "TRAJFLOW_TEST_DELAY": "0:compute:300,1:compute:300"}
-    return subprocess.Popen([TRAJFLOW] + args, env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def wait_for_analyze(proc, patience_s=240):
-    deadline = time.time() + patience_s
-    while time.time() < deadline and not processes_mentioning("trajflow.tasks.analyze"):
-        assert proc.poll() is None, proc.stdout.read()
-        time.sleep(1)
-    assert processes_mentioning("trajflow.tasks.analyze"), "the analyze tasks never started"
-
-
-def stop(proc):
-    """If a check failed mid-run: Ctrl-C first, so the pilot is cancelled in order
-    (a SIGKILL would orphan it), then SIGKILL whatever is left of the group."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def client_cpu_share(marker, seconds):
@@ -218,3 +178,39 @@ def test_sigterm_and_sighup_stop_a_background_run_cleanly(tmp_path, adk, sig):
     outcome = json.load(open(out / "outcome.json"))
     assert outcome["status"] == "failed" and "interrupted" in outcome["error"]
     assert not (out / "result.h5").exists()
+
+
+def test_ctrl_c_after_the_result_is_published_says_done_as_the_disk_does(tmp_path, adk,
+                                                                         reference_results):
+    """Ctrl-C while reduce is ending (result.h5 already whole): exit 0, outcome.json
+    "done" with a note, the result MDAnalysis'; not "interrupted" beside a whole result."""
+    import h5py
+    import numpy as np
+    out = tmp_path / "late"
+    env = {**os.environ, "TRAJFLOW_TEST_LINGER": "300"}
+    proc = subprocess.Popen([TRAJFLOW, "run", "--topology", adk[0], "--trajectory", adk[1],
+                             "--analysis", "rmsd", "--blocks", "1", "--cpus", "1",
+                             "--walltime", "15", "--out", str(out)], env=env,
+                            start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 240
+        while not (out / "result.h5").exists() and time.time() < deadline:
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.5)
+        session = os.path.basename(glob.glob(str(out / "re.session.*"))[0])
+        os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=120)
+        output = proc.stdout.read()
+    finally:
+        stop(proc)
+    assert code == 0, output
+    assert "interrupted after every run had completed" in output, output
+    outcome = json.load(open(out / "outcome.json"))
+    assert outcome["status"] == "done" and "after the result was complete" in outcome["note"]
+    time.sleep(3)
+    assert processes_mentioning(session) == []
+    with h5py.File(out / "result.h5", "r") as f:
+        np.testing.assert_allclose(f["rmsd"][:], reference_results(adk[0], [adk[1]], "rmsd")["rmsd"],
+                                   rtol=1e-5, atol=1e-4)
+    assert not [p for p in os.listdir(out) if ".tmp" in p]

@@ -39,7 +39,7 @@ class Backend(BackendBase):
     pilot : Pilot, optional
         run on this pilot (kept for the next run()); otherwise each run()
         starts a pilot of its own on `resource` and cancels it at the end.
-    resource, cpus, walltime, queue, project
+    resource, cpus, walltime, queue, project, client_timeout
         that pilot's (cpus default: one per part, at most this machine's
         cores on a local resource).
     n_workers : int, optional
@@ -65,10 +65,11 @@ class Backend(BackendBase):
     """
 
     def __init__(self, pilot=None, *, resource="local.localhost", cpus=None, walltime=30,
-                 queue=None, project=None, n_workers=None, out=None, retries=1, progress=True):
+                 queue=None, project=None, n_workers=None, out=None, retries=1, progress=True,
+                 client_timeout=300):
         self.pilot = pilot
         self.pilot_options = dict(resource=resource, cpus=cpus, walltime=walltime, queue=queue,
-                                  project=project)
+                                  project=project, client_timeout=client_timeout)
         self.out = os.path.abspath(out or os.getcwd())
         self.retries = retries
         self.progress = progress

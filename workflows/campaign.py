@@ -10,7 +10,8 @@ allowed, so a typo ("rank" for "ranks") is not silently a default.
                                repeats, retries, chunk, compression, concurrent
     [input]                    topology + trajectory (a file or a list), or
                                dataset = "adk" with copies and format (DCD, XTC, H5MD)
-    [resources."<label>"]      walltime (minutes, required), cpus, queue, project
+    [resources."<label>"]      walltime (minutes, required), cpus, queue, project,
+                               client_timeout (s; the pilot's guard, 0: none; default 300)
     [factors]                  ranks (required), io, mode, gather, repeat: lists of levels
     [[experiments]]            design = "list" only: resource, ranks, io, mode, gather, repeat
 
@@ -42,7 +43,7 @@ SCHEMA = {
     "input": {"topology": (str, False), "trajectory": ([str], False), "dataset": (str, False),
               "copies": (int, False), "format": (str, False)},
     "resource": {"walltime": (int, True), "cpus": (int, False), "queue": (str, False),
-                 "project": (str, False)},
+                 "project": (str, False), "client_timeout": (int, False)},
     "factors": {"ranks": ([int], True), "io": ([str], False), "mode": ([str], False),
                 "gather": ([str], False), "repeat": ([int], False)},
     "experiment": {"resource": (str, True), "ranks": (int, False), "io": (str, False),
@@ -84,6 +85,7 @@ class ResourceSpec:
     cpus: int = 0        # 0: the largest experiment's ranks
     queue: str = ""
     project: str = ""
+    client_timeout: int = 300  # s without the campaign process before the pilot's guard ends it
 
 
 @dataclasses.dataclass
@@ -328,8 +330,12 @@ def _check_resources(values):
             raise InputError(f"{where} walltime = {spec['walltime']}: minutes, more than 0")
         if spec.get("cpus", 1) < 1:
             raise InputError(f"{where} cpus = {spec['cpus']}: at least 1")
+        if spec.get("client_timeout", 0) < 0:
+            raise InputError(f"{where} client_timeout = {spec['client_timeout']}: seconds, "
+                             ">= 0 (0: no guard)")
         out[label] = ResourceSpec(label, spec["walltime"], spec.get("cpus", 0),
-                                  spec.get("queue", ""), spec.get("project", ""))
+                                  spec.get("queue", ""), spec.get("project", ""),
+                                  spec.get("client_timeout", 300))
     return out
 
 

@@ -282,7 +282,8 @@ def _run_resource(campaign, label, runs, cdir):
             report = run_plans([(e.id, plan, path) for e, plan, path in runs], label,
                                pilot["walltime"], pilot["cpus"], pilot.get("queue"),
                                pilot.get("project"), session_root=os.path.join(cdir, "sessions", label),
-                               retries=campaign.retries, one_at_a_time=not campaign.concurrent)
+                               retries=campaign.retries, one_at_a_time=not campaign.concurrent,
+                               client_timeout=campaign.resources[label].client_timeout)
             for o in report.failed:
                 print(o.describe())
             code = EXIT_OK if report.ok else EXIT_FAILED

@@ -77,6 +77,12 @@ def add_resource_options(p):
                    help="run a failed task again up to R times before the run fails (default: 1)")
     p.add_argument("--quiet", action="store_true",
                    help="no progress lines on stderr (the pilot, each stage, each run's end)")
+    p.add_argument("--client-timeout", type=float, default=300, metavar="S",
+                   help="a guard running with the pilot ends it when this trajflow process has "
+                        "been gone S seconds (killed, its machine lost); 0: no guard (default: 300)")
+    p.add_argument("--keep-sandbox", action="store_true",
+                   help="keep the pilot's RADICAL sandbox (default: removed at the end; RUNDIR "
+                        "keeps every task's profile, stdout and stderr)")
 
 
 def build_parser():
@@ -171,6 +177,8 @@ def _validate_resource(args):
         raise InputError(f"--cpus {args.cpus}: ask for at least 1 cpu")
     if args.retries < 0:
         raise InputError(f"--retries {args.retries}: give 0 or more")
+    if args.client_timeout < 0:
+        raise InputError(f"--client-timeout {args.client_timeout}: give seconds >= 0 (0: no guard)")
     from . import resources
     try:
         resources.check_resource(args.resource)
@@ -185,18 +193,32 @@ def _run_and_report(plans, args, path, resume=False):
     import concurrent.futures
     from .pilot import Pilot
     t0 = time.time()
-    summaries, runs = {}, {}
-    with Pilot(args.resource, args.cpus, args.walltime, args.queue, args.project, path=path,
-               progress=not args.quiet) as pilot:
-        futures = {pilot.submit_plan(plan, retries=args.retries, resume=resume): plan
-                   for plan in plans}
-        pilot.close(wait=False)  # no more runs: the pilot ends with the last one
-        for future in concurrent.futures.as_completed(futures):
-            try:
-                runs[future] = future.result()
-            except RunFailed as exc:
-                runs[future] = exc.run
-            summaries[future] = _summarise(runs[future])
+    summaries, runs, futures = {}, {}, {}
+
+    def finished(future):
+        try:
+            runs[future] = future.result()
+        except RunFailed as exc:
+            runs[future] = exc.run
+        summaries[future] = _summarise(runs[future])
+    try:
+        with Pilot(args.resource, args.cpus, args.walltime, args.queue, args.project, path=path,
+                   progress=not args.quiet, client_timeout=args.client_timeout,
+                   keep_sandbox=args.keep_sandbox) as pilot:
+            futures = {pilot.submit_plan(plan, retries=args.retries, resume=resume): plan
+                       for plan in plans}
+            pilot.close(wait=False)  # no more runs: the pilot ends with the last one
+            for future in concurrent.futures.as_completed(futures):
+                finished(future)
+    except Interrupted:  # the exit code must say what is on disk: complete results are done
+        if not futures or not all(f.done() and not f.cancelled() and f.exception() is None
+                                  for f in futures):
+            raise
+        print("trajflow: interrupted after every run had completed; the results are whole",
+              file=sys.stderr)
+        for future in futures:
+            if future not in summaries:
+                finished(future)
     failed = False
     for future, plan in futures.items():
         run = runs[future]

@@ -18,6 +18,7 @@ import glob
 import os
 import queue as std_queue
 import re
+import shutil
 import signal
 import threading
 import time
@@ -200,6 +201,27 @@ def end_local_bootstrapper(pmgr, pilot, patience_s=20.0):
             pmgr.kill_pilots(pilot.uid)
             return
         time.sleep(0.1)
+
+
+def remove_local_sandbox(appman, session_dir):
+    """Remove a local pilot's session sandbox (~/radical.pilot.sandbox/<sid>: ~1.1 MB
+    per run, 748 KB of it a copied `gtod` binary, plus ~18 KB per task, never
+    removed by RADICAL-Pilot, seen), keeping the pilot's own profiles (its
+    start and end) in the client's session folder, <session_dir>/<pilot uid>/."""
+    import radical.utils as ru
+    pilot = getattr(getattr(appman, "_rmgr", None), "pilot", None)  # EnTK's, private
+    sandbox = getattr(pilot, "pilot_sandbox", None)
+    if not sandbox:
+        return
+    pilot_sandbox = ru.Url(sandbox).path.rstrip("/")
+    session_sandbox = os.path.dirname(pilot_sandbox)
+    if os.path.basename(session_sandbox) != appman.sid:
+        return  # not the layout expected: leave it
+    keep = os.path.join(session_dir, os.path.basename(pilot_sandbox))
+    os.makedirs(keep, exist_ok=True)
+    for prof in glob.glob(os.path.join(pilot_sandbox, "*.prof")):
+        shutil.copy2(prof, keep)
+    shutil.rmtree(session_sandbox, ignore_errors=True)
 
 
 def _last_event(prof_path):

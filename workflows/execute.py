@@ -18,10 +18,17 @@ import time
 from resource import RUSAGE_SELF, getrusage
 from typing import List
 
+from trajflow.tasks.client_guard import CLIENT_CONFIGS
+
 from . import resources
-from .entk_client import new_appmanager, reap_local_tasks, shutdown, working_dir
+from .entk_client import (new_appmanager, reap_local_tasks, remove_local_sandbox, shutdown,
+                          working_dir)
 from .errors import Interrupted
+from .heartbeat import (CLOSED, DEFAULT_CLIENT_TIMEOUT_S, Heartbeat, cancel_orphans,
+                        guard_bootstrap_command, heartbeat_period, record_session)
 from .pipeline import RunPipeline, remaining_specs
+from .planning import full_disk_note
+from .rundir_lock import close_inherited
 
 
 @dataclasses.dataclass
@@ -34,13 +41,14 @@ class TaskOutcome:
     exit_code: object
     sandbox: str
     stderr_tail: str
+    kept: str = ""    # where RUNDIR keeps its profile, stdout and stderr (the sandbox goes)
 
     def describe(self) -> str:
         lines = [f"task {self.pipeline}/{self.stage}/{self.name} (attempt {self.attempt}) "
                  f"ended {self.state}"
                  + (f" with exit code {self.exit_code}" if self.exit_code is not None else "")]
-        if self.sandbox:
-            lines.append(f"  sandbox: {self.sandbox}")
+        if self.kept or self.sandbox:
+            lines.append(f"  files: {self.kept}" if self.kept else f"  sandbox: {self.sandbox}")
         if self.stderr_tail:
             lines.append("  stderr (last lines):")
             lines += ["    " + l for l in self.stderr_tail.splitlines()]
@@ -111,6 +119,7 @@ def keep_task_files(outcome, dest_root):
         return
     dest = os.path.join(dest_root, f"{outcome.stage}.{outcome.name}.attempt{outcome.attempt}")
     os.makedirs(dest, exist_ok=True)
+    outcome.kept = dest
     for path in glob.glob(os.path.join(outcome.sandbox, "*")):
         if path.endswith((".prof", ".out", ".err")) and os.path.isfile(path):
             shutil.copy2(path, dest)
@@ -123,7 +132,7 @@ OUTCOME_FILE = "outcome.json"
 
 def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_root=None,
               retries=1, resume=False, envs=None, one_at_a_time=False, on_run_ended=None,
-              on_event=None):
+              on_event=None, client_timeout=DEFAULT_CLIENT_TIMEOUT_S):
     """Run [(name, plan, plan_path)] as pipelines on one pilot; return a RunReport.
 
     A failed task is run again up to `retries` times before its run fails.
@@ -136,12 +145,18 @@ def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_
     then called here, while the pilot is already being shut down (the CLI
     writes the run's report meanwhile). `on_event(run, stage, kind, text)`:
     the pilot's activation and each stage's start and end as they happen.
+    `client_timeout`: see PilotProcess.
     """
     t0 = time.time()
+    if resume:  # a pilot of these runs whose client died must not run beside this one
+        for _name, plan, _path in runs:
+            cancel_orphans(plan.workdir, lambda text: print("trajflow: " + text, file=sys.stderr))
+            remove_partial_files(plan)
     desc = resources.resource_description(resource, walltime, cpus, queue, project)
     requests = [RunRequest(name, plan, path, retries, resume, (envs or {}).get(name))
                 for name, plan, path in runs]
-    process = PilotProcess(desc, session_root or runs[0][1].workdir, on_event=on_event)
+    process = PilotProcess(desc, session_root or runs[0][1].workdir, on_event=on_event,
+                           client_timeout=client_timeout)
     with process:
         report = process.run_batch(requests, one_at_a_time, close_after=True,
                                    on_run_ended=lambda name, _outcomes: on_run_ended
@@ -178,9 +193,12 @@ class PilotProcess:
             second = pilot.run_batch([RunRequest("dih", plan2, path2)])
     """
 
-    def __init__(self, pilot, session_root, on_event=None):
+    def __init__(self, pilot, session_root, on_event=None,
+                 client_timeout=DEFAULT_CLIENT_TIMEOUT_S, keep_sandbox=False):
         self.pilot = pilot                  # the RADICAL-Pilot description
         self.session_root = os.path.abspath(session_root)
+        self.client_timeout = client_timeout  # s; 0: the pilot may outlive this process
+        self.keep_sandbox = keep_sandbox
         self.on_event = on_event or (lambda run, stage, kind, text: None)
         self.session_dir = None
         self._child = self._conn = None
@@ -199,7 +217,8 @@ class PilotProcess:
         ctx = multiprocessing.get_context("fork")
         self._conn, child_end = ctx.Pipe()
         self._child = ctx.Process(target=_serve, name="trajflow-pilot",
-                                  args=(child_end, self.pilot, self.session_root, self._conn))
+                                  args=(child_end, self.pilot, self.session_root, self._conn,
+                                        os.getpid(), self.client_timeout, self.keep_sandbox))
         self._child.start()
         child_end.close()
 
@@ -227,7 +246,7 @@ class PilotProcess:
                               file=sys.stderr)
                 elif kind == "report":
                     if close_after:
-                        self._child.join()
+                        self._join()
                     return payload
         except KeyboardInterrupt:
             self.interrupt()
@@ -241,21 +260,22 @@ class PilotProcess:
                         raise EOFError
                 kind, payload = self._conn.recv()
             except EOFError:  # the child is gone without a word
-                self._child.join(5)
+                self._join()
                 code = self._child.exitcode
                 how = (f"killed by signal {-code}" if code is not None and code < 0
                        else f"exit code {code}")
                 raise RuntimeError(f"the process holding the pilot ended unexpectedly ({how}); "
-                                   f"see the RADICAL session folder {self.session_dir or ''}")
+                                   f"see the RADICAL session folder {self.session_dir or ''}"
+                                   + _session_log_tail(self.session_dir))
             if kind == "event":
                 self.on_event(*payload)
             elif kind == "session":
                 self.session_dir = payload
             elif kind == "interrupted":
-                self._child.join()
+                self._join()
                 raise Interrupted(payload)
             elif kind == "error":
-                self._child.join()
+                self._join()
                 raise RuntimeError(payload)
             else:
                 return kind, payload
@@ -266,7 +286,7 @@ class PilotProcess:
             print("trajflow: interrupted; cancelling the pilot (Ctrl-C again to give up waiting)",
                   file=sys.stderr, flush=True)
             os.kill(self._child.pid, signal.SIGINT)
-            self._child.join()
+            self._join()
         raise Interrupted("interrupted by the user; the pilot was cancelled")
 
     def close(self):
@@ -278,27 +298,60 @@ class PilotProcess:
                     pass
             except (BrokenPipeError, EOFError):
                 pass
-            self._child.join()
+            self._join()
+
+    def _join(self):
+        """Wait for the child (its shutdown is bounded: SHUTDOWN_LIMIT_S), then end
+        whatever of its process group is left (RADICAL's client components):
+        the group is the child's own session, never this process's."""
+        self._child.join()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self._child.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                return
+            time.sleep(1.0)
 
 
 def _was_interrupted(exc):
     return isinstance(exc, KeyboardInterrupt) or isinstance(exc.__cause__, KeyboardInterrupt)
 
 
-def _serve(conn, pilot, session_root, parent_end):
-    """The child: one AppManager, batches of runs until "close" (or a Ctrl-C)."""
+_STOPPED_BY = ["the user"]  # who asked the child to stop: the user, or its client's death
+
+
+def _serve(conn, pilot, session_root, parent_end, client_pid, client_timeout, keep_sandbox):
+    """The child: one AppManager, batches of runs until "close" (or a Ctrl-C).
+
+    While its client (the parent) lives, it touches the session's heartbeat,
+    which the pilot's guard watches (`client_timeout` s; 0: no guard); when the
+    client is gone it stops as on a Ctrl-C: the pilot cancelled in order."""
     parent_end.close()  # else its sends would never fail once the parent is gone
+    close_inherited()   # RUNDIR locks are the parent's (see rundir_lock)
     os.setsid()
+    _start_group_reaper()
     resources.activate_venv()
     resources.activate_configs()
     os.environ.setdefault("RADICAL_PROFILE", "TRUE")
     os.environ.setdefault("RADICAL_LOG_LVL", "WARNING")
     os.environ.setdefault("RADICAL_REPORT", "FALSE")
-    appman, ending = None, ("closed", None)
+    appman, ending, beat, configs = None, ("closed", None), None, None
+    in_flight = []  # the plans of the batch being run: their partial files go at the end
     try:
         with working_dir(session_root):
-            appman = new_appmanager(pilot, autoterminate=False, base_path=session_root)
+            appman = new_appmanager(pilot, autoterminate=False, base_path=session_root,
+                                    rts_config={"sandbox_cleanup": not keep_sandbox
+                                                and not resources.is_local(pilot["resource"]),
+                                                "db_cleanup": False})
             session_dir = os.path.join(session_root, appman.sid)
+            os.makedirs(session_dir, exist_ok=True)
+            if client_timeout:
+                configs = os.path.join(session_dir, CLIENT_CONFIGS)
+                resources.configs_with_pre_bootstrap(configs, pilot["resource"], [
+                    guard_bootstrap_command(resources.task_python(pilot["resource"]),
+                                            session_dir, client_timeout)])
+            beat = Heartbeat(session_dir, client_pid, _client_gone,
+                             heartbeat_period(client_timeout or DEFAULT_CLIENT_TIMEOUT_S)).start()
             conn.send(("session", session_dir))
             threading.Thread(target=_tell_when_active, args=(appman, conn), daemon=True).start()
             lost = None  # why the pilot is gone, once EnTK gave up
@@ -306,16 +359,35 @@ def _serve(conn, pilot, session_root, parent_end):
                 kind, batch = conn.recv()
                 if kind == "close":
                     break
+                in_flight[:] = [r.plan for r in batch["requests"]]
                 report, lost = _run_batch(appman, pilot, session_dir, lost, conn, **batch)
+                in_flight.clear()
                 if batch["close_after"]:  # the report goes once the pilot is cancelled
                     ending = ("report", report)
                     break
                 _send(conn, ("report", report))
     except BaseException as exc:  # noqa: the parent must hear of every ending
-        ending = (("interrupted", "interrupted by the user; the pilot was cancelled")
+        ending = (("interrupted", _interrupted_text())
                   if _was_interrupted(exc) else ("error", f"{type(exc).__name__}: {exc}"))
     finally:
-        _shutdown(appman, pilot)  # the pilot cancelled before the parent hears the end
+        # bounded: a failed session close (ENOSPC, seen) once left this process waiting
+        # forever on RADICAL's proxy process in multiprocessing's exit hook
+        watchdog = threading.Timer(SHUTDOWN_LIMIT_S, _give_up, args=(session_root, in_flight))
+        watchdog.daemon = True  # never keeps the process alive; it only cuts a hang short
+        watchdog.start()
+        # the pilot cancelled before the parent hears the end
+        _shutdown(appman, pilot, keep_sandbox, appman and os.path.join(session_root, appman.sid))
+        for plan in in_flight:      # no task of theirs runs any more
+            remove_partial_files(plan)
+        if beat is not None:
+            beat.stop()
+            try:
+                with open(os.path.join(session_dir, CLOSED), "w") as fh:
+                    fh.write(f"the client cancelled its pilot ({ending[0]})\n")
+            except OSError:  # a full disk: the guard then ends the pilot by the heartbeat
+                pass
+        if configs is not None:
+            shutil.rmtree(configs, ignore_errors=True)
         try:
             _send(conn, ending)
             if ending[0] != "closed":
@@ -323,6 +395,62 @@ def _serve(conn, pilot, session_root, parent_end):
         except (BrokenPipeError, OSError):
             pass
         conn.close()
+
+
+SHUTDOWN_LIMIT_S = 120.0  # the longest the child may take to stop, once it is asked to
+
+
+def _give_up(where, plans):
+    print(f"trajflow: the process holding the pilot did not stop within {SHUTDOWN_LIMIT_S:.0f} s; "
+          f"it ends now (RADICAL session under {where})", file=sys.stderr, flush=True)
+    for plan in plans:
+        remove_partial_files(plan)
+    os._exit(70)
+
+
+def _session_log_tail(session_dir, n=10):
+    """The last lines of the session's most recently written log, for a report."""
+    logs = glob.glob(os.path.join(session_dir or "", "*.log"))
+    if not logs:
+        return ""
+    latest = max(logs, key=os.path.getmtime)
+    with open(latest, errors="replace") as fh:
+        tail = fh.read().splitlines()[-n:]
+    return f"\nlast lines of {latest}:\n  " + "\n  ".join(tail)
+
+
+def _start_group_reaper(poll_s=1.0):
+    """Fork a small process that, when this one ends however it ends (SIGKILL
+    included), ends what is left of its process group: RADICAL's client
+    components (its session proxy, seen living on for good after a SIGKILL;
+    a local pilot's bootstrapper and agent). It sits in a group of its own,
+    holds no descriptor of ours, and runs no Python cleanup."""
+    group = os.getpid()
+    if os.fork():
+        return
+    try:
+        os.setpgid(0, 0)
+        os.closerange(3, 65536)
+        while os.getppid() == group:
+            time.sleep(poll_s)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(group, sig)
+            except ProcessLookupError:
+                break
+            time.sleep(2.0)
+    finally:
+        os._exit(0)
+
+
+def _client_gone():
+    """The heartbeat found the client gone: stop as a Ctrl-C would (in the main thread)."""
+    _STOPPED_BY[0] = "the end of the trajflow process that started it"
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def _interrupted_text():
+    return f"interrupted by {_STOPPED_BY[0]}; the pilot was cancelled"
 
 
 _SEND_LOCK = threading.Lock()  # the child's threads share one pipe to the parent
@@ -348,7 +476,10 @@ def _tell_when_active(appman, conn, poll_s=0.5):
         time.sleep(poll_s)
 
 
-def _shutdown(appman, pilot):
+def _shutdown(appman, pilot, keep_sandbox, session_dir):
+    """Cancel the pilot; on this machine end its leftover tasks and remove its
+    sandbox (each run's folder holds its tasks' files by then; on a cluster
+    RADICAL-Pilot cleans up, asked through EnTK's rts_config)."""
     if appman is None:
         return
     local = resources.is_local(pilot["resource"])
@@ -357,6 +488,8 @@ def _shutdown(appman, pilot):
     finally:
         if local:
             reap_local_tasks(appman.sid)
+            if not keep_sandbox:
+                remove_local_sandbox(appman, session_dir)
 
 
 def _run_batch(appman, pilot, session_dir, lost, conn, requests, one_at_a_time, close_after):
@@ -371,6 +504,8 @@ def _run_batch(appman, pilot, session_dir, lost, conn, requests, one_at_a_time, 
                                      r.env, on_event=event(r.name))
                  for r in requests}
     batches = [[r] for r in requests] if one_at_a_time else [list(requests)]
+    for r in requests:  # a later --resume finds this pilot here, should its client die
+        record_session(r.plan.workdir, session_dir)
     outcomes, errors, ended = [], {}, set()
     try:
         for batch in batches:
@@ -387,6 +522,7 @@ def _run_batch(appman, pilot, session_dir, lost, conn, requests, one_at_a_time, 
                 errors.update({r.name: lost for r in batch})
             for r in batch:
                 done = _collect(r.name, r.plan, pipelines[r.name])
+                remove_partial_files(r.plan)
                 outcomes += done
                 _write_outcome(r.plan, done, pipelines[r.name].stopped_at, errors.get(r.name))
                 ended.add(r.name)
@@ -394,9 +530,13 @@ def _run_batch(appman, pilot, session_dir, lost, conn, requests, one_at_a_time, 
     except BaseException as exc:
         if _was_interrupted(exc):  # the runs that had not ended say so on disk
             for r in requests:
-                if r.name not in ended and not os.path.exists(r.plan.result_path()):
-                    record_outcome(r.plan, "failed", "interrupted by the user; the pilot was "
-                                   "cancelled")
+                if r.name in ended:
+                    continue
+                if os.path.exists(r.plan.result_path()):  # published before the interrupt came
+                    record_outcome(r.plan, "done", note=f"{_interrupted_text()} after the "
+                                   "result was complete")
+                else:
+                    record_outcome(r.plan, "failed", _interrupted_text())
         raise
     results = {}
     for r in requests:
@@ -405,6 +545,16 @@ def _run_batch(appman, pilot, session_dir, lost, conn, requests, one_at_a_time, 
     stopped = {name: run.stopped_at for name, run in pipelines.items()}
     peak = getrusage(RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
     return RunReport(outcomes, results, session_dir, time.time() - t0, stopped, peak, errors), lost
+
+
+def remove_partial_files(plan):
+    """Remove what killed tasks left half-written (see RunPlan.partial_files); only
+    once no task of the run can be running."""
+    for path in plan.partial_files():
+        try:
+            os.remove(path)
+        except OSError:
+            pass
 
 
 def _collect(name, plan, run):
@@ -428,16 +578,21 @@ def _write_outcome(plan, outcomes, stopped_at, error):
     failed = failed_for_good(outcomes)
     complete = os.path.exists(plan.result_path()) and not failed and not stopped_at and not error
     retried = [o for o in outcomes if o.state != "DONE" and o not in failed]
+    if not complete:
+        error = "; ".join(filter(None, [error, full_disk_note(plan)])) or None
     record_outcome(plan, "done" if complete else "failed", error, stopped_at,
                    [o.describe() for o in failed], [o.describe() for o in retried])
 
 
-def record_outcome(plan, status, error=None, stopped_at=None, failed_tasks=(), retried_tasks=()):
+def record_outcome(plan, status, error=None, stopped_at=None, failed_tasks=(), retried_tasks=(),
+                   note=None):
     """Write RUNDIR/outcome.json atomically: status "done" or "failed", and why;
     the tasks that failed for good and those that failed once and were run again."""
     record = {"run": os.path.basename(plan.workdir), "status": status, "ended": time.time(),
               "stopped_at": stopped_at, "error": error, "failed_tasks": list(failed_tasks),
               "retried_tasks": list(retried_tasks)}
+    if note:
+        record["note"] = note
     tmp = plan.path(OUTCOME_FILE + ".tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(record, fh, indent=1)

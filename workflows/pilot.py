@@ -30,8 +30,10 @@ import time
 
 from . import resources
 from .errors import InputError, Interrupted, RunFailed
-from .execute import PilotProcess, RunRequest, failed_for_good
-from .planning import make_plan, write_plan
+from .execute import (PilotProcess, RunRequest, failed_for_good, record_outcome,
+                      remove_partial_files)
+from .heartbeat import DEFAULT_CLIENT_TIMEOUT_S, cancel_orphans
+from .planning import full_disk_note, make_plan, write_plan
 from .progress import Progress
 from .runs import Run
 
@@ -108,6 +110,12 @@ class Pilot:
         ``./trajflow-pilot-<date>-<time>``.
     progress : bool
         print what happens (pilot requested, each stage, each run's end) on stderr.
+    client_timeout : float
+        seconds: a guard running with the pilot ends it when this process has
+        been gone this long (killed, its machine lost); 0: no guard.
+    keep_sandbox : bool
+        keep the pilot's RADICAL sandbox (by default removed at the end: each
+        run's folder keeps its tasks' profiles, stdout and stderr).
 
     Examples
     --------
@@ -117,7 +125,8 @@ class Pilot:
     """
 
     def __init__(self, resource="local.localhost", cpus=None, walltime=30, queue=None,
-                 project=None, *, path=None, progress=True):
+                 project=None, *, path=None, progress=True,
+                 client_timeout=DEFAULT_CLIENT_TIMEOUT_S, keep_sandbox=False):
         try:
             resources.check_resource(resource)
         except ValueError as exc:
@@ -131,6 +140,9 @@ class Pilot:
             raise InputError(f"cpus={cpus}: ask for at least 1 cpu")
         if walltime <= 0:
             raise InputError(f"walltime={walltime}: give the pilot's walltime in minutes, > 0")
+        if client_timeout < 0:
+            raise InputError(f"client_timeout={client_timeout}: give seconds >= 0 (0: no guard)")
+        self.client_timeout, self.keep_sandbox = client_timeout, keep_sandbox
         self.resource, self.cpus, self.walltime = resource, int(cpus), walltime
         self.description = resources.resource_description(resource, walltime, cpus, queue, project)
         self.path = os.path.abspath(path or f"trajflow-pilot-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -224,7 +236,9 @@ class Pilot:
         os.makedirs(self.path, exist_ok=True)
         self._say(f"pilot requested on {self.resource}: {self.cpus} cores for "
                   f"{self.walltime} min (session in {self.path})")
-        self._process = PilotProcess(self.description, self.path, on_event=self._event)
+        self._process = PilotProcess(self.description, self.path, on_event=self._event,
+                                     client_timeout=self.client_timeout,
+                                     keep_sandbox=self.keep_sandbox)
         self._process.start()
         self._thread = threading.Thread(target=self._dispatch, name="trajflow-pilot", daemon=True)
         self._thread.start()
@@ -272,6 +286,9 @@ class Pilot:
         if plan.mode == "mpi" and plan.n_blocks > self.cpus:
             raise InputError(f"{plan.n_blocks} MPI ranks do not fit in the pilot's {self.cpus} "
                              "cpus: give fewer blocks or a larger Pilot")
+        if resume:  # a pilot of this run whose client died must not run beside this one
+            cancel_orphans(plan.workdir, self._say)
+            remove_partial_files(plan)
         path = plan.path("plan.json") if resume else write_plan(plan)
         future = RunFuture(RunRequest(self._unique_name(plan), plan, path, retries, resume, env))
         lock = getattr(plan, "lock", None)  # one run per RUNDIR, until this one has ended
@@ -326,8 +343,20 @@ class Pilot:
                     batch += [f for f in self._pending if f.set_running_or_notify_cancel()]
                     self._pending.clear()
                 for f in batch:
-                    if not f.done():
-                        f.set_exception(exc)
+                    if f.done():
+                        continue
+                    run = Run(f.path)  # complete on disk before the pilot went: done
+                    if run.ok:
+                        f.set_result(run)
+                        continue
+                    error = exc
+                    if run.outcome is None and f.running():  # the child died: say so on disk
+                        note = full_disk_note(f.request.plan)
+                        record_outcome(f.request.plan, "failed", f"{type(exc).__name__}: {exc}"
+                                       + (f"; {note}" if note else ""))
+                        if note:
+                            error = RunFailed(f"run {f.request.name} failed: {note}", run=Run(f.path))
+                    f.set_exception(error)
                 return
             for f in batch:  # ended without a word from the pilot (it should not happen)
                 if not f.done():
@@ -377,7 +406,8 @@ def default_out(analysis, parent=None):
 
 
 def resume(rundir, *, pilot=None, resource="local.localhost", cpus=None, walltime=30,
-           queue=None, project=None, retries=1, env=None, progress=True) -> Run:
+           queue=None, project=None, retries=1, env=None, progress=True,
+           client_timeout=DEFAULT_CLIENT_TIMEOUT_S, keep_sandbox=False) -> Run:
     """Run again only what an interrupted or failed run is missing (`trajflow run --resume`).
 
     InputError if its inputs or its analysis code changed since it was planned,
@@ -393,17 +423,20 @@ def resume(rundir, *, pilot=None, resource="local.localhost", cpus=None, walltim
     from .planning import plan_for_resume
     return run_plan(plan_for_resume(rundir), pilot, resource=resource, cpus=cpus,
                     walltime=walltime, queue=queue, project=project, retries=retries, env=env,
-                    progress=progress, resume=True)
+                    progress=progress, resume=True, client_timeout=client_timeout,
+                    keep_sandbox=keep_sandbox)
 
 
 def run_plan(plan, pilot=None, *, resource="local.localhost", cpus=None, walltime=30,
-             queue=None, project=None, retries=1, env=None, progress=True, resume=False) -> Run:
+             queue=None, project=None, retries=1, env=None, progress=True, resume=False,
+             client_timeout=DEFAULT_CLIENT_TIMEOUT_S, keep_sandbox=False) -> Run:
     """A planned run on `pilot`, or on a pilot of its own sized for it (its RADICAL
     session in RUNDIR), started and cancelled around it; the Run, or RunFailed."""
     if pilot is not None:
         return pilot.submit_plan(plan, retries=retries, env=env, resume=resume).result()
     with Pilot(resource, cpus or cpus_needed(plan, resource), walltime, queue, project,
-               path=plan.workdir, progress=progress) as own:
+               path=plan.workdir, progress=progress, client_timeout=client_timeout,
+               keep_sandbox=keep_sandbox) as own:
         return own.submit_plan(plan, retries=retries, env=env, resume=resume).result()
 
 
@@ -432,7 +465,8 @@ def plan_run(topology, trajectory, analysis, *, args=None, select=None, io="shar
 def run(topology, trajectory, analysis, *, args=None, select=None, io="shared", mode="mpi",
         gather="gatherv", blocks=None, repeat=1, chunk=0, compression=None, out=None,
         pilot=None, resource="local.localhost", cpus=None, walltime=30, queue=None,
-        project=None, retries=1, env=None, progress=True, allow_truncated=False) -> Run:
+        project=None, retries=1, env=None, progress=True, allow_truncated=False,
+        client_timeout=DEFAULT_CLIENT_TIMEOUT_S, keep_sandbox=False) -> Run:
     """Analyse a trajectory on a pilot and return the finished Run.
 
     Parameters
@@ -477,6 +511,11 @@ def run(topology, trajectory, analysis, *, args=None, select=None, io="shared", 
     allow_truncated : bool
         analyse the whole frames of a truncated last trajectory file (without
         it a damaged input raises InputError); result.h5 and the summary say so.
+    client_timeout : float
+        seconds after this process's end (killed, machine lost) when a guard
+        running with the pilot ends it (default 300; 0: no guard).
+    keep_sandbox : bool
+        keep the pilot's RADICAL sandbox (default: removed at the end).
 
     Returns
     -------
@@ -509,4 +548,5 @@ def run(topology, trajectory, analysis, *, args=None, select=None, io="shared", 
         raise InputError(f"give blocks= or cpus= for a run on {resource}")
     plan = plan_run(topology, trajectory, analysis, cpus=cpus or blocks, **options)
     return run_plan(plan, resource=resource, cpus=cpus, walltime=walltime, queue=queue,
-                    project=project, retries=retries, env=env, progress=progress)
+                    project=project, retries=retries, env=env, progress=progress,
+                    client_timeout=client_timeout, keep_sandbox=keep_sandbox)

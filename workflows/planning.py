@@ -364,7 +364,57 @@ def _make_plan(out, inputs, io, mode, gather, blocks, cpus, repeat, compression,
                    factory=inputs.factory)
     plan.selected = inputs.selected
     plan.factory_pickle = inputs.factory_pickle
+    check_space(plan)
     return plan
+
+
+def space_needed(plan) -> dict:
+    """Bytes this run will still write into RUNDIR, by what: the H5MD copy or the
+    segments of the split stage (whatever of them is not there yet), and the
+    parts plus result.h5 of the built-in analyses (each holds every frame's
+    result; a user's analysis' results are not known before it runs)."""
+    need = {}
+    if plan.io == "h5md" and not os.path.exists(plan.h5md_path()):
+        need["the H5MD copy of the trajectory"] = plan.n_frames * (plan.n_atoms * 12 + 80)
+    elif plan.io == "split":
+        missing = sum(1 for b in range(plan.n_blocks) if not os.path.exists(plan.segment_path(b)))
+        if missing:
+            size = sum(os.path.getsize(t) for t in plan.trajectories)
+            need["the split segments"] = size * missing // plan.n_blocks
+    per_frame = {"rmsd": 8, "dihedrals": 8 * 4 * len((plan.selected or {}).get("resids", ()))}
+    if plan.analysis in per_frame and not os.path.exists(plan.result_path()):
+        need["the parts and result.h5"] = 2 * plan.n_frames * (per_frame[plan.analysis] + 16)
+    return need
+
+
+def full_disk_note(plan, floor=4 << 20):
+    """"" or, when RUNDIR's file system is (nearly) full, a sentence saying so and
+    what the run still needs: why a run failed is then plain."""
+    try:
+        free = shutil.disk_usage(plan.workdir).free
+    except OSError:
+        return ""
+    if free >= max(floor, sum(space_needed(plan).values())):
+        return ""
+    return (f"the disk of {plan.workdir!r} is full ({free / 1e6:.1f} MB free; the run still "
+            f"needs about {sum(space_needed(plan).values()) / 1e6:.1f} MB): free space there, "
+            f"then `trajflow run --resume {plan.workdir}`")
+
+
+def check_space(plan, margin=1.1):
+    """InputError before any pilot when RUNDIR's file system has not the room the
+    run needs (a full disk once hung a run and left half-written files)."""
+    need = space_needed(plan)
+    total = int(sum(need.values()) * margin)
+    probe = plan.workdir
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    free = shutil.disk_usage(probe).free
+    if total > free:
+        parts = ", ".join(f"{what} {n / 1e6:.1f} MB" for what, n in need.items())
+        raise InputError(f"not enough disk space for {plan.workdir!r}: the run needs about "
+                         f"{total / 1e6:.1f} MB ({parts}, +10 %) and its file system has "
+                         f"{free / 1e6:.1f} MB free: free space there or choose another --out")
 
 
 def resolve_selection(u, selection, analysis) -> dict:
@@ -389,6 +439,7 @@ def plan_for_resume(rundir) -> RunPlan:
     lock = RunLock(rundir).acquire("--resume")  # refused while the run still goes
     try:
         plan = _resumable(RunPlan.load(path), rundir)
+        check_space(plan)
     except BaseException:
         lock.release()
         raise

@@ -105,15 +105,50 @@ def prepare_config_dir(target: str) -> str:
 _ACTIVE = {}
 
 
+CONFIG_DIR_PREFIX = "trajflow-radical-config-"
+
+
 def activate_configs() -> str:
-    """Once per process: a private config folder (user's + ours), removed at exit."""
+    """Once per process: a private config folder (user's + ours), removed at exit.
+
+    Its name holds the pid, so that the folder of a process that was killed
+    (no exit handler ran) is removed by the next trajflow on this machine."""
     if "dir" not in _ACTIVE:
         _ACTIVE["user_base"] = os.environ.get("RADICAL_CONFIG_USER_DIR") or os.path.expanduser("~")
-        folder = tempfile.mkdtemp(prefix="trajflow-radical-config-")
+        remove_stale_config_dirs()
+        folder = tempfile.mkdtemp(prefix=f"{CONFIG_DIR_PREFIX}{os.getpid()}-")
         atexit.register(shutil.rmtree, folder, True)
         prepare_config_dir(folder)
         _ACTIVE["dir"] = folder
     return _ACTIVE["dir"]
+
+
+def remove_stale_config_dirs():
+    """Remove the private config folders of trajflow processes that are gone."""
+    import glob
+    for folder in glob.glob(os.path.join(tempfile.gettempdir(), CONFIG_DIR_PREFIX + "*")):
+        pid = os.path.basename(folder)[len(CONFIG_DIR_PREFIX):].split("-")[0]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def configs_with_pre_bootstrap(target, resource, entries) -> str:
+    """A config folder of this process's own at `target` (as prepare_config_dir
+    makes), in which `resource` also runs `entries` after its own
+    pre_bootstrap_0 commands (the client guard: one per session)."""
+    prepare_config_dir(target)
+    cfg = resource_config(resource).as_dict()
+    cfg["pre_bootstrap_0"] = list(cfg.get("pre_bootstrap_0") or []) + list(entries)
+    facility, _, name = resource.partition(".")
+    path = os.path.join(target, ".radical", "pilot", "configs", f"resource_{facility}.json")
+    platforms = {}
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as fh:
+            platforms = json.load(fh)
+    platforms[name] = cfg
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(platforms, fh, indent=2)
+    return target
 
 
 def check_resource(resource: str):

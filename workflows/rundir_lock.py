@@ -3,8 +3,9 @@
 Two runs started into one folder (or a --resume while the run still goes)
 would read each other's plan and both report success with one result (seen).
 The lock is RUNDIR/.trajflow-lock, held with flock(2) by the process that
-runs the run (and the child holding its pilot, which inherits it) until the
-run has ended; the file says who holds it (host, pid, since when). A lock
+runs the run until the run has ended (the child holding its pilot closes the
+copy it inherits: RADICAL's processes forked from it would keep a killed
+run's lock held, seen; the child stops its pilot once that process is gone); the file says who holds it (host, pid, since when). A lock
 whose holder is gone is released by the kernel and taken over with a note;
 where the file system has no flock, a lock of this host whose pid is dead is
 taken over, one of another host is refused (remove the file if that run is
@@ -18,6 +19,17 @@ import time
 from .errors import InputError
 
 LOCK_FILE = ".trajflow-lock"
+_HELD = set()  # this process's lock file descriptors
+
+
+def close_inherited():
+    """In a forked child: close the locks' descriptors it inherited (the parent keeps them)."""
+    for fd in list(_HELD):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
 
 
 class RunLock:
@@ -56,6 +68,7 @@ class RunLock:
         os.pwrite(fd, f"host {socket.gethostname()} pid {os.getpid()} since "
                       f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
         self.fd = fd
+        _HELD.add(fd)
         return self
 
     def release(self, remove_dir=False):
@@ -68,6 +81,7 @@ class RunLock:
         except FileNotFoundError:
             pass
         os.close(self.fd)
+        _HELD.discard(self.fd)
         self.fd = None
         if remove_dir and self.created_dir:
             try:
