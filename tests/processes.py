@@ -22,10 +22,10 @@ def processes_mentioning(text):
     return [p for p in found if p != os.getpid()]
 
 
-def start_with_sleeping_tasks(args):
+def start_with_sleeping_tasks(args, delay="0:compute:300,1:compute:300"):
     """`trajflow ARGS` in a session of its own (as a terminal would run it), its
     blocks 0 and 1 sleeping 300 s in compute, so that there is time to press Ctrl-C."""
-    env = {**os.environ, "TRAJFLOW_TEST_DELAY": "0:compute:300,1:compute:300"}
+    env = {**os.environ, "TRAJFLOW_TEST_DELAY": delay}
     return subprocess.Popen([TRAJFLOW] + args, env=env, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

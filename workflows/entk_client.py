@@ -224,6 +224,16 @@ def remove_local_sandbox(appman, session_dir):
     shutil.rmtree(session_sandbox, ignore_errors=True)
 
 
+def remove_id_counters(sid):
+    """Remove radical.utils' id counters of a session that has ended
+    ($RADICAL_BASE/.radical/utils/<sid>/, ~36 KB per session, never removed: 130
+    folders after a day of runs here)."""
+    import radical.utils as ru
+    folder = os.path.join(ru.get_radical_base("utils"), sid)
+    if sid and os.path.basename(folder) == sid:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _last_event(prof_path):
     """The event name on a RADICAL profile's last line, or None."""
     try:

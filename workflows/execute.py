@@ -21,8 +21,8 @@ from typing import List
 from trajflow.tasks.client_guard import CLIENT_CONFIGS
 
 from . import resources
-from .entk_client import (new_appmanager, reap_local_tasks, remove_local_sandbox, shutdown,
-                          working_dir)
+from .entk_client import (new_appmanager, reap_local_tasks, remove_id_counters,
+                          remove_local_sandbox, shutdown, working_dir)
 from .errors import Interrupted
 from .heartbeat import (CLOSED, DEFAULT_CLIENT_TIMEOUT_S, Heartbeat, cancel_orphans,
                         guard_bootstrap_command, heartbeat_period, record_session)
@@ -118,13 +118,17 @@ def keep_task_files(outcome, dest_root):
     if not outcome.sandbox or not os.path.isdir(outcome.sandbox):
         return
     dest = os.path.join(dest_root, f"{outcome.stage}.{outcome.name}.attempt{outcome.attempt}")
-    os.makedirs(dest, exist_ok=True)
-    outcome.kept = dest
-    for path in glob.glob(os.path.join(outcome.sandbox, "*")):
-        if path.endswith((".prof", ".out", ".err")) and os.path.isfile(path):
-            shutil.copy2(path, dest)
-    with open(os.path.join(dest, "outcome.json"), "w", encoding="utf-8") as fh:
-        json.dump(dataclasses.asdict(outcome), fh, indent=1)
+    try:
+        os.makedirs(dest, exist_ok=True)
+        for path in glob.glob(os.path.join(outcome.sandbox, "*")):
+            if path.endswith((".prof", ".out", ".err")) and os.path.isfile(path):
+                shutil.copy2(path, dest)
+        with open(os.path.join(dest, "outcome.json"), "w", encoding="utf-8") as fh:
+            json.dump(dataclasses.asdict(outcome), fh, indent=1)
+        outcome.kept = dest
+    except OSError as exc:  # a full disk: the run's own outcome still has to be written
+        print(f"trajflow: could not keep the files of task {outcome.name}: {exc}",
+              file=sys.stderr)
 
 
 OUTCOME_FILE = "outcome.json"
@@ -397,7 +401,7 @@ def _serve(conn, pilot, session_root, parent_end, client_pid, client_timeout, ke
         conn.close()
 
 
-SHUTDOWN_LIMIT_S = 120.0  # the longest the child may take to stop, once it is asked to
+SHUTDOWN_LIMIT_S = 60.0  # the longest the child may take to stop, once it is asked to
 
 
 def _give_up(where, plans):
@@ -486,6 +490,7 @@ def _shutdown(appman, pilot, keep_sandbox, session_dir):
     try:
         shutdown(appman, local)
     finally:
+        remove_id_counters(appman.sid)
         if local:
             reap_local_tasks(appman.sid)
             if not keep_sandbox:
@@ -521,10 +526,12 @@ def _run_batch(appman, pilot, session_dir, lost, conn, requests, one_at_a_time, 
                 lost = f"EnTK failed: {type(exc).__name__}: {exc}"
                 errors.update({r.name: lost for r in batch})
             for r in batch:
+                disk = full_disk_note(r.plan)  # before the partial files give space back
+                remove_partial_files(r.plan)    # first: a full disk fails what follows
                 done = _collect(r.name, r.plan, pipelines[r.name])
-                remove_partial_files(r.plan)
                 outcomes += done
-                _write_outcome(r.plan, done, pipelines[r.name].stopped_at, errors.get(r.name))
+                _write_outcome(r.plan, done, pipelines[r.name].stopped_at, errors.get(r.name),
+                               disk)
                 ended.add(r.name)
                 _send(conn, ("ended", (r.name, done)))
     except BaseException as exc:
@@ -573,13 +580,13 @@ def _collect(name, plan, run):
     return outcomes
 
 
-def _write_outcome(plan, outcomes, stopped_at, error):
+def _write_outcome(plan, outcomes, stopped_at, error, disk_note=""):
     """RUNDIR/outcome.json: how the run ended, written the moment it has ended."""
     failed = failed_for_good(outcomes)
     complete = os.path.exists(plan.result_path()) and not failed and not stopped_at and not error
     retried = [o for o in outcomes if o.state != "DONE" and o not in failed]
     if not complete:
-        error = "; ".join(filter(None, [error, full_disk_note(plan)])) or None
+        error = "; ".join(filter(None, [error, disk_note])) or None
     record_outcome(plan, "done" if complete else "failed", error, stopped_at,
                    [o.describe() for o in failed], [o.describe() for o in retried])
 

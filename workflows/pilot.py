@@ -352,10 +352,10 @@ class Pilot:
                     error = exc
                     if run.outcome is None and f.running():  # the child died: say so on disk
                         note = full_disk_note(f.request.plan)
-                        record_outcome(f.request.plan, "failed", f"{type(exc).__name__}: {exc}"
-                                       + (f"; {note}" if note else ""))
-                        if note:
-                            error = RunFailed(f"run {f.request.name} failed: {note}", run=Run(f.path))
+                        why = f"{exc}" + (f"; {note}" if note else "")
+                        record_outcome(f.request.plan, "failed", why)
+                        if not isinstance(exc, Interrupted):
+                            error = RunFailed(f"run {f.request.name} failed: {why}", run=Run(f.path))
                     f.set_exception(error)
                 return
             for f in batch:  # ended without a word from the pilot (it should not happen)

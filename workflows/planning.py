@@ -368,6 +368,9 @@ def _make_plan(out, inputs, io, mode, gather, blocks, cpus, repeat, compression,
     return plan
 
 
+RADICAL_SESSION_BYTES = 3 << 20  # a run's RADICAL session folder in RUNDIR: ~1-2 MB seen
+
+
 def space_needed(plan) -> dict:
     """Bytes this run will still write into RUNDIR, by what: the H5MD copy or the
     segments of the split stage (whatever of them is not there yet), and the
@@ -381,6 +384,7 @@ def space_needed(plan) -> dict:
         if missing:
             size = sum(os.path.getsize(t) for t in plan.trajectories)
             need["the split segments"] = size * missing // plan.n_blocks
+    need["RADICAL's session folder (logs, profiles)"] = RADICAL_SESSION_BYTES
     per_frame = {"rmsd": 8, "dihedrals": 8 * 4 * len((plan.selected or {}).get("resids", ()))}
     if plan.analysis in per_frame and not os.path.exists(plan.result_path()):
         need["the parts and result.h5"] = 2 * plan.n_frames * (per_frame[plan.analysis] + 16)

@@ -11,6 +11,7 @@ placeholder ${TRAJFLOW_VENV_BIN} (the bin folder holding this Python and the
 """
 import atexit
 import copy
+import glob
 import json
 import os
 import shutil
@@ -81,8 +82,10 @@ def prepare_config_dir(target: str) -> str:
         return target
     if os.path.isdir(dest):
         shutil.rmtree(dest)
-    if os.path.isdir(src):
-        shutil.copytree(src, dest, symlinks=True,
+    # only the user's configs (<module>/configs/): ~/.radical also holds radical.utils'
+    # per-session id counters, 4 MB after a day of runs here, that have no place in a copy
+    for configs in glob.glob(os.path.join(src, "*", "configs")):
+        shutil.copytree(configs, os.path.join(dest, os.path.relpath(configs, src)), symlinks=True,
                         ignore=shutil.ignore_patterns("*.log", "*.prof"))
     configs = os.path.join(dest, "pilot", "configs")
     os.makedirs(configs, exist_ok=True)
@@ -125,7 +128,6 @@ def activate_configs() -> str:
 
 def remove_stale_config_dirs():
     """Remove the private config folders of trajflow processes that are gone."""
-    import glob
     for folder in glob.glob(os.path.join(tempfile.gettempdir(), CONFIG_DIR_PREFIX + "*")):
         pid = os.path.basename(folder)[len(CONFIG_DIR_PREFIX):].split("-")[0]
         if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
@@ -211,7 +213,6 @@ def task_python(resource: str) -> str:
 
 def _labels_in(folder) -> dict:
     """label -> file, for the resource_<facility>.json files in `folder` (comments allowed)."""
-    import glob
     import radical.utils as ru
     out = {}
     for path in sorted(glob.glob(os.path.join(folder, "resource_*.json"))):
