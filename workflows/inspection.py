@@ -6,30 +6,16 @@ client). RADICAL's per-rank records do not say which rank they are, and
 radical.analytics pairs the first rank's start with the next stop, so rank
 truth comes from our records; RADICAL gives each task's launch time.
 
-The straggler rule is ../shared/notes/method.md's: among like members (the
-ranks of one MPI task, the tasks of one stage), flag a member whose duration
-exceeds median + 3 x 1.4826 x MAD, is at least 1.5 x the median and exceeds
-it by more than a floor; blame the phase holding the largest share of the
-excess ("mixed" when none holds half); rank flags by how much sooner the
-stage would have ended had the member run at the median.
+Stragglers are judged by stragglers.py among like members (the ranks of
+one MPI task, the tasks of one stage).
 """
 import csv
 import glob
 import json
 import os
-import statistics
-
 from trajflow.tasks.plan import PLAN_FILE, RunPlan
 
-# phases as the report names them, from the record's t_* fields
-PHASES = {"open": ("t_open_topology", "t_open_trajectory"), "io": ("t_io",),
-          "compute": ("t_compute",), "comm": ("t_comm",), "write": ("t_write", "t_convert"),
-          "launch": ("t_launch",), "other": ("t_overhead",)}
-MAD_SCALE = 1.4826
-FLOOR_S = 0.2           # a straggler is late by more than this ...
-FLOOR_SHARE = 0.05      # ... and by more than this share of the group's makespan
-MIN_GROUP = 3           # median and MAD mean nothing for fewer members
-
+from .stragglers import MIN_GROUP, describe, judge, judged_groups, phase_times
 
 def load_run(rundir):
     """(plan, records) of one run; records are the profile lines, with RADICAL launch times."""
@@ -67,61 +53,14 @@ def radical_launch_starts(rundir):
     return starts
 
 
-def phase_times(rec):
-    return {p: sum(rec.get(k, 0.0) for k in keys) for p, keys in PHASES.items()}
-
-
 def group_key(rec):
     """Like with like: the ranks of one MPI task, or the tasks of one stage."""
     return (rec["run"], rec["task"], rec.get("io", ""))
 
 
 def find_stragglers(records):
-    """Flags with the numbers behind them, most harmful first."""
-    groups = {}
-    for rec in records:
-        groups.setdefault(group_key(rec), []).append(rec)
-    flags = []
-    for key, members in groups.items():
-        if len(members) < MIN_GROUP:
-            continue
-        frames = [m.get("frames") or 0 for m in members]
-        median_frames = statistics.median(frames) or 1
-        # normalise by frames: a block one frame longer is not a straggler
-        dur = [m["t_work"] * (median_frames / f if f else 1.0) for m, f in zip(members, frames)]
-        med = statistics.median(dur)
-        mad = statistics.median(abs(d - med) for d in dur)
-        makespan = max(m["t_stop"] for m in members) - min(m["t_start"] for m in members)
-        floor = max(FLOOR_S, FLOOR_SHARE * makespan)
-        threshold = max(med + 3 * MAD_SCALE * mad, 1.5 * med, med + floor)
-        phase_meds = {p: statistics.median(phase_times(m)[p] for m in members) for p in PHASES}
-        for m, d in zip(members, dur):
-            if d <= threshold:
-                continue
-            excess = d - med
-            by_phase = {p: phase_times(m)[p] - phase_meds[p] for p in PHASES}
-            cause, top = max(by_phase.items(), key=lambda kv: kv[1])
-            if top < 0.5 * excess:
-                cause = "mixed"
-            flags.append({
-                "run": key[0], "task": key[1], "rank": m.get("rank"), "block": m.get("block"),
-                "host": m.get("host"), "frames": m.get("frames"), "duration_s": d,
-                "median_s": med, "mad_s": mad, "threshold_s": threshold, "excess_s": excess,
-                "ratio_to_median": d / med if med else float("inf"), "cause": cause,
-                "excess_by_phase_s": by_phase, "impact_s": _impact(m, members, excess),
-                "group_size": len(members)})
-    return sorted(flags, key=lambda f: -f["impact_s"])
-
-
-def _impact(member, members, excess):
-    """How much sooner the group would have ended had `member` run at the median."""
-    if member.get("mode") == "mpi" and member["task"] == "analyze":
-        return excess  # the other ranks wait for it at the barrier
-    if any(m["t_start"] >= member["t_stop"] for m in members if m is not member):
-        return excess  # members ran one after another: everything after it was pushed back
-    end = max(m["t_stop"] for m in members)
-    others = max((m["t_stop"] for m in members if m is not member), default=0.0)
-    return end - max(others, member["t_stop"] - excess)
+    """Flags with the numbers behind them, most harmful first (see stragglers.py)."""
+    return judge(records, group_key)
 
 
 def advice(plan, records):
@@ -166,24 +105,12 @@ def phase_table(records):
 
 
 def straggler_lines(flags, records):
+    judged, small = judged_groups(records, group_key)
     if not flags:
-        sizes = {}
-        for r in records:
-            sizes.setdefault(group_key(r), 0)
-            sizes[group_key(r)] += 1
-        judged = sum(1 for n in sizes.values() if n >= MIN_GROUP)
         if not judged:
             return [f"stragglers: not judged (every group has fewer than {MIN_GROUP} members)"]
         return [f"stragglers: none (in {judged} group(s) of {MIN_GROUP} or more members)"]
-    lines = ["stragglers (most harmful first):"]
-    for f in flags:
-        lines.append(
-            f"  {f['run']} {f['task']} rank {f['rank']} block {f['block']} on {f['host']}: "
-            f"{f['duration_s']:.2f} s vs median {f['median_s']:.2f} s ({f['ratio_to_median']:.1f}x, "
-            f"threshold {f['threshold_s']:.2f} s); cause: {f['cause']} "
-            f"(+{f['excess_by_phase_s'].get(f['cause'], f['excess_s']):.2f} s of "
-            f"+{f['excess_s']:.2f} s); the group would have ended {f['impact_s']:.2f} s sooner")
-    return lines
+    return ["stragglers (most harmful first):"] + ["  " + describe(f) for f in flags]
 
 
 def slowest_rank_phases(records):
@@ -260,13 +187,23 @@ def write_json(report, path):
         json.dump(report, fh, indent=1, default=str)
 
 
+FLAG_COLUMNS = ["run", "task", "kind", "rank", "ranks", "block", "host", "duration_s",
+                "baseline", "baseline_s", "ratio", "threshold_s", "cause", "excess_s",
+                "impact_s", "victims_wait_s"]
+
+
 def write_csv(report, path):
-    """One row per task/rank record (intervals left out), then one per straggler flag."""
+    """One row per task/rank record (intervals left out); then, under a header of
+    their own, one row per straggler flag with its numbers and the sentence the
+    terminal prints."""
     keys = sorted({k for r in report["records"] for k in r if k != "intervals"})
     with open(path, "w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
         w.writerow(["kind"] + keys)
         for r in report["records"]:
             w.writerow(["record"] + [r.get(k, "") for k in keys])
+        w.writerow([])
+        w.writerow(["kind"] + FLAG_COLUMNS + ["description"])
         for f in report["stragglers"]:
-            w.writerow(["straggler"] + [json.dumps(f, default=str)])
+            w.writerow(["straggler"] + [" ".join(map(str, f[c])) if c == "ranks" and f.get(c)
+                                        else f.get(c, "") for c in FLAG_COLUMNS] + [describe(f)])

@@ -8,7 +8,8 @@ import html
 import io
 import os
 
-from .inspection import PHASES, phase_times
+from .inspection import straggler_lines
+from .stragglers import PHASES, phase_times
 
 COLOURS = {"open_topology": "#8c564b", "open_trajectory": "#c49c94", "io": "#1f77b4",
            "compute": "#2ca02c", "wait": "#d62728", "comm": "#9467bd", "write": "#ff7f0e",
@@ -116,15 +117,17 @@ def render(report, title="trajflow inspection"):
     parts = [f"<h1>{html.escape(title)}</h1>",
              "<p>Runs: " + ", ".join(html.escape(r["workdir"]) for r in report["runs"]) + "</p>"]
     parts.append("<h2>Stragglers</h2>")
+    parts.append("<ul>" + "".join(f"<li>{html.escape(line.strip())}</li>"
+                                  for line in straggler_lines(flags, records)) + "</ul>")
     if flags:
         parts.append(_table(
-            ["run", "task", "rank", "block", "host", "duration s", "median s", "x median",
-             "threshold s", "cause", "impact s"],
-            [[f["run"], f["task"], f["rank"], f["block"], f["host"], f"{f['duration_s']:.3f}",
-              f"{f['median_s']:.3f}", f"{f['ratio_to_median']:.1f}", f"{f['threshold_s']:.3f}",
-              f["cause"], f"{f['impact_s']:.3f}"] for f in flags]))
-    else:
-        parts.append("<p>No stragglers.</p>")
+            ["run", "task", "kind", "rank(s)", "block", "host", "duration s", "baseline s",
+             "baseline", "x baseline", "threshold s", "cause", "impact s", "victims' wait s"],
+            [[f["run"], f["task"], f["kind"], f["rank"] if f["kind"] != "host" else
+              ",".join(map(str, f["ranks"])), f["block"], f["host"], f"{f['duration_s']:.3f}",
+              f"{f['baseline_s']:.3f}", f["baseline"], f"{f['ratio']:.1f}",
+              f"{f['threshold_s']:.3f}", f["cause"], f"{f['impact_s']:.3f}",
+              f"{f['victims_wait_s']:.3f}"] for f in flags]))
     parts.append("<h2>Advice</h2><ul>" + "".join(
         f"<li><b>{html.escape(run)}</b>: {html.escape(a['text'])}</li>"
         for run, a in report["advice"].items()) + "</ul>")
