@@ -118,10 +118,29 @@ def live_guards(rundir, fresh_s=30.0):
     return live
 
 
+def client_alive(session, stale_s=12.0):
+    """True while the session's heartbeat is still touched (its client lives: e.g. a
+    Pilot of this very script that ran the run before); False once it is older
+    than `stale_s` (more than two beats) or gone."""
+    path = os.path.join(session, HEARTBEAT)
+    try:
+        first = os.stat(path).st_mtime
+    except OSError:
+        return False
+    while time.time() - first <= stale_s:
+        time.sleep(0.5)
+        try:
+            if os.stat(path).st_mtime != first:
+                return True
+        except OSError:
+            return False
+    return False
+
+
 def cancel_orphans(rundir, say, patience_s=60.0):
     """Ask every live guard of an earlier session of this run to end its pilot, and
     wait (at most `patience_s`) until each has recorded that it did."""
-    orphans = live_guards(rundir)
+    orphans = [s for s in live_guards(rundir) if not client_alive(s)]
     for session in orphans:
         with open(os.path.join(session, CANCEL), "w", encoding="utf-8") as fh:
             fh.write(f"an orphaned pilot of {rundir}, cancelled by trajflow --resume")
