@@ -2,7 +2,7 @@
 
   MPI mode:   mpiexec -n N python -m trajflow.tasks.analyze --plan PLAN
               rank r analyses block r; results reach rank 0 by Gatherv or by
-              one-sided puts into an MPI window (paper 000's Global Arrays),
+              one-sided puts into an MPI window (Khoshlessan et al. 2019's Global Arrays),
               and rank 0 writes one part file.
   tasks mode: python -m trajflow.tasks.analyze --plan PLAN --block B
               writes that block's part file; the reduce task joins them.
@@ -96,7 +96,7 @@ def run_mpi_mode(plan):
     timer = RankTimer("analyze", rank=rank, size=size, block=rank, mode="mpi",
                       gather=plan.gather, progress_path=plan.progress_path(rank))
     arrays, attrs = analyze_block(plan, rank, timer, comm)
-    with timer.phase("wait"):  # the straggler signal of paper 001
+    with timer.phase("wait"):  # the straggler signal of Jakupovic and Beckstein 2021
         barrier_or_abort(comm, plan.collective_timeout_s)
     with timer.phase("comm"):
         gather = gather_rma if plan.gather == "rma" else gather_gatherv

@@ -161,9 +161,18 @@ def guard(session_dir, timeout_s, bootstrap_pid, poll_s=None):
 
 
 def _ended(session_dir, **fields):
-    """Record the end; remove what a killed client could not (its config folder)."""
+    """Record the end; remove what a killed client could not (its config folder) and
+    what RADICAL-Pilot never does (its tasks' temp folder on this node)."""
     shutil.rmtree(os.path.join(session_dir, CLIENT_CONFIGS), ignore_errors=True)
+    remove_task_tmp(os.path.basename(os.path.normpath(session_dir)))
     _record(os.path.join(session_dir, ENDED), **fields)
+
+
+def remove_task_tmp(sid):
+    """Remove ${TMPDIR:-/tmp}/<sid>: RADICAL-Pilot's agent makes it for its tasks' temp
+    files and leaves it (an empty folder per run in /tmp, 175 seen here)."""
+    if sid.startswith("re.session."):
+        shutil.rmtree(os.path.join(os.environ.get("TMPDIR", "/tmp"), sid), ignore_errors=True)
 
 
 def _daemonize(log_path):

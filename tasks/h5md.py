@@ -3,7 +3,7 @@
 Written with h5py directly in the layout MDAnalysis' H5MDWriter uses (so its
 H5MDReader opens our files with the same positions, box, time and step):
 `particles/trajectory/position/{value,step,time}` with one frame per chunk
-(1, n_atoms, 3) as paper 001 found fastest, and, for a periodic system, the
+(1, n_atoms, 3) as Jakupovic and Beckstein 2021 found fastest, and, for a periodic system, the
 box as `particles/trajectory/box/edges/{value,step,time}` (the 3x3 box
 vectors of every frame). Time and step are kept monotonic across
 concatenated inputs. Read with h5py directly: one hyperslab per chunk of
@@ -144,7 +144,7 @@ class H5MDBlockReader:
 
     def __init__(self, path, atom_indices, comm=None):
         # With an MPI build of h5py, the ranks of an MPI task open the file
-        # together (driver mpio, paper 001); otherwise each opens it on its own.
+        # together (driver mpio, Jakupovic and Beckstein 2021); otherwise each opens it on its own.
         if comm is not None and h5py.get_config().mpi:
             self.file = h5py.File(path, "r", driver="mpio", comm=comm)
         else:

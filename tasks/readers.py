@@ -71,7 +71,7 @@ def open_trajectory(trajectories, timer=None):
     """The trajectory alone, no topology: several files become one ChainReader.
 
     Analyze ranks need no topology: their atoms were resolved on the
-    workstation, which saves every rank the topology parse (paper 000's
+    workstation, which saves every rank the topology parse (Khoshlessan et al. 2019's
     t_open_topology, seconds per rank for large systems).
     """
     warnings.filterwarnings("ignore", module="MDAnalysis")

@@ -1,9 +1,9 @@
 """The split task: prepare the trajectory for the analyze stage, per io strategy.
 
   shared: check the inputs still have the frames and atoms the plan counted;
-  split:  write one trajectory segment per block (paper 000, section 6.5.1),
+  split:  write one trajectory segment per block (Khoshlessan et al. 2019, section 6.5.1),
           blocks shared round-robin over the MPI ranks or one block per task;
-  h5md:   convert to one H5MD file with chunks of one frame (paper 001).
+  h5md:   convert to one H5MD file with chunks of one frame (Jakupovic and Beckstein 2021).
 Every output is written under a temporary name and renamed when whole.
 """
 import argparse

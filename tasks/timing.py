@@ -15,7 +15,7 @@ import time
 
 from . import faults
 
-# Phase names follow paper 000, Table 3 (t_open_topology, t_IO, ...).
+# Phase names follow Khoshlessan et al. 2019, Table 3 (t_open_topology, t_IO, ...).
 PHASES = ("open_topology", "open_trajectory", "io", "compute", "wait", "comm",
           "write", "convert")
 # the phase a testing delay (faults.py, TRAJFLOW_TEST_DELAY) is injected into

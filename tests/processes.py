@@ -1,6 +1,7 @@
 """Processes of a test's trajflow runs: start one with sleeping tasks, find what runs, stop it."""
 import glob
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -53,3 +54,49 @@ def stop(proc):
             proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def output_so_far(proc, quiet_s=2.0):
+    """What the run has written, without waiting for the end of its output: a process
+    it left behind may hold the pipe open."""
+    fd, chunks = proc.stdout.fileno(), []
+    while select.select([fd], [], [], quiet_s)[0]:
+        data = os.read(fd, 1 << 16)
+        if not data:
+            break
+        chunks.append(data)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def session_name(folder):
+    """The RADICAL session a run in `folder` started (re.session.*)."""
+    return os.path.basename(glob.glob(os.path.join(str(folder), "re.session.*"))[0])
+
+
+def analyzing(proc, out):
+    """Wait until the analyze tasks of the run in `out` run; its RADICAL session's name."""
+    wait_for_analyze(proc, marker=str(out))
+    return session_name(out)
+
+
+def signal_run(proc, ready, sig=signal.SIGINT, whole_group=True, timeout=180):
+    """Once `ready()` has returned, send `sig` to the run - its whole group, as Ctrl-C in a
+    terminal does, or the client alone, as `kill PID` does - and wait for its end.
+    Returns (exit code, output, what ready() returned); a failed check stops the run."""
+    try:
+        got = ready()
+        (os.killpg if whole_group else os.kill)(proc.pid, sig)
+        return proc.wait(timeout=timeout), proc.stdout.read(), got
+    except BaseException:
+        stop(proc)
+        print("the run's output:\n" + output_so_far(proc))  # shown with the failure
+        raise
+    finally:
+        stop(proc)
+
+
+def assert_nothing_left(session):
+    """No analyze task and no process of the pilot's session runs a few seconds later."""
+    time.sleep(3)
+    assert processes_mentioning("trajflow.tasks.analyze") == []
+    assert processes_mentioning(session) == []

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from trajflow.workflows.campaign import load_campaign
-from trajflow.workflows.campaign_table import _add_speedups, curve_points
+from trajflow.workflows.campaign_table import _add_speedups, curve_points, strategy_comparisons
 from trajflow.workflows.planning import InputError
 
 BASE = """
@@ -153,8 +153,9 @@ def test_speedup_and_efficiency_against_the_fewest_ranks_mean():
     rows = [row("a", "shared", 1, 10.0, 1), row("a", "shared", 1, 12.0, 2),
             row("a", "shared", 2, 5.5, 1), row("a", "shared", 4, 4.0, 1),
             row("b", "shared", 2, 3.0, 1), row("b", "shared", 4, 2.0, 1),
-            {"resource": "a", "ranks": 8, "status": "failed"}]
+            {"resource": "a", "ranks": 8, "status": "failed"}, row("c", "shared", 2, 3.0, 1)]
     _add_speedups(rows)
+    assert "S" not in rows[7]  # c ran at one rank count: S = N, E = 1 would read as perfect
     assert rows[2]["S"] == pytest.approx(11.0 / 5.5) and rows[2]["E"] == pytest.approx(1.0)
     assert rows[3]["S"] == pytest.approx(11.0 / 4.0) and rows[3]["E"] == pytest.approx(11.0 / 16)
     assert rows[4]["S"] == pytest.approx(2.0)            # b's baseline is its own 2 ranks
@@ -163,6 +164,7 @@ def test_speedup_and_efficiency_against_the_fewest_ranks_mean():
     curves = curve_points(rows)
     n1 = curves[("a", "rmsd", "shared", "mpi", "gatherv", 1)][0]
     assert n1[:3] == (1, 11.0, pytest.approx(statistics.stdev([10.0, 12.0])))
+    assert curves[("c", "rmsd", "shared", "mpi", "gatherv", 1)] == [(2, 3.0, 0.0, None, None, 1)]
     assert n1[3] == pytest.approx(1.0) and n1[5] == 2
 
 
@@ -219,3 +221,17 @@ def test_the_api_dry_run_returns_the_experiments_and_pilots(tmp_path):
     assert "24 experiments" in plan["text"]
     with pytest.raises(trajflow.InputError, match="unknown key 'rank'"):
         trajflow.Campaign.load(write(tmp_path, BASE.replace("ranks =", "rank ="), "bad.toml"))
+
+
+def test_strategies_are_compared_at_the_same_rank_count_with_the_conversion_counted():
+    """A campaign measured h5md 2.2x slower than shared at N = 1 and an 11.8 s conversion
+    on top: the comparison says shared is fastest (S and E against each strategy's own
+    N = 1 could not), and says nothing where one strategy alone was measured."""
+    def row(io, n, t, prepare):
+        return {"resource": "a", "analysis": "rmsd", "io": io, "mode": "mpi", "gather": "gatherv",
+                "repeat": 1, "ranks": n, "rep": 1, "t_total": t, "t_prepare": prepare}
+    rows = [row("shared", 1, 5.0, 0.0), row("h5md", 1, 11.0, 11.8), row("h5md", 2, 5.0, 11.8)]
+    assert strategy_comparisons(rows) == [
+        "a rmsd at N = 1: --io shared --mode mpi --gather gatherv 5.00 s (fastest); "
+        "--io h5md --mode mpi --gather gatherv 22.80 s (of which 11.80 s split/convert), "
+        "4.6x the fastest"]

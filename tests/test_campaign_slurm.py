@@ -79,7 +79,7 @@ def test_a_failed_experiment_is_recorded_and_the_others_complete(campaign):
         if "/n1-" in exp:
             assert row["status"] == "done", row
             assert float(row["t_total"]) > 0 and float(row["t_IO"]) > 0
-            assert float(row["S"]) == pytest.approx(1.0)
+            assert row["S"] == ""  # only N = 1 is done: no scaling to show
         else:
             assert row["status"] == "failed" and "exit code 3" in row["error"], row
             assert not outcomes[exp]["had_result"]

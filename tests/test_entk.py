@@ -123,6 +123,24 @@ def test_every_rank_left_a_timing_record_also_in_radicals_profile(session):
     assert "app_compute_start" in prof and "rank=0" in prof and "rank=1" in prof
     assert task.kept.startswith(plans["rmsd_mpi"].path("radical"))
     assert not os.path.exists(task.sandbox)  # the pilot's sandbox is removed at the end
+    sid = next(p for p in task.sandbox.split(os.sep) if p.startswith("re.session."))
+    assert not os.path.exists(os.path.join(os.environ.get("TMPDIR", "/tmp"), sid))  # RP's task tmp
+
+
+def test_the_trace_shows_radicals_launch_start_up_and_exit_around_every_rank(session, tmp_path):
+    from trajflow.workflows.inspection import inspect_runs
+    from trajflow.workflows.trace import trace_events
+    report, plans = session
+    events = trace_events(inspect_runs([plans["rmsd_mpi"].workdir]))["traceEvents"]
+    analyze = [e for e in events if e["ph"] == "X" and e["args"].get("task") == "analyze"]
+    for rank in (0, 1):
+        mine = {e["name"]: e for e in analyze if e["tid"] == rank}
+        assert {"launch", "start-up", "exit", "io", "compute"} <= set(mine), sorted(mine)
+        # RADICAL's launch, then the rank's start-up, then its phases, then its exit
+        assert mine["launch"]["ts"] + mine["launch"]["dur"] <= mine["start-up"]["ts"] + 1
+        assert mine["start-up"]["ts"] + mine["start-up"]["dur"] <= mine["io"]["ts"] + 1
+        assert mine["exit"]["ts"] >= mine["compute"]["ts"] + mine["compute"]["dur"] - 1
+    assert len({e["pid"] for e in analyze}) == 1  # one MPI task: one process, a thread per rank
 
 
 def test_cli_run_exits_zero_and_says_where_things_are(tmp_path, adk, reference_results):

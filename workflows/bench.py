@@ -3,7 +3,7 @@
 Every number is microseconds per frame (or seconds where named), measured in
 this process on the same data one after another, best of `repeats` runs, so
 that ratios are fair on a noisy machine. Baselines: MDAnalysis' own classes,
-the papers' per-frame loops (paper 000, Appendix B), and mdtraj's SSE QCP
+the papers' per-frame loops (Khoshlessan et al. 2019, Appendix B), and mdtraj's SSE QCP
 (the fastest RMSD known; an optional, benchmark-only dependency).
 """
 import glob
@@ -72,7 +72,7 @@ def bench_rmsd(top, paths, repeats, loop_frames):
     r["mda_mp2_rmsd_run_dcd_us"] = per_frame_us(best_of(
         lambda: rms.RMSD(u, select="name CA").run(backend="multiprocessing", n_workers=2), 1), n)
 
-    def seed_loop():  # paper 000, Appendix B.1, per frame
+    def seed_loop():  # Khoshlessan et al. 2019, Appendix B.1, per frame
         for ts in u.trajectory:
             rms.rmsd(ca.positions, ref0, center=True, superposition=True)
     r["seed_loop_e2e_dcd_us"] = per_frame_us(best_of(seed_loop, 1), n)

@@ -1,4 +1,4 @@
-"""A campaign file: factors with levels, expanded into experiments (paper 004's factor space).
+"""A campaign file: factors with levels, expanded into experiments (Taufer et al. 2002's factor space).
 
 The file is TOML, read as data (never executed); every table takes only the
 keys listed below, and an unknown key is an error that names it and the keys

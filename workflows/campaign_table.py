@@ -1,20 +1,25 @@
 """The campaign table: one row per experiment, with its phases, stragglers, S(N) and E(N).
 
-Times are the analyze stage as the job sees it, the slowest rank's (paper
-000's t_total, t_IO, t_compute, t_wait, t_comm). S(N) and E(N) compare an
-experiment with the mean over repeats of the fewest-ranks experiment of the
-same resource and strategy (analysis, io, mode, gather, workload repeat).
+Times are the analyze stage as the job sees it, the slowest rank's (t_total,
+t_IO, t_compute, t_wait, t_comm as Khoshlessan et al. 2019 define them);
+t_prepare is the split or H5MD conversion before it, shown apart. S(N) and
+E(N) compare an experiment with the mean over repeats of the fewest-ranks
+experiment of the same resource and strategy (analysis, io, mode, gather,
+workload repeat), only where a strategy ran at two or more rank counts;
+strategies are compared with each other at the same rank count.
 """
 import csv
 import json
 import os
 import statistics
 
+from .advice import comparison_line
 from .execute import read_outcome
-from .inspection import find_stragglers, load_run, slowest_rank_phases, speedup
+from .inspection import fmt_or_na, find_stragglers, load_run, slowest_rank_phases, speedup
 
 COLUMNS = ["experiment", "resource", "analysis", "ranks", "io", "mode", "gather", "repeat", "rep",
-           "status", "t_total", "t_IO", "t_compute", "t_wait", "t_comm", "t_open", "stragglers",
+           "status", "t_total", "t_prepare", "t_IO", "t_compute", "t_wait", "t_comm", "t_open",
+           "stragglers",
            "S", "E", "error"]
 TABLE_FILE = "campaign.csv"
 
@@ -41,7 +46,9 @@ def experiment_rows(cdir):
             _, records = load_run(d)
             phases = slowest_rank_phases(records)
             if phases:
-                row.update({"t_total": phases["total"], "t_IO": phases["io"],
+                row.update({"t_total": phases["total"],
+                            "t_prepare": sum(r["t_total"] for r in records if r["task"] == "split"),
+                            "t_IO": phases["io"],
                             "t_compute": phases["compute"], "t_wait": phases["wait"],
                             "t_comm": phases["comm"], "t_open": phases["open"],
                             "stragglers": len(find_stragglers(records))})
@@ -67,6 +74,8 @@ def _baseline(by_n):
 
 def _add_speedups(rows):
     for by_n in _by_strategy_and_ranks(rows).values():
+        if len(by_n) < 2:
+            continue  # one rank count: no scaling to speak of (S = N, E = 1 would read as perfect)
         n0, t0 = _baseline(by_n)
         for members in by_n.values():
             for r in members:
@@ -87,14 +96,15 @@ def _cell(v):
 
 
 def curve_points(rows):
-    """strategy -> [(N, mean t_total, std, S(N), E(N) of the means, repeats)] over done experiments."""
+    """strategy -> [(N, mean t_total, std, S(N), E(N) of the means, repeats)] over done
+    experiments; S and E are None for a strategy run at one rank count only."""
     out = {}
     for key, by_n in _by_strategy_and_ranks(rows).items():
         n0, t0 = _baseline(by_n)
         pts = []
         for n in sorted(by_n):
             t = [r["t_total"] for r in by_n[n]]
-            s, e = speedup(n, statistics.mean(t), n0, t0)
+            s, e = speedup(n, statistics.mean(t), n0, t0) if len(by_n) > 1 else (None, None)
             pts.append((n, statistics.mean(t), statistics.stdev(t) if len(t) > 1 else 0.0, s, e,
                         len(t)))
         out[key] = pts
@@ -114,5 +124,26 @@ def summary_lines(rows):
     for key, pts in sorted(curve_points(rows).items()):
         for n, t, sd, s, e, k in pts:
             lines.append(f"{key[0][:18]:18s} {key[2]:7s} {key[3]:6s} {key[4]:8s} {key[5]:3d} {n:4d} "
-                         f"{t:10.3f} {sd:7.3f} {s:6.2f} {e:6.2f} {k:4d}")
+                         f"{t:10.3f} {sd:7.3f} {fmt_or_na(s):>6s} {fmt_or_na(e):>6s} {k:4d}")
+    if any(pts[0][3] is None for pts in curve_points(rows).values()):
+        lines.append("(S and E n/a: that strategy ran at one rank count only)")
+    compared = strategy_comparisons(rows)
+    if compared:
+        lines.append("strategies side by side (analyze t_total + split/convert, mean of repeats):")
+        lines += ["  " + line for line in compared]
     return lines
+
+
+def strategy_comparisons(rows):
+    """Per resource and rank count where several strategies were measured: which was
+    fastest, the split or conversion counted (S and E of each strategy against its own
+    fewest-ranks point cannot say that: the slowest strategy can have the best E)."""
+    points = {}
+    for r in rows:
+        if "t_total" in r:
+            label = f"--io {r['io']} --mode {r['mode']}" + (
+                f" --gather {r['gather']}" if r["mode"] == "mpi" else "")
+            points.setdefault((r["resource"], r["analysis"], r["repeat"], r["ranks"]), {}) \
+                .setdefault(label, []).append((r["t_total"] + r["t_prepare"], r["t_prepare"]))
+    return [comparison_line(f"{res} {analysis} at N = {n}" + (f" K = {k}" if k != 1 else ""), by)
+            for (res, analysis, k, n), by in sorted(points.items()) if len(by) > 1]

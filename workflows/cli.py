@@ -107,9 +107,16 @@ def build_parser():
                                       "profiles) and print a phase table per task and rank, the "
                                       "stragglers with the numbers behind them, and the papers' "
                                       "advice; with several runs of one input, S(N) and E(N).")
-    insp.add_argument("rundirs", nargs="+", metavar="RUNDIR",
+    insp.add_argument("rundirs", nargs="*", metavar="RUNDIR",
                       help="one or more trajflow runs, or one campaign folder (then the "
                            "campaign table, and --html compares its resources)")
+    insp.add_argument("--table", action="append", default=[], metavar="FILE.csv",
+                      help="judge a per-rank timing table of any tool (columns: rank and any of "
+                           "group, host, frames, t_open, t_io, t_compute, t_wait, t_comm, "
+                           "t_write, t_total; see the README); repeat for several")
+    insp.add_argument("--trace", default=None, metavar="FILE.json",
+                      help="write the timeline as a Chrome Trace Event file for Perfetto or "
+                           "chrome://tracing (default: none)")
     insp.add_argument("--html", default=None, metavar="FILE",
                       help="write a self-contained offline HTML report (default: none)")
     insp.add_argument("--json", default=None, metavar="FILE",
@@ -341,14 +348,21 @@ def cmd_resources(args):
 def cmd_inspect(args):
     from .inspection import inspect_runs, summary_text, write_csv, write_json
     from .campaign_run import is_campaign_dir
-    if len(args.rundirs) == 1 and is_campaign_dir(args.rundirs[0]):
+    if not args.rundirs and not args.table:
+        raise InputError("nothing to inspect: give one or more RUNDIRs (--out folders of "
+                         "trajflow run), a campaign folder, or --table FILE.csv")
+    if len(args.rundirs) == 1 and is_campaign_dir(args.rundirs[0]) and not args.table:
         return _inspect_campaign(args)
     for d in args.rundirs:
         if not os.path.exists(os.path.join(d, "plan.json")):
             raise InputError(f"{d!r} is not a trajflow run (no plan.json): give a --out folder of "
                              "trajflow run")
-    report = inspect_runs(args.rundirs)
+    report = inspect_runs(args.rundirs, args.table)
     print(summary_text(report))
+    if args.trace:
+        from .trace import write_trace
+        write_trace(report, args.trace)
+        print(f"trace (open in https://ui.perfetto.dev or chrome://tracing): {args.trace}")
     if args.html:
         from .report_html import write_html
         write_html(report, args.html)

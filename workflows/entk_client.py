@@ -24,6 +24,8 @@ import threading
 import time
 import types
 
+from trajflow.tasks.client_guard import remove_task_tmp
+
 
 @contextlib.contextmanager
 def working_dir(path):
@@ -206,7 +208,7 @@ def end_local_bootstrapper(pmgr, pilot, patience_s=20.0):
 def remove_local_sandbox(appman, session_dir):
     """Remove a local pilot's session sandbox (~/radical.pilot.sandbox/<sid>: ~1.1 MB
     per run, 748 KB of it a copied `gtod` binary, plus ~18 KB per task, never
-    removed by RADICAL-Pilot, seen), keeping the pilot's own profiles (its
+    removed by RADICAL-Pilot, seen) and its tasks' temp folder, keeping the pilot's own profiles (its
     start and end) in the client's session folder, <session_dir>/<pilot uid>/."""
     import radical.utils as ru
     pilot = getattr(getattr(appman, "_rmgr", None), "pilot", None)  # EnTK's, private
@@ -222,6 +224,7 @@ def remove_local_sandbox(appman, session_dir):
     for prof in glob.glob(os.path.join(pilot_sandbox, "*.prof")):
         shutil.copy2(prof, keep)
     shutil.rmtree(session_sandbox, ignore_errors=True)
+    remove_task_tmp(appman.sid)
 
 
 def remove_id_counters(sid):

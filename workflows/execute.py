@@ -333,6 +333,10 @@ def _serve(conn, pilot, session_root, parent_end, client_pid, client_timeout, ke
     parent_end.close()  # else its sends would never fail once the parent is gone
     close_inherited()   # RUNDIR locks are the parent's (see rundir_lock)
     os.setsid()
+    # Its stop is SIGINT (from the parent's interrupt, or _client_gone); a script
+    # started with & or nohup gives its children SIGINT ignored, which left the
+    # child deaf to both and the parent joining it forever (seen).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     _start_group_reaper()
     resources.activate_venv()
     resources.activate_configs()

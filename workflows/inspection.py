@@ -15,7 +15,10 @@ import json
 import os
 from trajflow.tasks.plan import PLAN_FILE, RunPlan
 
+from .advice import advice, compare_strategies
 from .stragglers import MIN_GROUP, describe, judge, judged_groups, phase_times
+from .timing_tables import read_tables
+
 
 def load_run(rundir):
     """(plan, records) of one run; records are the profile lines, with RADICAL launch times."""
@@ -32,25 +35,51 @@ def load_run(rundir):
                     rec = json.loads(line)
                     rec["source"] = os.path.basename(path)
                     records.append(rec)
-    launches = radical_launch_starts(rundir)
+    radical = radical_task_events(rundir)
     for rec in records:
-        start = launches.get(rec.get("rp_task_id"))
+        rec["radical"] = radical.get(rec.get("rp_task_id"), {})
+        start = rec["radical"].get("launch_start")
         rec["t_launch"] = max(0.0, rec["t_start"] - start) if start else 0.0
         rec["t_work"] = rec["t_total"] - rec.get("t_wait", 0.0) + rec["t_launch"]
         rec["run"] = os.path.basename(rundir)
     return plan, records
 
 
-def radical_launch_starts(rundir):
-    """RADICAL task id -> the time its launch began, from the copied task profiles."""
-    starts = {}
+RADICAL_EVENTS = ("launch_start", "rank_start", "rank_stop", "launch_stop")
+
+
+def radical_task_events(rundir):
+    """RADICAL task id -> {event: time} from the copied task profiles: when its launch
+    began, its first rank started and its last rank stopped, and its launch ended."""
+    events = {}
     for prof in glob.glob(os.path.join(rundir, "radical", "*", "*.prof")):
         with open(prof, encoding="utf-8", errors="replace") as fh:
             for line in fh:
                 parts = line.rstrip("\n").split(",")
-                if len(parts) >= 5 and parts[1] == "launch_start":
-                    starts.setdefault(parts[4], float(parts[0]))
-    return starts
+                if len(parts) >= 5 and parts[1] in RADICAL_EVENTS:
+                    task = events.setdefault(parts[4], {})
+                    pick = max if parts[1] in ("rank_stop", "launch_stop") else min
+                    task[parts[1]] = pick(task.get(parts[1], float(parts[0])), float(parts[0]))
+    return events
+
+
+def rank_spans(rec):
+    """(name, category, start, stop) of every timed interval of one rank, and RADICAL's
+    share around it: "launch" (RADICAL's launch_start to the first rank's start),
+    "start-up" (that to the rank's first timestamp: interpreter, imports) and "exit"
+    (its last timestamp to RADICAL's last rank_stop). What the timeline and the trace draw."""
+    rp = rec.get("radical") or {}
+    spans = [(name, "phase", a, b) for name, a, b in rec.get("intervals", [])]
+    if not spans:  # a timing table: its phases have no order, one span holds them
+        spans = [("rank", "phase", rec["t_start"], rec["t_start"] + rec["t_total"])]
+    if "launch_start" in rp and "rank_start" in rp:
+        spans.append(("launch", "radical", rp["launch_start"], rp["rank_start"]))
+        spans.append(("start-up", "radical", rp["rank_start"], rec["t_start"]))
+    elif rec.get("t_launch"):
+        spans.append(("launch", "radical", rec["t_start"] - rec["t_launch"], rec["t_start"]))
+    if "rank_stop" in rp:
+        spans.append(("exit", "radical", rec["t_stop"], rp["rank_stop"]))
+    return [s for s in spans if s[3] > s[2]]
 
 
 def group_key(rec):
@@ -61,33 +90,6 @@ def group_key(rec):
 def find_stragglers(records):
     """Flags with the numbers behind them, most harmful first (see stragglers.py)."""
     return judge(records, group_key)
-
-
-def advice(plan, records):
-    """Paper 000, section 8: what t_compute/t_IO says to do for this run."""
-    analyze = [r for r in records if r["task"] == "analyze"]
-    if not analyze:
-        return {"ratio": None, "text": "no analyze records: the run did not reach the analyze stage"}
-    t_io = sum(r["t_io"] for r in analyze)
-    t_compute = sum(r["t_compute"] for r in analyze)
-    ratio = t_compute / t_io if t_io > 0 else float("inf")
-    if ratio >= 100:
-        text = f"compute bound (t_compute/t_IO = {ratio:.1f}): it scales; add ranks."
-    elif plan.io == "shared":
-        text = (f"I/O bound (t_compute/t_IO = {ratio:.2f}): every rank reads the one shared file; "
-                "use --io split or --io h5md (paper 000 section 8).")
-    else:
-        text = (f"I/O bound (t_compute/t_IO = {ratio:.2f}) with --io {plan.io}: the split already "
-                "removes file contention; at scale prefer H5MD with one-frame chunks and MPI-IO.")
-    comm = sum(r["t_comm"] for r in analyze)
-    if plan.mode == "mpi" and comm > 0.1 * max(r["t_total"] for r in analyze):
-        if plan.analysis == "rmsd" and plan.gather == "gatherv":
-            # paper 000: a one-sided gather pays off when the result arrays are small
-            text += " The gather takes over 10% of the job: try --gather rma (one-sided puts)."
-        else:
-            text += (" The gather takes over 10% of the job: the result arrays are large; "
-                     "--mode tasks hands each block over as a file instead.")
-    return {"ratio": ratio, "t_io": t_io, "t_compute": t_compute, "text": text}
 
 
 def phase_table(records):
@@ -132,16 +134,19 @@ def speedup(n, t, n0, t0):
 
 
 def scaling(runs):
-    """S(N) and E(N) per phase over runs of the same input and analysis at different rank counts."""
+    """S(N) and E(N) per phase over runs of the same input, analysis and strategy at two or
+    more rank counts; nothing for a strategy run at one rank count."""
     rows = []
     by_input = {}
     for plan, records in runs:
         phases = slowest_rank_phases(records)
         if phases is None:
             continue
-        key = (plan.input_checksum, plan.analysis, plan.io, plan.mode)
+        key = (plan.input_checksum, plan.analysis, plan.io, plan.mode, plan.gather)
         by_input.setdefault(key, []).append((plan.n_blocks, phases))
     for key, points in by_input.items():
+        if len({n for n, _ in points}) < 2:
+            continue  # one rank count: S = N and E = 1 would read as perfect scaling
         points.sort(key=lambda p: p[0])
         n0, base = points[0]
         for n, ph in points:
@@ -153,20 +158,26 @@ def scaling(runs):
     return rows
 
 
-def inspect_runs(rundirs):
+def inspect_runs(rundirs, tables=()):
+    """The report of trajflow runs and of timing tables of any tool (timing_tables.py)."""
     runs = [load_run(d) for d in rundirs]
-    records = [r for _, rs in runs for r in rs]
+    table_records, notes = read_tables(tables)
+    records = [r for _, rs in runs for r in rs] + table_records
     flags = find_stragglers(records)
     advices = {os.path.basename(p.workdir): advice(p, rs) for p, rs in runs}
-    return {"runs": [p.to_dict() for p, _ in runs], "records": records, "stragglers": flags,
-            "advice": advices, "scaling": scaling(runs) if len(runs) > 1 else []}
+    return {"runs": [p.to_dict() for p, _ in runs], "tables": [os.path.abspath(t) for t in tables],
+            "notes": notes, "records": records, "stragglers": flags, "advice": advices,
+            "comparisons": compare_strategies(runs), "scaling": scaling(runs)}
 
 
 def summary_text(report):
-    lines = [phase_table(report["records"]), ""]
+    lines = [phase_table(report["records"]), ""] + report.get("notes", [])
     lines += straggler_lines(report["stragglers"], report["records"])
     for run, a in report["advice"].items():
         lines.append(f"advice for {run}: {a['text']}")
+    if report.get("comparisons"):
+        lines.append("strategies measured side by side (analyze stage + split/convert):")
+        lines += ["  " + line for line in report["comparisons"]]
     if report["scaling"]:
         lines.append("\nscaling (slowest rank per phase; S = t(N0) N0 / t(N), E = S / N):")
         lines.append(f"  {'analysis':10s} {'io':7s} {'mode':6s} {'N':>3s} {'t_total':>9s} "
@@ -174,11 +185,12 @@ def summary_text(report):
         for r in report["scaling"]:
             lines.append(f"  {r['analysis']:10s} {r['io']:7s} {r['mode']:6s} {r['N']:3d} "
                          f"{r['t_total']:9.3f} {r['S_total']:6.2f} {r['E_total']:6.2f} "
-                         f"{_fmt(r['E_io']):>6s} {_fmt(r['E_compute']):>9s}")
+                         f"{fmt_or_na(r['E_io']):>6s} {fmt_or_na(r['E_compute']):>9s}")
     return "\n".join(lines)
 
 
-def _fmt(v):
+def fmt_or_na(v):
+    """A number for a table, or n/a where there is none."""
     return "n/a" if v is None else f"{v:.2f}"
 
 
@@ -196,7 +208,7 @@ def write_csv(report, path):
     """One row per task/rank record (intervals left out); then, under a header of
     their own, one row per straggler flag with its numbers and the sentence the
     terminal prints."""
-    keys = sorted({k for r in report["records"] for k in r if k != "intervals"})
+    keys = sorted({k for r in report["records"] for k in r if k not in ("intervals", "radical")})
     with open(path, "w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
         w.writerow(["kind"] + keys)

@@ -1,7 +1,10 @@
 """One self-contained, offline HTML file for an inspection report.
 
-Figures are drawn with matplotlib (Agg) and embedded as base64 PNG, styles
-are inline: the file opens on a laptop with no network, years later.
+The timeline is a Bokeh figure (zoom, pan, hover: hundreds of ranks stay
+readable) with Bokeh's JavaScript inlined, not fetched from a CDN; the other
+figures are matplotlib PNGs embedded as base64, styles are inline: the file
+opens on a laptop with no network, years later. Bokeh because it inlines
+1.3 MB of JavaScript where Plotly inlines ~4.5 MB, and needs no pandas.
 """
 import base64
 import html
@@ -9,15 +12,24 @@ import io
 import os
 
 from .inspection import straggler_lines
-from .stragglers import PHASES, phase_times
+from .stragglers import PHASES, phase_times, rank_list
 
 COLOURS = {"open_topology": "#8c564b", "open_trajectory": "#c49c94", "io": "#1f77b4",
            "compute": "#2ca02c", "wait": "#d62728", "comm": "#9467bd", "write": "#ff7f0e",
-           "convert": "#ffbb78", "launch": "#7f7f7f", "other": "#cccccc"}
+           "convert": "#ffbb78", "launch": "#7f7f7f", "start-up": "#bcbd22", "exit": "#aec7e8",
+           "other": "#cccccc",
+           "pilot": "#dbdb8d", "rank": "#17becf"}  # "rank": a timing table's row, its phases in no known order
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")  # no display on a login node
+    import matplotlib.pyplot as plt
+    return plt
 
 
 def _png(fig):
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
     plt.close(fig)
@@ -25,39 +37,87 @@ def _png(fig):
 
 
 def _label(r):
+    if r["task"] in ("split", "reduce"):
+        return f"{r['run']} {r['task']}"
     who = f"rank {r.get('rank', 0)}" if r.get("mode") == "mpi" else f"block {r.get('block', '')}"
-    return f"{r['run']} {r['task']} {who if r['task'] == 'analyze' else ''}".strip()
+    return f"{r['run']} {r['task']} {who}"
 
 
-def gantt(records):
-    """Every task and rank a row; each timed interval a bar coloured by phase."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def interactive_timeline(records, flags, pilots=None):
+    """The timeline as a Bokeh figure, its JavaScript inlined (no CDN: the file opens
+    offline): every task and rank a row, each phase interval and RADICAL's launch,
+    start-up and exit a bar, and a row for each run's pilot (`pilots`: run -> (start,
+    stop), where known); zoom, pan, and hover for run, task, rank, host, phase,
+    duration; a straggler flag a red triangle at its member's end, its sentence on hover.
+    Readable at hundreds of ranks, where a static figure's rows run together."""
+    from bokeh.embed import components
+    from bokeh.models import ColumnDataSource, HoverTool
+    from bokeh.plotting import figure
+    from bokeh.resources import Resources
+    from .inspection import rank_spans
+    from .stragglers import describe
+    pilots = {run: span for run, span in (pilots or {}).items() if span}
     rows = sorted(records, key=lambda r: (r["run"], r["t_start"], r.get("rank", 0)))
-    starts = {}
+    labels, seen = [], {}
+    for r in rows:  # a row's label must be unique (a retried task has two records)
+        seen[_label(r)] = seen.get(_label(r), 0) + 1
+        labels.append(_label(r) + (f" ({seen[_label(r)]})" if seen[_label(r)] > 1 else ""))
+    spans = {id(r): [("other", "phase", r["t_start"], r["t_stop"])]  # what phases leave out
+             + rank_spans(r) for r in rows}
+    starts = {run: span[0] for run, span in pilots.items()}
     for r in rows:  # each run on its own clock, so runs of a campaign line up
-        starts[r["run"]] = min(starts.get(r["run"], float("inf")), r["t_start"] - r.get("t_launch", 0.0))
-    fig, ax = plt.subplots(figsize=(10, 0.35 * len(rows) + 1.5))
-    for y, r in enumerate(rows):
+        starts[r["run"]] = min(starts.get(r["run"], float("inf")), *(s[2] for s in spans[id(r)]))
+    entries = [(f"{run} pilot", {"run": run, "task": "pilot"}, [("pilot", "radical", *span)])
+               for run, span in sorted(pilots.items()) if run in starts]
+    entries += [(label, r, spans[id(r)]) for label, r in zip(labels, rows)]
+    labels = [label for label, _, _ in entries]
+    bars = {k: [] for k in ("y", "left", "right", "phase", "colour", "run", "task", "rank", "host",
+                            "block", "seconds")}
+    for label, r, pieces in entries:
         t0 = starts[r["run"]]
-        if r.get("t_launch"):
-            ax.barh(y, r["t_launch"], left=r["t_start"] - r["t_launch"] - t0, color=COLOURS["launch"])
-        ax.barh(y, r["t_total"], left=r["t_start"] - t0, color=COLOURS["other"])
-        for name, a, b in r.get("intervals", []):
-            ax.barh(y, b - a, left=a - t0, color=COLOURS.get(name, "#000000"))
-    ax.set_yticks(range(len(rows)), [_label(r) for r in rows], fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("seconds since the run's first task launched")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLOURS.values()]
-    ax.legend(handles, COLOURS.keys(), fontsize=7, ncol=5, loc="upper center",
-              bbox_to_anchor=(0.5, -0.12 if len(rows) > 6 else -0.3))
-    ax.set_title("timeline of every task and rank")
-    return _png(fig)
+        for name, _, a, b in pieces:
+            for k, v in (("y", label), ("left", a - t0), ("right", b - t0), ("phase", name),
+                         ("colour", COLOURS.get(name, "#000000")),
+                         ("run", r["run"]), ("task", r["task"]), ("rank", r.get("rank", "")),
+                         ("host", str(r.get("host", ""))), ("block", str(r.get("block", ""))),
+                         ("seconds", b - a)):
+                bars[k].append(v)
+    rows = [r for _, r, _ in entries]
+    fig = figure(y_range=list(reversed(labels)), height=min(2400, 120 + 14 * len(rows)),
+                 sizing_mode="stretch_width",
+                 x_axis_label="seconds since the run's pilot started (or its first task's launch)",
+                 tools="xpan,xwheel_zoom,box_zoom,reset,save", active_scroll="xwheel_zoom",
+                 title="timeline of every task and rank (scroll to zoom, drag to pan, hover "
+                       "for numbers)")
+    drawn = fig.hbar(y="y", left="left", right="right", height=0.8, color="colour",
+                     source=ColumnDataSource(bars), legend_field="phase")
+    fig.add_tools(HoverTool(renderers=[drawn], tooltips=[
+        ("run", "@run"), ("task", "@task"), ("rank", "@rank"), ("block", "@block"),
+        ("host", "@host"), ("phase", "@phase"), ("seconds", "@seconds{0.000}")]))
+    marks = {"y": [], "x": [], "flag": []}
+    for f in flags:
+        for label, r in zip(labels, rows):
+            if r["run"] == f["run"] and r["task"] == f["task"] and (
+                    r.get("rank") in f["ranks"] if f["kind"] == "host" else
+                    (r.get("rank"), r.get("block")) == (f["rank"], f["block"])):
+                marks["y"].append(label)
+                marks["x"].append(r["t_stop"] - starts[r["run"]])
+                marks["flag"].append(describe(f))
+    if marks["y"]:
+        flagged = fig.scatter(x="x", y="y", marker="triangle", size=11, color="#d62728",
+                              source=ColumnDataSource(marks), legend_label="straggler")
+        fig.add_tools(HoverTool(renderers=[flagged], tooltips=[("straggler", "@flag")]))
+    fig.yaxis.major_label_text_font_size = "8pt" if len(rows) < 80 else "0pt"
+    fig.legend.orientation = "horizontal"
+    fig.legend.label_text_font_size = "8pt"
+    fig.add_layout(fig.legend[0], "above")  # not over the bars
+    script, div = components(fig)
+    # BokehJS's core alone (1.3 MB): no widgets, tables or MathJax (another 3 MB) are used
+    return Resources(mode="inline", components=["bokeh"]).render_js() + script + div
 
 
 def stacked_bars(records):
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     rows = [r for r in records if r["task"] == "analyze"]
     rows.sort(key=lambda r: (r["run"], r.get("block", 0)))
     fig, ax = plt.subplots(figsize=(10, 3.5))
@@ -75,7 +135,7 @@ def stacked_bars(records):
 
 
 def distributions(records):
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     rows = [r for r in records if r["task"] == "analyze"]
     names = [p for p in PHASES if p != "other"] + ["wait"]
     data = [[r.get("t_wait", 0.0) if p == "wait" else phase_times(r)[p] for r in rows] for p in names]
@@ -87,7 +147,7 @@ def distributions(records):
 
 
 def scaling_plot(rows):
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
     series = {}
     for r in rows:
@@ -115,7 +175,11 @@ def render(report, title="trajflow inspection"):
     records = report["records"]
     flags = report["stragglers"]
     parts = [f"<h1>{html.escape(title)}</h1>",
-             "<p>Runs: " + ", ".join(html.escape(r["workdir"]) for r in report["runs"]) + "</p>"]
+             "<p>" + "; ".join(f"{what}: " + ", ".join(html.escape(p) for p in paths)
+                              for what, paths in (("Runs", [r["workdir"] for r in report["runs"]]),
+                                                  ("Timing tables", report.get("tables", [])))
+                              if paths) + "</p>"]
+    parts += [f"<p>{html.escape(note)}</p>" for note in report.get("notes", [])]
     parts.append("<h2>Stragglers</h2>")
     parts.append("<ul>" + "".join(f"<li>{html.escape(line.strip())}</li>"
                                   for line in straggler_lines(flags, records)) + "</ul>")
@@ -124,15 +188,25 @@ def render(report, title="trajflow inspection"):
             ["run", "task", "kind", "rank(s)", "block", "host", "duration s", "baseline s",
              "baseline", "x baseline", "threshold s", "cause", "impact s", "victims' wait s"],
             [[f["run"], f["task"], f["kind"], f["rank"] if f["kind"] != "host" else
-              ",".join(map(str, f["ranks"])), f["block"], f["host"], f"{f['duration_s']:.3f}",
+              rank_list(f["ranks"]), "" if f["block"] is None else f["block"], f["host"], f"{f['duration_s']:.3f}",
               f"{f['baseline_s']:.3f}", f["baseline"], f"{f['ratio']:.1f}",
               f"{f['threshold_s']:.3f}", f["cause"], f"{f['impact_s']:.3f}",
               f"{f['victims_wait_s']:.3f}"] for f in flags]))
     parts.append("<h2>Advice</h2><ul>" + "".join(
         f"<li><b>{html.escape(run)}</b>: {html.escape(a['text'])}</li>"
-        for run, a in report["advice"].items()) + "</ul>")
+        for run, a in report["advice"].items()) + "".join(
+        f"<li>{html.escape(line)}</li>" for line in report.get("comparisons", [])) + "</ul>")
     if records:
-        parts.append(f'<h2>Timeline</h2><img alt="timeline" src="{gantt(records)}">')
+        from .advice import pilot_span
+        pilots = {os.path.basename(r["workdir"]): pilot_span(r["workdir"]) for r in report["runs"]}
+        parts.append("<h2>Timeline</h2>" + interactive_timeline(records, flags, pilots))
+        parts.append("<p><small>pilot: the pilot's bootstrapper from its start to its end "
+                     "(queue wait before it is not seen). launch: RADICAL-Pilot launching a "
+                     "task (its launch_start to the first rank's start). start-up: a rank's "
+                     "interpreter start, imports and, on a fresh install, the kernels' "
+                     "compilation, before its first timestamp. exit: its last timestamp to "
+                     "RADICAL-Pilot's rank_stop (interpreter exit). other: time inside the "
+                     "rank no phase accounts for.</small></p>")
         if any(r["task"] == "analyze" for r in records):
             parts.append(f'<h2>Phases per rank</h2><img alt="phases" src="{stacked_bars(records)}">')
             parts.append(f'<h2>Phase distributions</h2><img alt="distributions" src="{distributions(records)}">')
@@ -165,10 +239,8 @@ def write_html(report, path, title="trajflow inspection"):
 
 def campaign_scaling_plot(curves):
     """Per resource: t_total, S(N) and E(N) against ranks, one line per strategy
-    (paper 000 Figs. 10-11, side by side for every resource)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    (Khoshlessan et al. 2019 Figs. 10-11, side by side for every resource)."""
+    plt = _pyplot()
     resources = sorted({key[0] for key in curves})
     fig, axes = plt.subplots(len(resources), 3, figsize=(12, 3.2 * len(resources)), squeeze=False)
     for row, resource in zip(axes, resources):
@@ -180,8 +252,9 @@ def campaign_scaling_plot(curves):
             n = [p[0] for p in pts]
             row[0].errorbar(n, [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
                             capsize=3, label=label)
-            row[1].plot(n, [p[3] for p in pts], "o-", label=label)
-            row[2].plot(n, [p[4] for p in pts], "o-", label=label)
+            if pts[0][3] is not None:  # S and E only where it ran at two or more rank counts
+                row[1].plot(n, [p[3] for p in pts], "o-", label=label)
+                row[2].plot(n, [p[4] for p in pts], "o-", label=label)
         top = max(p[0] for key, pts in curves.items() if key[0] == resource for p in pts)
         row[1].plot([1, top], [1, top], "k:", label="ideal")
         row[2].axhline(1.0, color="k", linestyle=":")
@@ -199,7 +272,7 @@ def campaign_scaling_plot(curves):
 
 def campaign_phase_bars(rows):
     """Mean phases of every experiment point, resources side by side."""
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     points = {}
     for r in rows:
         if "t_total" in r:

@@ -238,8 +238,10 @@ def judged_groups(records, group_key):
 
 def describe(flag):
     """One line of numbers for a flag, the same in the terminal, CSV and HTML."""
-    where = (f"host {flag['host']} (ranks {_ranks(flag['ranks'])})" if flag["kind"] == "host"
-             else f"rank {flag['rank']} block {flag['block']} on {flag['host']}")
+    where = (f"host {flag['host']} (ranks {rank_list(flag['ranks'])})" if flag["kind"] == "host"
+             else f"rank {flag['rank']}" + (f" block {flag['block']}" if flag["block"] is not None
+                                             else "") +
+             (f" on {flag['host']}" if flag["host"] else ""))
     if flag["kind"] == "phase":
         numbers = (f"its {flag['cause']} phase {flag['phase_s']:.2f} s vs "
                    f"{flag['phase_baseline_s']:.2f} s for the healthy members "
@@ -256,7 +258,8 @@ def describe(flag):
             f"have ended {flag['impact_s']:.2f} s sooner{waited}")
 
 
-def _ranks(ranks):
+def rank_list(ranks):
+    """Ranks as a reader wants them: 150-199 for a run of ranks, else 3,7,12."""
     ranks = [r for r in ranks if r is not None]
     if ranks and ranks == list(range(ranks[0], ranks[0] + len(ranks))):
         return f"{ranks[0]}-{ranks[-1]}"

@@ -1,0 +1,189 @@
+"""What to do next, said only where a run's own numbers support it.
+
+A run too short to judge gets no strategy advice, only how much of it was
+the pilot and the launch. Otherwise the advice names the strategy the run
+used, its t_compute/t_IO ratio, the split or conversion it paid for (shown
+apart: it is not in the analyze stage's t_total), and the gather's share
+with the result's real size. Where several runs of one input measured
+alternatives at the same rank count, the measurement is the advice
+(`compare_strategies`). The papers are cited by authors and year; the
+README's References section gives their titles.
+"""
+import glob
+import math
+import os
+
+REFERENCES = {
+    "Khoshlessan et al. 2019": (
+        "M. Khoshlessan, I. Paraskevakos, G. C. Fox, S. Jha, O. Beckstein: Guidelines for "
+        "obtaining ideal performance for parallel analysis of molecular dynamics trajectories "
+        "with Python on HPC resources (2019)"),
+    "Jakupovic and Beckstein 2021": (
+        "E. Jakupovic, O. Beckstein: MPI-parallel molecular dynamics trajectory analysis with "
+        "the H5MD format in the MDAnalysis Python package, Proc. 20th Python in Science Conf. "
+        "(SciPy 2021)"),
+    "Khoshlessan et al. 2017": (
+        "M. Khoshlessan, I. Paraskevakos, S. Jha, O. Beckstein: Parallel analysis in MDAnalysis "
+        "using the Dask parallel computing library, Proc. 16th Python in Science Conf. "
+        "(SciPy 2017)"),
+    "Taufer et al. 2002": (
+        "M. Taufer, E. Perathoner, A. Cavalli, A. Caflisch, T. Stricker: Performance "
+        "characterization of a molecular dynamics code on PC clusters: is there any easy "
+        "parallelism in CHARMM? (IPDPS 2002)"),
+}
+GUIDELINES, H5MD_PAPER = "Khoshlessan et al. 2019", "Jakupovic and Beckstein 2021"
+
+MIN_ANALYSIS_S = 2.0     # an analysis shorter than this is noise beside a task's start-up
+MIN_ANALYSIS_SHARE = 0.1  # ... as is one under this share of the run's time
+JUDGE_S = 10.0           # how long an analysis must be for its strategy to be judged
+COMPUTE_BOUND = 100.0    # t_compute / t_IO above this: compute bound
+GATHER_SHARE = 0.1       # a gather over this share of the analyze stage is worth a word
+LARGE_RESULT_B = 10e6    # result arrays this large make the gather a matter of volume
+
+
+def pilot_span(rundir):
+    """(start, stop) of the pilot that ran this run: the first and last lines of its
+    bootstrapper's profile, kept in the session folder; None where it is not known."""
+    try:
+        with open(os.path.join(rundir, "radical_session"), encoding="utf-8") as fh:
+            session = fh.read().strip()
+    except OSError:
+        return None
+    times = []
+    for prof in glob.glob(os.path.join(session, "pilot.*", "bootstrap_0.prof")):
+        with open(prof, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                head = line.split(",", 1)[0]
+                if head[:1].isdigit():
+                    times.append(float(head))
+    return (min(times), max(times)) if times else None
+
+
+def run_times(records, rundir=None):
+    """Seconds, from the records: the analysis itself (the slowest analyze rank's open,
+    I/O and compute), the analyze stage, the split or conversion, the launch of the
+    tasks (RADICAL's share and the ranks' start-up), the span of the tasks and, where
+    the pilot's start is known, the wait for it."""
+    from .stragglers import phase_times
+    analyze = [r for r in records if r["task"] == "analyze"]
+    first = min(r["t_start"] - r.get("t_launch", 0.0) for r in records)
+    last = max(r["t_stop"] for r in records)
+    times = {"analysis": max(sum(phase_times(r)[p] for p in ("open", "io", "compute"))
+                             for r in analyze),
+             "analyze_stage": max(r["t_stop"] for r in analyze)
+             - min(r["t_start"] - r.get("t_launch", 0.0) for r in analyze),
+             "prepare": sum(r["t_total"] for r in records if r["task"] == "split"),
+             "launch": sum(r.get("t_launch", 0.0) for r in records if r.get("rank", 0) == 0),
+             "tasks_span": last - first, "pilot_wait": None}
+    span = pilot_span(rundir) if rundir else None
+    if span and span[0] < first:
+        times["pilot_wait"] = first - span[0]
+    times["whole"] = times["tasks_span"] + (times["pilot_wait"] or 0.0)
+    return times
+
+
+def advice(plan, records):
+    """The advice for one run: {"text", "ratio", "t_io", "t_compute", "times"}."""
+    analyze = [r for r in records if r["task"] == "analyze"]
+    if not analyze:
+        return {"ratio": None, "text": "no analyze records: the run did not reach the analyze stage"}
+    times = run_times(records, plan.workdir)
+    t_io = sum(r["t_io"] for r in analyze)
+    t_compute = sum(r["t_compute"] for r in analyze)
+    ratio = t_compute / t_io if t_io > 0 else float("inf")
+    out = {"ratio": ratio, "t_io": t_io, "t_compute": t_compute, "times": times}
+    if times["analysis"] < max(MIN_ANALYSIS_S, MIN_ANALYSIS_SHARE * times["whole"]):
+        out["text"] = too_short(plan, times)
+        return out
+    strategy = f"--io {plan.io} --mode {plan.mode}" + (
+        f" --gather {plan.gather}" if plan.mode == "mpi" else "")
+    prepared = _prepared(plan, times)
+    if ratio >= COMPUTE_BOUND:
+        text = (f"compute bound with {strategy} (t_compute/t_IO = {ratio:.0f}): more ranks "
+                f"shorten it ({GUIDELINES}).")
+    elif plan.io == "shared":
+        text = (f"I/O bound with {strategy} (t_compute/t_IO = {ratio:.2f}): every rank reads "
+                "the one trajectory file; at scale, one segment per block (--io split) or one "
+                f"H5MD file read with MPI-IO (--io h5md) removes that contention ({GUIDELINES}; "
+                f"{H5MD_PAPER}). Measure them at your rank count: a campaign with "
+                "io = [\"shared\", \"split\", \"h5md\"].")
+    elif plan.io == "split":
+        text = (f"I/O bound with {strategy} (t_compute/t_IO = {ratio:.2f}): every block reads "
+                f"its own segment already{prepared}; at scale one H5MD file with one-frame "
+                f"chunks read with MPI-IO avoids writing the segments ({H5MD_PAPER}).")
+    else:
+        text = (f"I/O bound with {strategy} (t_compute/t_IO = {ratio:.2f}): the ranks read "
+                f"one-frame chunks of one H5MD file{prepared}; the conversion pays off when the "
+                "H5MD file is analysed again; on one shared disk, fewer ranks may read faster "
+                f"({H5MD_PAPER}).")
+    out["text"] = text + _gather_note(plan, analyze, times)
+    return out
+
+
+def too_short(plan, times):
+    parts = [f"{times['pilot_wait']:.1f} s waiting for the pilot"] if times["pilot_wait"] else []
+    parts.append(f"{times['launch']:.1f} s launching tasks (process start-up, imports)")
+    if times["prepare"]:
+        parts.append(f"{times['prepare']:.1f} s {'converting' if plan.io == 'h5md' else 'splitting'}")
+    frames = math.ceil(plan.n_frames * JUDGE_S / max(times["analysis"], 1e-3))
+    return (f"too short to judge a strategy: the analysis itself took {times['analysis']:.2f} s "
+            f"of the run's {times['whole']:.1f} s ({', '.join(parts)}). Time a trajectory of "
+            f"~{frames} frames or more (about {JUDGE_S:.0f} s of analysis) before choosing "
+            "--io, --mode or the rank count.")
+
+
+def _prepared(plan, times):
+    if not times["prepare"]:
+        return ""
+    what = "converting to H5MD" if plan.io == "h5md" else "writing the segments"
+    return (f" ({what} took {times['prepare']:.1f} s, not counted in the analyze stage's "
+            f"{times['analyze_stage']:.1f} s)")
+
+
+def _gather_note(plan, analyze, times):
+    comm = max(r["t_comm"] for r in analyze)
+    if plan.mode != "mpi" or comm <= GATHER_SHARE * times["analyze_stage"]:
+        return ""
+    result = plan.result_path()
+    size = os.path.getsize(result) if os.path.exists(result) else None
+    said = f" The gather took {comm:.2f} s ({comm / times['analyze_stage']:.0%} of the analyze stage)"
+    if size is None:
+        return said + "."
+    said += f" for a result of {size / 1e3:.0f} KB"
+    if size >= LARGE_RESULT_B:
+        return said + ": large arrays; --mode tasks hands each block over as a file instead."
+    if plan.gather == "gatherv":
+        return (said + ": small arrays, so its time is latency and the wait for the slowest "
+                f"rank; --gather rma (one-sided puts) avoids the collective ({GUIDELINES}).")
+    return said + ": small arrays, so its time is latency and the wait for the slowest rank."
+
+
+def compare_strategies(runs):
+    """Where runs of one input and analysis measured several strategies at one rank
+    count: a line per rank count, fastest first, the split or conversion counted
+    and shown apart."""
+    points = {}
+    for plan, records in runs:
+        if not any(r["task"] == "analyze" for r in records):
+            continue
+        times = run_times(records)
+        label = f"--io {plan.io} --mode {plan.mode}" + (
+            f" --gather {plan.gather}" if plan.mode == "mpi" else "")
+        key = (plan.input_checksum, plan.analysis, plan.n_blocks)
+        points.setdefault(key, {}).setdefault(label, []).append(
+            (times["analyze_stage"] + times["prepare"], times["prepare"]))
+    return [comparison_line(f"{analysis} at N = {n}", by_label)
+            for (_, analysis, n), by_label in sorted(points.items(), key=lambda kv: kv[0][1:])
+            if len(by_label) > 1]
+
+
+def comparison_line(title, by_label):
+    """One line comparing strategies measured at one point, fastest first:
+    `by_label`: strategy -> [(seconds with split/convert, of which split/convert)]."""
+    means = sorted((sum(t for t, _ in v) / len(v), sum(p for _, p in v) / len(v), label)
+                   for label, v in by_label.items())
+    best = means[0][0]
+    return f"{title}: " + "; ".join(
+        f"{label} {t:.2f} s" + (f" (of which {p:.2f} s split/convert)" if p else "") +
+        (f", {t / best:.1f}x the fastest" if t > best else " (fastest)")
+        for t, p, label in means)
