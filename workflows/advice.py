@@ -125,10 +125,11 @@ def too_short(plan, times):
     parts.append(f"{times['launch']:.1f} s launching tasks (process start-up, imports)")
     if times["prepare"]:
         parts.append(f"{times['prepare']:.1f} s {'converting' if plan.io == 'h5md' else 'splitting'}")
-    frames = math.ceil(plan.n_frames * JUDGE_S / max(times["analysis"], 1e-3))
+    frames = plan.n_frames * JUDGE_S / max(times["analysis"], 1e-3)
+    frames = int(round(frames, -int(math.floor(math.log10(frames))) + 1))  # 2 digits: ~120000
     return (f"too short to judge a strategy: the analysis itself took {times['analysis']:.2f} s "
             f"of the run's {times['whole']:.1f} s ({', '.join(parts)}). Time a trajectory of "
-            f"~{frames} frames or more (about {JUDGE_S:.0f} s of analysis) before choosing "
+            f"~{frames:,} frames or more (about {JUDGE_S:.0f} s of analysis) before choosing "
             "--io, --mode or the rank count.")
 
 

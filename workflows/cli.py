@@ -200,14 +200,13 @@ def _run_and_report(plans, args, path, resume=False):
     import concurrent.futures
     from .pilot import Pilot
     t0 = time.time()
-    summaries, runs, futures = {}, {}, {}
+    runs, futures = {}, {}
 
     def finished(future):
         try:
             runs[future] = future.result()
         except RunFailed as exc:
             runs[future] = exc.run
-        summaries[future] = _summarise(runs[future])
     try:
         with Pilot(args.resource, args.cpus, args.walltime, args.queue, args.project, path=path,
                    progress=not args.quiet, client_timeout=args.client_timeout,
@@ -224,8 +223,10 @@ def _run_and_report(plans, args, path, resume=False):
         print("trajflow: interrupted after every run had completed; the results are whole",
               file=sys.stderr)
         for future in futures:
-            if future not in summaries:
+            if future not in runs:
                 finished(future)
+    # summarised once the pilot has ended: its profile (the pilot's start and end) is kept
+    summaries = {future: _summarise(runs[future]) for future in futures}
     failed = False
     for future, plan in futures.items():
         run = runs[future]

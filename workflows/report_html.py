@@ -125,7 +125,8 @@ def stacked_bars(records):
     for phase in ("open", "io", "compute", "wait", "comm", "write", "launch", "other"):
         vals = [r.get("t_wait", 0.0) if phase == "wait" else phase_times(r)[phase] for r in rows]
         colour = COLOURS.get(phase, COLOURS.get("open_topology") if phase == "open" else "#000")
-        ax.bar(range(len(rows)), vals, bottom=bottom, label=phase, color=colour)
+        ax.bar(range(len(rows)), vals, bottom=bottom, color=colour,
+               label="launch + start-up" if phase == "launch" else phase)
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_xticks(range(len(rows)), [_label(r) for r in rows], rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("seconds")
