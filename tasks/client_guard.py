@@ -52,22 +52,36 @@ def _record(path, **fields):
     os.replace(tmp, path)
 
 
-def _alive(pid):
+def _alive(pid, born=None):
+    """Whether process `pid` runs (not a zombie); with `born` (its start_time), only
+    if it is still that process: pids are reused (pid_max 32768 here, wrapped
+    every ~45 min of the test suite), and a guard that took a new process for
+    its ended bootstrapper would, once the heartbeat went stale, end that
+    process's tree: someone else's work."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return _state(pid) != "Z"
+    fields = _stat(pid)
+    return bool(fields) and fields[0] != "Z" and (born is None or fields[19] == born)
 
 
-def _state(pid):
+def _stat(pid):
+    """The fields of /proc/PID/stat after the command (state first; start_time is
+    [19]), or [] when it has gone."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0]
+            return fh.read().rsplit(")", 1)[1].split()
     except OSError:
-        return None
+        return []
+
+
+def start_time(pid):
+    """Process `pid`'s start time (clock ticks after boot): with the pid, its identity."""
+    fields = _stat(pid)
+    return fields[19] if len(fields) > 19 else None
 
 
 def _children():
@@ -133,7 +147,8 @@ def guard(session_dir, timeout_s, bootstrap_pid, poll_s=None):
             bootstrap_pid=bootstrap_pid, timeout_s=timeout_s,
             job=os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID"))
     started = os.path.join(session_dir, STARTED)
-    while _alive(bootstrap_pid):
+    born = start_time(bootstrap_pid)
+    while _alive(bootstrap_pid, born):
         os.utime(started)  # the guard lives: `--resume` may ask it to end this pilot
         reason = None
         cancel = os.path.join(session_dir, CANCEL)

@@ -137,4 +137,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from .fast_exit import run_and_exit
+    run_and_exit(main)

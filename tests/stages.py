@@ -34,13 +34,13 @@ def run_stages(plan, plan_path, env=None, timeout=300, side_by_side=False):
     for stage, specs in stage_specs(plan, plan_path).items():
         batches = [specs] if side_by_side else [[spec] for spec in specs]
         for batch in batches:
-            procs = [subprocess.Popen(_argv(spec), env=_env(env), stdout=subprocess.DEVNULL,
+            procs = [subprocess.Popen(_argv(spec), env=_env(env), stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True) for spec in batch]
-            errors = [proc.communicate(timeout=timeout)[1] for proc in procs]
-            for spec, proc, err in zip(batch, procs, errors):
-                if proc.returncode != 0:
+            outputs = [proc.communicate(timeout=timeout) for proc in procs]
+            for spec, proc, (out, err) in zip(batch, procs, outputs):
+                if proc.returncode != 0:  # mpiexec says which rank died, and how, on stdout
                     raise RuntimeError(f"{stage}/{spec.name} exited {proc.returncode}:\n"
-                                       f"{err[-3000:]}")
+                                       f"{out[-1500:]}\n{err[-3000:]}")
     return plan.result_path()
 
 

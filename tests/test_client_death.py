@@ -57,6 +57,20 @@ def ended(session):
     return json.loads((session / client_guard.ENDED).read_text())
 
 
+def test_the_guard_knows_its_bootstrapper_by_pid_and_start_time():
+    """A pid reused by another process is not the bootstrapper: a guard that took it
+    for one once ended someone else's MPI ranks (`exited 9` in the stage tests)."""
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        born = client_guard.start_time(proc.pid)
+        assert born is not None and client_guard._alive(proc.pid, born)
+        assert not client_guard._alive(proc.pid, str(int(born) - 1))  # same pid, another process
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not client_guard._alive(proc.pid, born) and client_guard.start_time(proc.pid) is None
+
+
 def test_a_stale_heartbeat_ends_the_pilot_tree_and_its_tasks(tmp_path):
     session = tmp_path / "re.session.x"
     (session / client_guard.CLIENT_CONFIGS).mkdir(parents=True)

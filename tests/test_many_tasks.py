@@ -1,5 +1,6 @@
 """500 single-core tasks with tiny blocks through a local pilot: the run completes, the result
-is MDAnalysis', and the client's memory stays bounded (measured and printed)."""
+is MDAnalysis', the client's memory stays bounded (measured and printed), and no more tasks
+run at once than the pilot has cores."""
 import h5py
 import numpy as np
 import pytest
@@ -25,3 +26,13 @@ def test_500_task_pipeline_completes_with_bounded_client_memory(tmp_path):
         np.testing.assert_allclose(f["rmsd"][()], expected, atol=1e-4)
     print(f"500 tasks: {report.wall_s:.0f} s wall, client peak RSS {report.client_peak_rss_mib:.0f} MiB")
     assert report.client_peak_rss_mib < 2048
+    # a 2-core pilot runs at most 2 tasks at once (RADICAL's launch_start to its rank_stop);
+    # RADICAL's local.localhost alone declares 8 cores, and ran 8 at once
+    from trajflow.workflows.inspection import load_run
+    _, records = load_run(plan.workdir)
+    edges = sorted(e for r in records if r["task"] == "analyze"
+                   for e in ((r["radical"]["launch_start"], 1), (r["radical"]["rank_stop"], -1)))
+    running = [0]
+    for _, step in edges:
+        running.append(running[-1] + step)
+    assert max(running) == 2, f"{max(running)} tasks ran at once on 2 cores"

@@ -79,7 +79,7 @@ def test_the_timeline_of_200_ranks_is_interactive_offline_and_drawn(tmp_path):
                 "scaling": []}, str(page))
     text = page.read_text()
     assert not re.search(r"<script[^>]+src=|<link[^>]+href=\"?https?:", text), "fetches from a network"
-    assert "Bokeh.embed.embed_items" in text and "WheelZoomTool" in text
+    assert "Bokeh.embed.embed_items" in text and "WheelZoomTool" in text and "HoverTool" in text
     assert all(f"big analyze rank {r}" in text for r in range(200))  # a row for every rank
     assert "ranks 150-199" in text
     img = screenshot(page, tmp_path, height=3200)

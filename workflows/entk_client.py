@@ -205,11 +205,16 @@ def end_local_bootstrapper(pmgr, pilot, patience_s=20.0):
         time.sleep(0.1)
 
 
-def remove_local_sandbox(appman, session_dir):
+AGENT_LOGS = ("bootstrap_0.out", "bootstrap_0.err", "agent_0.log", "agent_0.out", "agent_0.err")
+
+
+def remove_local_sandbox(appman, session_dir, keep_logs=False):
     """Remove a local pilot's session sandbox (~/radical.pilot.sandbox/<sid>: ~1.1 MB
     per run, 748 KB of it a copied `gtod` binary, plus ~18 KB per task, never
-    removed by RADICAL-Pilot, seen) and its tasks' temp folder, keeping the pilot's own profiles (its
-    start and end) in the client's session folder, <session_dir>/<pilot uid>/."""
+    removed by RADICAL-Pilot, seen) and its tasks' temp folder, keeping the
+    pilot's own profiles (its start and end) in the client's session folder,
+    <session_dir>/<pilot uid>/; with `keep_logs` (a pilot that failed or never
+    came up) its bootstrapper's and agent's logs too: the only account of why."""
     import radical.utils as ru
     pilot = getattr(getattr(appman, "_rmgr", None), "pilot", None)  # EnTK's, private
     sandbox = getattr(pilot, "pilot_sandbox", None)
@@ -221,8 +226,10 @@ def remove_local_sandbox(appman, session_dir):
         return  # not the layout expected: leave it
     keep = os.path.join(session_dir, os.path.basename(pilot_sandbox))
     os.makedirs(keep, exist_ok=True)
-    for prof in glob.glob(os.path.join(pilot_sandbox, "*.prof")):
-        shutil.copy2(prof, keep)
+    logs = [os.path.join(pilot_sandbox, name) for name in AGENT_LOGS] if keep_logs else []
+    for path in glob.glob(os.path.join(pilot_sandbox, "*.prof")) + logs:
+        if os.path.exists(path):
+            shutil.copy2(path, keep)
     shutil.rmtree(session_sandbox, ignore_errors=True)
     remove_task_tmp(appman.sid)
 

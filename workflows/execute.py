@@ -26,6 +26,7 @@ from .entk_client import (new_appmanager, reap_local_tasks, remove_id_counters,
 from .errors import Interrupted
 from .heartbeat import (CLOSED, DEFAULT_CLIENT_TIMEOUT_S, Heartbeat, cancel_orphans,
                         guard_bootstrap_command, heartbeat_period, record_session)
+from .pilot_start import StartWatch
 from .pipeline import RunPipeline, remaining_specs
 from .planning import full_disk_note
 from .rundir_lock import close_inherited
@@ -284,10 +285,10 @@ class PilotProcess:
             else:
                 return kind, payload
 
-    def interrupt(self):
+    def interrupt(self, why="interrupted"):
         """Cancel the pilot now (its running tasks end), and raise Interrupted."""
         if self.alive:
-            print("trajflow: interrupted; cancelling the pilot (Ctrl-C again to give up waiting)",
+            print(f"trajflow: {why}; cancelling the pilot (Ctrl-C again to give up waiting)",
                   file=sys.stderr, flush=True)
             os.kill(self._child.pid, signal.SIGINT)
             self._join()
@@ -322,10 +323,11 @@ def _was_interrupted(exc):
 
 
 _STOPPED_BY = ["the user"]  # who asked the child to stop: the user, or its client's death
+_PILOT_FAILED = [None]      # what RADICAL-Pilot said when it ended the child's main thread
 
 
 def _serve(conn, pilot, session_root, parent_end, client_pid, client_timeout, keep_sandbox):
-    """The child: one AppManager, batches of runs until "close" (or a Ctrl-C).
+    """The child: one RADICAL session, batches of runs until "close" (or a Ctrl-C).
 
     While its client (the parent) lives, it touches the session's heartbeat,
     which the pilot's guard watches (`client_timeout` s; 0: no guard); when the
@@ -337,65 +339,44 @@ def _serve(conn, pilot, session_root, parent_end, client_pid, client_timeout, ke
     # started with & or nohup gives its children SIGINT ignored, which left the
     # child deaf to both and the parent joining it forever (seen).
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _terminated)
     _start_group_reaper()
     resources.activate_venv()
     resources.activate_configs()
     os.environ.setdefault("RADICAL_PROFILE", "TRUE")
     os.environ.setdefault("RADICAL_LOG_LVL", "WARNING")
     os.environ.setdefault("RADICAL_REPORT", "FALSE")
-    appman, ending, beat, configs = None, ("closed", None), None, None
+    session = _Session(conn, pilot, session_root, client_pid, client_timeout, keep_sandbox)
+    ending = ("closed", None)
     in_flight = []  # the plans of the batch being run: their partial files go at the end
     try:
         with working_dir(session_root):
-            appman = new_appmanager(pilot, autoterminate=False, base_path=session_root,
-                                    rts_config={"sandbox_cleanup": not keep_sandbox
-                                                and not resources.is_local(pilot["resource"]),
-                                                "db_cleanup": False})
-            session_dir = os.path.join(session_root, appman.sid)
-            os.makedirs(session_dir, exist_ok=True)
-            if client_timeout:
-                configs = os.path.join(session_dir, CLIENT_CONFIGS)
-                resources.configs_with_pre_bootstrap(configs, pilot["resource"], [
-                    guard_bootstrap_command(resources.task_python(pilot["resource"]),
-                                            session_dir, client_timeout)])
-            beat = Heartbeat(session_dir, client_pid, _client_gone,
-                             heartbeat_period(client_timeout or DEFAULT_CLIENT_TIMEOUT_S)).start()
-            conn.send(("session", session_dir))
-            threading.Thread(target=_tell_when_active, args=(appman, conn), daemon=True).start()
+            session.open()
             lost = None  # why the pilot is gone, once EnTK gave up
             while True:
                 kind, batch = conn.recv()
                 if kind == "close":
                     break
                 in_flight[:] = [r.plan for r in batch["requests"]]
-                report, lost = _run_batch(appman, pilot, session_dir, lost, conn, **batch)
+                report, lost = _run_batch(session, lost, conn, **batch)
                 in_flight.clear()
                 if batch["close_after"]:  # the report goes once the pilot is cancelled
                     ending = ("report", report)
                     break
                 _send(conn, ("report", report))
     except BaseException as exc:  # noqa: the parent must hear of every ending
-        ending = (("interrupted", _interrupted_text())
-                  if _was_interrupted(exc) else ("error", f"{type(exc).__name__}: {exc}"))
+        ending = (("error", _interrupted_text()) if _PILOT_FAILED[0]
+                  else ("interrupted", _interrupted_text()) if _was_interrupted(exc)
+                  else ("error", f"{type(exc).__name__}: {exc}"))
     finally:
         # bounded: a failed session close (ENOSPC, seen) once left this process waiting
         # forever on RADICAL's proxy process in multiprocessing's exit hook
         watchdog = threading.Timer(SHUTDOWN_LIMIT_S, _give_up, args=(session_root, in_flight))
         watchdog.daemon = True  # never keeps the process alive; it only cuts a hang short
         watchdog.start()
-        # the pilot cancelled before the parent hears the end
-        _shutdown(appman, pilot, keep_sandbox, appman and os.path.join(session_root, appman.sid))
+        session.close(ending[0])  # the pilot cancelled before the parent hears the end
         for plan in in_flight:      # no task of theirs runs any more
             remove_partial_files(plan)
-        if beat is not None:
-            beat.stop()
-            try:
-                with open(os.path.join(session_dir, CLOSED), "w") as fh:
-                    fh.write(f"the client cancelled its pilot ({ending[0]})\n")
-            except OSError:  # a full disk: the guard then ends the pilot by the heartbeat
-                pass
-        if configs is not None:
-            shutil.rmtree(configs, ignore_errors=True)
         try:
             _send(conn, ending)
             if ending[0] != "closed":
@@ -403,6 +384,78 @@ def _serve(conn, pilot, session_root, parent_end, client_pid, client_timeout, ke
         except (BrokenPipeError, OSError):
             pass
         conn.close()
+
+
+class _Session:
+    """The child's RADICAL session: its AppManager (and pilot), its folder, the
+    heartbeat the pilot's guard watches, the watch on the pilot's start.
+    `renew()` replaces it by a new one (a pilot whose start hung)."""
+
+    def __init__(self, conn, pilot, session_root, client_pid, client_timeout, keep_sandbox):
+        self.conn, self.pilot, self.session_root = conn, pilot, session_root
+        self.client_pid, self.client_timeout = client_pid, client_timeout
+        self.keep_sandbox = keep_sandbox
+        self.local = resources.is_local(pilot["resource"])
+        self.appman = self.dir = self.beat = self.configs = self.watch = None
+        self.renewed = False  # a session replaced once already is not replaced again
+
+    def open(self):
+        self.appman = new_appmanager(self.pilot, autoterminate=False, base_path=self.session_root,
+                                     rts_config={"sandbox_cleanup": not self.keep_sandbox
+                                                 and not self.local, "db_cleanup": False})
+        self.dir = os.path.join(self.session_root, self.appman.sid)
+        os.makedirs(self.dir, exist_ok=True)
+        self.configs = os.path.join(self.dir, CLIENT_CONFIGS)
+        python = resources.task_python(self.pilot["resource"])
+        guard = [guard_bootstrap_command(python, self.dir, self.client_timeout)]
+        resources.session_configs(self.configs, self.pilot["resource"], self.pilot["cpus"],
+                                  (guard if self.client_timeout else [])
+                                  + [resources.kernels_bootstrap_entry(python)]
+                                  + _test_start_delay())
+        self.beat = Heartbeat(self.dir, self.client_pid, _client_gone,
+                              heartbeat_period(self.client_timeout or DEFAULT_CLIENT_TIMEOUT_S)
+                              ).start()
+        _send(self.conn, ("session", self.dir))
+        self.watch = StartWatch(self.appman, self._active, self.local).start()
+        _SESSION_PILOT[0] = self.watch.pilot
+
+    def _active(self, uid):  # EnTK tells nobody: between the request and this, the
+        # time is the batch queue's and the agent's start
+        _send(self.conn, ("event", ("pilot", None, "active", f"active ({uid})")))
+
+    def close(self, how):
+        """Cancel the pilot; on this machine end its leftover tasks and remove its
+        sandbox (each run's folder holds its tasks' files by then; on a cluster
+        RADICAL-Pilot cleans up, asked through EnTK's rts_config)."""
+        if self.appman is None:
+            return
+        hung = self.watch is not None and self.watch.hung
+        try:
+            shutdown(self.appman, self.local)
+        finally:
+            remove_id_counters(self.appman.sid)
+            if self.local:
+                reap_local_tasks(self.appman.sid)
+                if not self.keep_sandbox:
+                    remove_local_sandbox(self.appman, self.dir,
+                                         keep_logs=bool(_PILOT_FAILED[0] or hung))
+            self.appman = None
+        if self.beat is not None:
+            self.beat.stop()
+            try:
+                with open(os.path.join(self.dir, CLOSED), "w") as fh:
+                    fh.write(f"the client cancelled its pilot ({how})\n")
+            except OSError:  # a full disk: the guard then ends the pilot by the heartbeat
+                pass
+        if self.configs is not None:
+            shutil.rmtree(self.configs, ignore_errors=True)
+        self.beat = self.configs = self.watch = None
+
+    def renew(self):
+        """A new session and pilot for the same batch; the old one's folder says why."""
+        self.close("its start hung")
+        self.renewed = True
+        self.open()
 
 
 SHUTDOWN_LIMIT_S = 60.0  # the longest the child may take to stop, once it is asked to
@@ -457,8 +510,33 @@ def _client_gone():
     os.kill(os.getpid(), signal.SIGINT)
 
 
+def _terminated(signum, frame):
+    """SIGTERM in the child: RADICAL-Pilot's own way to stop the main thread when
+    its pilot FAILED (ru.cancel_main_thread; a batch job ended by its time limit,
+    seen), which was reported as "interrupted by the user"; or a kill."""
+    pilot = _SESSION_PILOT[0]() if _SESSION_PILOT[0] else None
+    if getattr(pilot, "state", None) == "FAILED":
+        _PILOT_FAILED[0] = (f"the pilot {pilot.uid} failed (RADICAL-Pilot: its job ended before "
+                            "the runs did: the walltime ran out, or the job was killed or "
+                            "could not start; the batch system's and RADICAL's logs are in "
+                            "the session folder)")
+    else:
+        _STOPPED_BY[0] = "a SIGTERM"
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+_SESSION_PILOT = [None]  # returns the current session's pilot (for _terminated)
+
+
 def _interrupted_text():
-    return f"interrupted by {_STOPPED_BY[0]}; the pilot was cancelled"
+    return _PILOT_FAILED[0] or f"interrupted by {_STOPPED_BY[0]}; the pilot was cancelled"
+
+
+def _test_start_delay():
+    """Testing hook: $TRAJFLOW_TEST_PILOT_START_DELAY_S (the first pilot of a child
+    only) delays the pilot's bootstrap, as a start that hangs would."""
+    delay = os.environ.pop("TRAJFLOW_TEST_PILOT_START_DELAY_S", None)
+    return [resources.pre_bootstrap_entry(f"sleep {float(delay):g}")] if delay else []
 
 
 _SEND_LOCK = threading.Lock()  # the child's threads share one pipe to the parent
@@ -469,66 +547,50 @@ def _send(conn, message):
         conn.send(message)
 
 
-def _tell_when_active(appman, conn, poll_s=0.5):
-    """Tell the parent when the pilot is active (EnTK tells nobody): between the
-    request and this, the time is the batch queue's and the agent's start."""
-    import radical.pilot as rp
-    while True:
-        pilot = getattr(getattr(appman, "_rmgr", None), "pilot", None)  # EnTK's, private
-        state = getattr(pilot, "state", None)
-        if state == rp.PMGR_ACTIVE:
-            _send(conn, ("event", ("pilot", None, "active", f"active ({pilot.uid})")))
-            return
-        if state in rp.FINAL:
-            return
-        time.sleep(poll_s)
-
-
-def _shutdown(appman, pilot, keep_sandbox, session_dir):
-    """Cancel the pilot; on this machine end its leftover tasks and remove its
-    sandbox (each run's folder holds its tasks' files by then; on a cluster
-    RADICAL-Pilot cleans up, asked through EnTK's rts_config)."""
-    if appman is None:
-        return
-    local = resources.is_local(pilot["resource"])
-    try:
-        shutdown(appman, local)
-    finally:
-        remove_id_counters(appman.sid)
-        if local:
-            reap_local_tasks(appman.sid)
-            if not keep_sandbox:
-                remove_local_sandbox(appman, session_dir)
-
-
-def _run_batch(appman, pilot, session_dir, lost, conn, requests, one_at_a_time, close_after):
-    """Run one batch on the AppManager: (RunReport, why the pilot is gone or None)."""
+def _run_batch(session, lost, conn, requests, one_at_a_time, close_after):
+    """Run one batch on the session's AppManager: (RunReport, why the pilot is gone
+    or None). A pilot whose start hung (see pilot_start) is replaced once, by a
+    new session: nothing of the batch had run on it."""
     t0 = time.time()
-    python = resources.task_python(pilot["resource"])
+    python = resources.task_python(session.pilot["resource"])
 
     def event(run_name):  # called from EnTK's thread, which runs the stages' post_exec
         return lambda stage, kind, text: _send(conn, ("event", (run_name, stage, kind, text)))
-    pipelines = {r.name: RunPipeline(r.plan, r.plan_path, python, r.name, r.retries,
-                                     remaining_specs(r.plan, r.plan_path) if r.resume else None,
-                                     r.env, on_event=event(r.name))
-                 for r in requests}
+
+    def pipeline(r):
+        return RunPipeline(r.plan, r.plan_path, python, r.name, r.retries,
+                           remaining_specs(r.plan, r.plan_path) if r.resume else None,
+                           r.env, on_event=event(r.name))
+    pipelines = {r.name: pipeline(r) for r in requests}
     batches = [[r] for r in requests] if one_at_a_time else [list(requests)]
     for r in requests:  # a later --resume finds this pilot here, should its client die
-        record_session(r.plan.workdir, session_dir)
+        record_session(r.plan.workdir, session.dir)
     outcomes, errors, ended = [], {}, set()
     try:
         for batch in batches:
             if lost:  # EnTK gave up on an earlier batch and took the pilot with it
                 errors.update({r.name: f"not run: {lost}" for r in batch})
                 continue
-            appman.workflow = set(pipelines[r.name].pipeline for r in batch)
-            try:
-                appman.run()
-            except Exception as exc:
-                if _was_interrupted(exc):
-                    raise
-                lost = f"EnTK failed: {type(exc).__name__}: {exc}"
-                errors.update({r.name: lost for r in batch})
+            while True:
+                session.appman.workflow = set(pipelines[r.name].pipeline for r in batch)
+                try:
+                    session.appman.run()
+                except Exception as exc:
+                    if _was_interrupted(exc):
+                        raise
+                    hung = session.watch.hung
+                    if hung and not session.renewed:
+                        _send(conn, ("event", ("pilot", None, "restarted",
+                                               f"{hung}; starting another")))
+                        session.renew()
+                        pipelines.update({r.name: pipeline(r) for r in requests
+                                          if r.name not in ended})
+                        for r in requests:
+                            record_session(r.plan.workdir, session.dir)
+                        continue
+                    lost = hung or f"EnTK failed: {type(exc).__name__}: {exc}"
+                    errors.update({r.name: lost for r in batch})
+                break
             for r in batch:
                 disk = full_disk_note(r.plan)  # before the partial files give space back
                 remove_partial_files(r.plan)    # first: a full disk fails what follows
@@ -555,7 +617,7 @@ def _run_batch(appman, pilot, session_dir, lost, conn, requests, one_at_a_time, 
         results[r.name] = path if os.path.exists(path) and r.name not in errors else None
     stopped = {name: run.stopped_at for name, run in pipelines.items()}
     peak = getrusage(RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
-    return RunReport(outcomes, results, session_dir, time.time() - t0, stopped, peak, errors), lost
+    return RunReport(outcomes, results, session.dir, time.time() - t0, stopped, peak, errors), lost
 
 
 def remove_partial_files(plan):

@@ -13,7 +13,6 @@ Pilot 1.103 no longer notices a dead client. Three pieces live here:
                            earlier session of the same run, still running
                            without its client, to end its pilot now
 """
-import base64
 import glob
 import json
 import os
@@ -29,20 +28,15 @@ CLOSED = "trajflow.closed"           # session file: the client cancelled its pi
 
 
 def guard_bootstrap_command(python, session_dir, timeout_s):
-    """A `pre_bootstrap_0` entry starting the guard of `session_dir`.
-
-    RADICAL's bootstrapper passes each entry through `eval echo` and then runs
-    the result with `eval`: the command travels base64-encoded through the
-    first (paths with spaces, quotes or `$` arrive intact), and `$$` (the
-    bootstrapper's pid, which the guard watches) is expanded by the second.
-    A guard that cannot start is reported in the bootstrapper's log and never
-    fails the pilot.
-    """
-    command = (shlex.join([python, "-m", "trajflow.tasks.client_guard", "--session-dir",
-                           session_dir, "--timeout", f"{timeout_s:g}"])
-               + " --bootstrap-pid $$ || echo 'trajflow: the client guard did not start'")
-    encoded = base64.b64encode(command.encode()).decode()
-    return f'"$(echo {encoded} | base64 -d)"'
+    """A `pre_bootstrap_0` entry starting the guard of `session_dir`, which watches
+    the bootstrapper's pid (`$$`, expanded by the bootstrapper's shell). A guard
+    that cannot start is reported in the bootstrapper's log and never fails the
+    pilot."""
+    from .resources import pre_bootstrap_entry
+    return pre_bootstrap_entry(
+        shlex.join([python, "-m", "trajflow.tasks.client_guard", "--session-dir", session_dir,
+                    "--timeout", f"{timeout_s:g}"])
+        + " --bootstrap-pid $$ || echo 'trajflow: the client guard did not start'")
 
 
 class Heartbeat:

@@ -182,7 +182,7 @@ class Pilot:
             self.abort()  # raises Interrupted
         else:
             try:
-                self.abort()
+                self.abort(f"{exc_type.__name__} raised in the `with` block")
             except Interrupted:
                 pass  # the script's own exception is the one to see
 
@@ -212,9 +212,10 @@ class Pilot:
         """The RADICAL session's folder (logs, profiles), once the pilot is started."""
         return self._process.session_dir if self._process is not None else None
 
-    def abort(self):
+    def abort(self, why="interrupted"):
         """Cancel the pilot now: runs not started are cancelled, running ones end
-        (their tasks killed) with Interrupted, which is raised here too."""
+        (their tasks killed) with Interrupted, which is raised here too. `why`
+        is said on stderr."""
         with self._cond:
             self._closing = True
             for future in self._pending:
@@ -223,7 +224,7 @@ class Pilot:
             self._cond.notify_all()
         if self._process is not None and self._process.alive:
             try:
-                self._process.interrupt()
+                self._process.interrupt(why)
             except Interrupted as exc:  # raised for the caller once the dispatcher has ended
                 if self._thread is not None:
                     self._thread.join()

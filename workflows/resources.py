@@ -10,10 +10,12 @@ placeholder ${TRAJFLOW_VENV_BIN} (the bin folder holding this Python and the
 `mpiexec` of the mpich wheel).
 """
 import atexit
+import base64
 import copy
 import glob
 import json
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -134,13 +136,18 @@ def remove_stale_config_dirs():
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def configs_with_pre_bootstrap(target, resource, entries) -> str:
-    """A config folder of this process's own at `target` (as prepare_config_dir
-    makes), in which `resource` also runs `entries` after its own
-    pre_bootstrap_0 commands (the client guard: one per session)."""
+def session_configs(target, resource, cpus, pre_bootstrap=()) -> str:
+    """A config folder of this session's own at `target` (as prepare_config_dir
+    makes), in which `resource` also runs `pre_bootstrap` after its own
+    pre_bootstrap_0 commands (the client guard), and where its resource manager
+    is FORK (this machine), has exactly the `cpus` the pilot was given: RADICAL's
+    local.localhost declares 8 virtual cores per node whatever was asked, and its
+    scheduler ran 8 single-core tasks at once on a 2-core pilot (seen)."""
     prepare_config_dir(target)
     cfg = resource_config(resource).as_dict()
-    cfg["pre_bootstrap_0"] = list(cfg.get("pre_bootstrap_0") or []) + list(entries)
+    cfg["pre_bootstrap_0"] = list(cfg.get("pre_bootstrap_0") or []) + list(pre_bootstrap)
+    if str(cfg.get("resource_manager", "")).upper() == "FORK":
+        cfg["cores_per_node"] = int(cpus)
     facility, _, name = resource.partition(".")
     path = os.path.join(target, ".radical", "pilot", "configs", f"resource_{facility}.json")
     platforms = {}
@@ -151,6 +158,24 @@ def configs_with_pre_bootstrap(target, resource, entries) -> str:
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(platforms, fh, indent=2)
     return target
+
+
+def pre_bootstrap_entry(command: str) -> str:
+    """A `pre_bootstrap_0` entry that runs the shell `command` as written.
+
+    RADICAL's bootstrapper passes each entry through `eval echo` and then runs
+    the result with `eval`: the command travels base64-encoded through the
+    first (paths with spaces, quotes or `$` arrive intact), and what it leaves
+    for the shell (`$$`: the bootstrapper's pid) is expanded by the second."""
+    encoded = base64.b64encode(command.encode()).decode()
+    return f'"$(echo {encoded} | base64 -d)"'
+
+
+def kernels_bootstrap_entry(python: str) -> str:
+    """A `pre_bootstrap_0` entry filling the numba cache on the pilot's node before
+    any task starts; a failure is logged and leaves the tasks to compile."""
+    return pre_bootstrap_entry(shlex.join([python, "-m", "trajflow.tasks.kernels"])
+                               + " || echo 'trajflow: the kernels were not compiled ahead'")
 
 
 def check_resource(resource: str):

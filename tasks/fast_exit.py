@@ -1,0 +1,39 @@
+"""End a task's process the moment its work is on disk.
+
+A task's interpreter took 0.25-0.4 s to exit after its last timestamp
+(numba's and MDAnalysis' teardown, measured: numba with loaded kernels 0.38 s,
+MDAnalysis 0.25 s, numpy alone 0.03 s), against milliseconds of work per
+block: RADICAL-Pilot holds the task's core until the process is gone. Every
+file a task writes is closed before its main() returns, so after flushing
+stdout and stderr (and finalising MPI, which mpiexec expects of every rank)
+the process can end with os._exit: 0.01 s.
+"""
+import os
+import sys
+import traceback
+
+
+def run_and_exit(main):
+    """sys.exit(main()) with the same exit codes and messages, without the teardown."""
+    try:
+        code = main()
+    except SystemExit as exc:
+        code = exc.code
+    except BaseException:  # what the interpreter would print, and its exit code
+        traceback.print_exc()
+        code = 1
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    _finalize_mpi()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _finalize_mpi():
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()

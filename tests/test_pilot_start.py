@@ -1,0 +1,72 @@
+"""A pilot whose start hangs is replaced, on a real local pilot.
+
+The hang seen in CI (an agent up but never ready; the client waited out the
+walltime) is imitated by a pilot whose bootstrap sleeps past the limit (45 s here,
+against a start of 13-25 s seen): the
+watch cancels it, a second pilot runs the run, and the result is MDAnalysis'.
+"""
+import glob
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import trajflow
+from processes import assert_nothing_left
+
+
+def test_a_pilot_that_never_comes_up_is_replaced(tmp_path, adk, reference_results, monkeypatch,
+                                                 capfd):
+    monkeypatch.setenv("TRAJFLOW_TEST_PILOT_START_DELAY_S", "150")
+    monkeypatch.setenv("TRAJFLOW_AGENT_READY_LIMIT_S", "45")
+    t0 = time.time()
+    run = trajflow.run(*adk, "rmsd", blocks=2, out=str(tmp_path / "rmsd"))
+    wall = time.time() - t0
+    np.testing.assert_allclose(run.results.rmsd, reference_results(adk[0], [adk[1]], "rmsd")["rmsd"],
+                               atol=1e-4)
+    err = capfd.readouterr().err
+    assert "did not report ready within 45 s" in err and "starting another" in err, err
+    assert wall < 150, f"the hung pilot was waited for ({wall:.0f} s)"
+    sessions = sorted(glob.glob(str(tmp_path / "rmsd" / "re.session.*")), key=os.path.getmtime)
+    assert len(sessions) == 2, sessions
+    hung, good = sessions
+    with open(os.path.join(hung, "trajflow.closed")) as fh:
+        assert "its start hung" in fh.read()
+    # the hung pilot's bootstrap log is kept (the only account of why), not the good one's
+    assert glob.glob(os.path.join(hung, "pilot.0000", "bootstrap_0.out"))
+    assert not glob.glob(os.path.join(good, "pilot.0000", "bootstrap_0.out"))
+    for session in sessions:
+        assert_nothing_left(os.path.basename(session))
+    assert not [pid for pid in os.listdir("/proc") if pid.isdigit() and _is_the_delay(pid)]
+
+
+def _is_the_delay(pid):
+    """The testing hook's `sleep 150`, still running (the hung pilot's job not ended)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().split(b"\0")[:2] == [b"sleep", b"150"]
+    except OSError:
+        return False
+
+
+def test_a_failed_pilot_is_reported_as_failed_not_as_a_ctrl_c(monkeypatch):
+    """RADICAL-Pilot ends the main thread with SIGTERM when its pilot FAILED (a SLURM
+    job ended by its time limit, seen in CI); that was reported "interrupted by the
+    user". Off the pilot: the child's SIGTERM handler with a pilot FAILED, and not."""
+    from trajflow.workflows import execute
+
+    class FailedPilot:
+        uid, state = "pilot.0000", "FAILED"
+    monkeypatch.setattr(execute, "_PILOT_FAILED", [None])
+    monkeypatch.setattr(execute, "_STOPPED_BY", ["the user"])
+    monkeypatch.setattr(execute, "_SESSION_PILOT", [lambda: FailedPilot()])
+    with pytest.raises(KeyboardInterrupt):
+        execute._terminated(signal.SIGTERM, None)
+    assert execute._interrupted_text().startswith("the pilot pilot.0000 failed")
+    FailedPilot.state = "PMGR_ACTIVE"  # a kill of a healthy session stops it as a Ctrl-C
+    monkeypatch.setattr(execute, "_PILOT_FAILED", [None])
+    with pytest.raises(KeyboardInterrupt):
+        execute._terminated(signal.SIGTERM, None)
+    assert execute._interrupted_text() == "interrupted by a SIGTERM; the pilot was cancelled"

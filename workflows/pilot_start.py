@@ -1,0 +1,94 @@
+"""Watch a pilot come up: say when it is active, and cancel it when its job
+has started but its agent never reports ready.
+
+RADICAL-Pilot waits for PMGR_ACTIVE until the walltime runs out. In one CI
+run a SLURM pilot's agent started (its components up, `hostname` in its
+agent_0.prof) and then waited forever on its own first request (preparing
+its `rp` environment, a message on its control channel that never came
+back); the client waited the whole 20-minute walltime and the job ended by
+TimeLimit. Where the pilot's sandbox is on this disk (the local resources),
+the start of its job shows (bootstrap_0.out appears); a pilot not active
+`limit_s` after that is cancelled and the watch says so (`hung`), so that the
+caller can start another pilot. On a remote cluster the job's start is not
+visible from here and only activation is reported.
+"""
+import os
+import sys
+import threading
+import time
+
+AGENT_READY_LIMIT_S = 300.0  # job start -> agent ready took 16-25 s here (kernels compiled)
+
+
+def agent_ready_limit_s() -> float:
+    """AGENT_READY_LIMIT_S, or $TRAJFLOW_AGENT_READY_LIMIT_S (slow file systems; tests)."""
+    return float(os.environ.get("TRAJFLOW_AGENT_READY_LIMIT_S", AGENT_READY_LIMIT_S))
+
+
+class StartWatch:
+    """A thread following one AppManager's pilot until it is active or final.
+
+    `on_active(uid)` when it is active. `local`: the pilot sandbox is on this
+    disk, so a start that hangs can be seen, and is cancelled after `limit_s`.
+    """
+
+    def __init__(self, appman, on_active, local, limit_s=None, poll_s=0.5):
+        self.appman = appman
+        self.on_active = on_active
+        self.local = local
+        self.limit_s = agent_ready_limit_s() if limit_s is None else limit_s
+        self.poll_s = poll_s
+        self.hung = None  # what happened, once a pilot that never came up was cancelled
+        self._thread = threading.Thread(target=self._watch_or_say, name="trajflow-start-watch",
+                                        daemon=True)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def pilot(self):
+        return getattr(getattr(self.appman, "_rmgr", None), "pilot", None)  # EnTK's, private
+
+    def _watch_or_say(self):
+        try:
+            self._watch()
+        except Exception as exc:  # never silent: without it a hung start waits out the walltime
+            print(f"trajflow: watching the pilot's start failed: {type(exc).__name__}: {exc}",
+                  file=sys.stderr, flush=True)
+
+    def _watch(self):
+        import radical.pilot as rp
+        started = None  # when the pilot's job was first seen running
+        while True:
+            pilot = self.pilot()
+            state = getattr(pilot, "state", None)
+            if state == rp.PMGR_ACTIVE:
+                self.on_active(pilot.uid)
+                return
+            if state in rp.FINAL:
+                return
+            if started is None and self.local and pilot is not None and job_started(pilot):
+                started = time.time()
+            if started is not None and time.time() - started > self.limit_s:
+                at = time.strftime("%H:%M:%S", time.localtime(started))
+                self.hung = (f"the pilot's job started at {at} but its agent did not report ready within {self.limit_s:g} s "
+                             "(RADICAL-Pilot's start hung); that pilot was cancelled")
+                self._cancel(pilot)
+                return
+            time.sleep(self.poll_s)
+
+    def _cancel(self, pilot):
+        pmgr = getattr(getattr(self.appman, "_rmgr", None), "pmgr", None)
+        try:
+            pmgr.kill_pilots(pilot.uid, _timeout=20)  # a cancel asks the agent, which is not there
+        except Exception as exc:  # the main thread still waits on the pilot: say why
+            self.hung += f" (cancelling it failed: {type(exc).__name__}: {exc})"
+
+
+def job_started(pilot) -> bool:
+    """Whether the pilot's job has started: its bootstrapper's output file
+    (bootstrap_0.out, opened by the job itself, also before the pre_bootstrap_0
+    commands run) is in the sandbox."""
+    import radical.utils as ru
+    sandbox = getattr(pilot, "pilot_sandbox", None)
+    return bool(sandbox) and os.path.exists(os.path.join(ru.Url(sandbox).path, "bootstrap_0.out"))
