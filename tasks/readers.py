@@ -19,8 +19,6 @@ from typing import Iterator, Optional, Protocol
 import numpy as np
 # Imported with the module, not in the timed open: interpreter start-up and
 # imports happen before a rank's clock starts (RADICAL's rank_start shows them).
-import MDAnalysis as mda
-from MDAnalysis.coordinates.core import reader as mda_reader
 
 from .h5md import H5MDBlockReader
 
@@ -58,6 +56,7 @@ def _phase(timer, name):
 
 def open_universe(topology, trajectories, timer=None):
     """Topology and trajectory as a Universe (the split stage writes with it)."""
+    import MDAnalysis as mda
     warnings.filterwarnings("ignore", module="MDAnalysis")
     with _phase(timer, "open_topology"):
         u = mda.Universe(topology)
@@ -74,6 +73,7 @@ def open_trajectory(trajectories, timer=None):
     workstation, which saves every rank the topology parse (Khoshlessan et al. 2019's
     t_open_topology, seconds per rank for large systems).
     """
+    from MDAnalysis.coordinates.core import reader as mda_reader
     warnings.filterwarnings("ignore", module="MDAnalysis")
     with _phase(timer, "open_trajectory"):
         trajectories = list(trajectories)

@@ -28,6 +28,16 @@ def expected_parts(plan):
     return [plan.part_path(f"block_{b:05d}") for b in range(plan.n_blocks)]
 
 
+def remove_parts(plan):
+    """The parts, once result.h5 holds them: the result is the run's one copy (the
+    demo's dihedrals were stored twice, 64 MB in parts/ and 64 MB in result.h5)."""
+    for path in expected_parts(plan):
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+
+
 def join_parts(plan):
     """Read and check every part; return (arrays in frame order, analysis attrs)."""
     missing = [p for p in expected_parts(plan) if not os.path.exists(p)]
@@ -131,6 +141,7 @@ def main(argv=None):
             results = mda_analyses.conclude(plan, arrays).results
     with timer.phase("write"):
         write_result(plan, arrays, attrs, results)
+        remove_parts(plan)
     timer.finish(plan.profile_path("reduce"))
     faults.linger_after_publish()
     return 0

@@ -12,6 +12,8 @@ TRR and a DCD of the solvated system (its unit cell read per frame instead
 of by the raw DCD path) run every io x mode with 3 blocks.
 """
 
+import os
+
 import h5py
 import numpy as np
 import pytest
@@ -44,9 +46,10 @@ def check_result(path, expected, analysis, n_blocks, io, mode, tolerance=TOLERAN
 def test_result_equals_mdanalysis(tmp_path, adk, adk_xtc, reference_results,
                                   io, mode, gather, n, analysis, fmt):
     top, traj = adk if fmt == "dcd" else adk_xtc
-    path, _ = plan_and_run(tmp_path / "run", top, [traj], analysis, io=io, mode=mode,
-                           gather=gather, blocks=n, cpus=n, chunk_frames=16, side_by_side=True)
+    path, plan = plan_and_run(tmp_path / "run", top, [traj], analysis, io=io, mode=mode,
+                              gather=gather, blocks=n, cpus=n, chunk_frames=16, side_by_side=True)
     check_result(path, reference_results(top, [traj], analysis), analysis, n, io, mode)
+    assert os.listdir(plan.path("parts")) == []  # the result is the run's one copy
 
 
 @pytest.mark.parametrize("analysis", ["rmsd", "dihedrals"])
@@ -100,3 +103,22 @@ def test_h5md_split_is_chunked_one_frame_and_compressed(tmp_path, adk):
         assert value.compression == "gzip" and value.compression_opts == 3
         assert np.all(np.diff(f["particles/trajectory/position/step"][()]) == 1)
         assert np.all(np.diff(f["particles/trajectory/position/time"][()]) > 0)
+
+
+def test_rmsd_over_h5md_runs_without_importing_mdanalysis(tmp_path, adk):
+    """MDAnalysis' import is 0.65 s of every rank's start-up; RMSD over H5MD needs none
+    of it. Block 0 analysed again in a fresh interpreter, then its modules listed."""
+    import subprocess
+    import sys
+    _, plan = plan_and_run(tmp_path / "run", adk[0], [adk[1]], "rmsd", io="h5md", mode="tasks",
+                           blocks=2, cpus=2)
+    code = ("import sys, trajflow.tasks.analyze as a; "
+            f"a.main(['--plan', {plan.path('plan.json')!r}, '--block', '0']); "
+            "print('MDAnalysis' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1] == "False"
+    from types import SimpleNamespace
+    from trajflow.tasks.analyze import needs_mdanalysis
+    assert needs_mdanalysis(SimpleNamespace(io="h5md", builtin=True, analysis="dihedrals"))
+    assert needs_mdanalysis(SimpleNamespace(io="shared", builtin=True, analysis="rmsd"))
