@@ -180,6 +180,13 @@ def shutdown(appman, local=False):
         helper.join(30)
 
 
+def local_sandbox(pilot):
+    """The pilot's sandbox as a path on this disk, or None while RP does not know it."""
+    import radical.utils as ru
+    sandbox = getattr(pilot, "pilot_sandbox", None)
+    return ru.Url(sandbox).path.rstrip("/") if sandbox else None
+
+
 def end_local_bootstrapper(pmgr, pilot, patience_s=20.0):
     """End a cancelled local pilot's bootstrapper once it has recorded END.
 
@@ -195,8 +202,7 @@ def end_local_bootstrapper(pmgr, pilot, patience_s=20.0):
     gives up after `patience_s` and RP's own wait runs.
     """
     import radical.pilot as rp
-    import radical.utils as ru
-    prof = os.path.join(ru.Url(pilot.pilot_sandbox).path, "bootstrap_0.prof")
+    prof = os.path.join(local_sandbox(pilot), "bootstrap_0.prof")
     deadline = time.time() + patience_s
     while time.time() < deadline and pilot.state not in rp.FINAL:
         if _last_event(prof) == "END":
@@ -215,12 +221,10 @@ def remove_local_sandbox(appman, session_dir, keep_logs=False):
     pilot's own profiles (its start and end) in the client's session folder,
     <session_dir>/<pilot uid>/; with `keep_logs` (a pilot that failed or never
     came up) its bootstrapper's and agent's logs too: the only account of why."""
-    import radical.utils as ru
     pilot = getattr(getattr(appman, "_rmgr", None), "pilot", None)  # EnTK's, private
-    sandbox = getattr(pilot, "pilot_sandbox", None)
-    if not sandbox:
+    pilot_sandbox = local_sandbox(pilot)
+    if not pilot_sandbox:
         return
-    pilot_sandbox = ru.Url(sandbox).path.rstrip("/")
     session_sandbox = os.path.dirname(pilot_sandbox)
     if os.path.basename(session_sandbox) != appman.sid:
         return  # not the layout expected: leave it

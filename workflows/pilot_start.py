@@ -89,6 +89,6 @@ def job_started(pilot) -> bool:
     """Whether the pilot's job has started: its bootstrapper's output file
     (bootstrap_0.out, opened by the job itself, also before the pre_bootstrap_0
     commands run) is in the sandbox."""
-    import radical.utils as ru
-    sandbox = getattr(pilot, "pilot_sandbox", None)
-    return bool(sandbox) and os.path.exists(os.path.join(ru.Url(sandbox).path, "bootstrap_0.out"))
+    from .entk_client import local_sandbox
+    sandbox = local_sandbox(pilot)
+    return bool(sandbox) and os.path.exists(os.path.join(sandbox, "bootstrap_0.out"))
