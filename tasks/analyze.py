@@ -19,6 +19,7 @@ import numpy as np
 from . import faults, kernels, mda_analyses, parts
 from .analyses import ANALYSIS_CLASSES
 from .plan import RunPlan, chunk_size, decode_path_arg
+from .dcd import open_dcd
 from .readers import H5MDChunkReader, TrajectoryBlockReader, open_trajectory
 from .timing import RankTimer
 
@@ -32,12 +33,14 @@ def open_block_source(plan, analysis, block, timer, comm=None):
     b_start, b_stop = plan.blocks[block]
     idx, boxes = analysis.atom_indices, analysis.need_boxes
     if plan.io == "shared":
-        source = TrajectoryBlockReader(open_trajectory(plan.trajectories, timer), idx, boxes)
+        source = TrajectoryBlockReader(open_trajectory(plan.trajectories, timer, boxes), idx, boxes)
         return source, b_start, b_stop, source
     if plan.io == "split":
         # frame 0 lives in block 0's segment
-        reference = TrajectoryBlockReader(open_trajectory([plan.segment_path(0)], timer), idx, boxes)
-        traj = reference.traj if block == 0 else open_trajectory([plan.segment_path(block)], timer)
+        reference = TrajectoryBlockReader(open_trajectory([plan.segment_path(0)], timer, boxes),
+                                          idx, boxes)
+        traj = reference.traj if block == 0 else open_trajectory([plan.segment_path(block)],
+                                                                 timer, boxes)
         with timer.phase("open_trajectory"):
             frames = plan.load_segment_frames(block)
         source = TrajectoryBlockReader(traj, idx, boxes, frame_offset=b_start, times=frames["time"],
@@ -167,10 +170,16 @@ def gather_rma(comm, value, plan):
 
 def needs_mdanalysis(plan):
     """Whether this task's path uses MDAnalysis (its trajectory readers, a user's
-    analysis, the box conversion of H5MD). RMSD over H5MD does not, and skips its
-    import: 0.65 s of every rank's start-up."""
-    return not (plan.io == "h5md" and plan.builtin
-                and not ANALYSIS_CLASSES[plan.analysis].need_boxes)
+    analysis, the box conversion of H5MD). The built-in analyses over H5MD
+    without boxes and over plain DCD do not, and skip its import: 0.65 s of
+    every rank's start-up."""
+    if not plan.builtin:
+        return True
+    need_boxes = ANALYSIS_CLASSES[plan.analysis].need_boxes
+    if plan.io == "h5md":
+        return need_boxes
+    files = plan.trajectories if plan.io == "shared" else [plan.segment_path(0)]
+    return open_dcd(files, need_boxes) is None
 
 
 def main(argv=None):

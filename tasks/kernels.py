@@ -1,26 +1,30 @@
 """Kernels: coordinates of a chunk of frames in, results out.
 
-Pure functions over numpy arrays, compiled with numba: `trajflow bench`
-measured the best numpy formulation of QCP at 1.3-2.1 us per frame against
-mdtraj's 0.3-0.4 us, and numpy dihedrals at 27 us per frame against a 20 us
-target; one compiled pass per frame, with no temporary arrays, meets both.
-Compiled code is cached (numba cache=True: next to this file, or in the
-user's cache folder where the install is read-only, or $NUMBA_CACHE_DIR).
-Every pilot fills the cache before its first task (`python -m
-trajflow.tasks.kernels`, a pre_bootstrap_0 command trajflow adds), so no
-task compiles: a fresh install's first tasks spent 2.6 s each compiling, all
-of them at once (seen).
+Pure functions over numpy arrays around compiled inner loops (kernel_code.py):
+`trajflow bench` measured the best numpy formulation of QCP at 1.3-2.1 us per
+frame against mdtraj's 0.3-0.4 us, and numpy dihedrals at 27 us per frame
+against a 20 us target; one compiled pass per frame, with no temporary
+arrays, meets both.
+
+Every pilot compiles the loops once before its first task (`python -m
+trajflow.tasks.kernels`, a pre_bootstrap_0 command trajflow adds) into an
+extension module in the kernel cache ($TRAJFLOW_KERNEL_CACHE, else
+~/.cache/trajflow/kernels), named by the code's hash, Python and numpy: tasks
+load it in milliseconds and never import numba. Without it (no C compiler,
+or tasks started outside a pilot) the loops run through numba's JIT and its
+on-disk cache; TRAJFLOW_KERNELS=jit asks for that path.
 
 They know nothing of files, MPI or MDAnalysis universes.
 """
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import platform
+import sys
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
-
-# Newton-Raphson on the QCP characteristic polynomial converges quadratically
-# from the upper bound E0; 50 iterations is a safety net, not the norm.
-_QCP_MAX_ITER = 50
 
 
 class Reference(NamedTuple):
@@ -69,88 +73,9 @@ def qcp_rmsd(chunk, reference, weights=None):
         x = x.astype(np.float64)
     out = np.empty(x.shape[0], dtype=np.float64)
     # coordinate-major (F, 3, N): the atom loop then runs over contiguous memory
-    _qcp_frames(np.ascontiguousarray(x.transpose(0, 2, 1)), ref.centred_t, ref.weights, ref.g, out)
+    _entry("qcp_frames", x.dtype)(np.ascontiguousarray(x.transpose(0, 2, 1)), ref.centred_t,
+                                  ref.weights, ref.g, out)
     return out
-
-
-# reassociation lets the compiler vectorise the atom sums; every sum is float64
-@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def _qcp_frames(xt, ref_t, w, g_ref, out):
-    """One pass per frame: sum w x, sum w |x|^2 and the correlation sum w x ref_c.
-
-    The reference is centred (sum w ref_c = 0), so the frame's centre drops
-    out of the correlation, and G = sum w |x|^2 - |sum w x|^2 / W.
-    """
-    n_frames, n_atoms = xt.shape[0], xt.shape[2]
-    sum_w = 0.0
-    for n in range(n_atoms):
-        sum_w += w[n]
-    r0, r1, r2 = ref_t[0], ref_t[1], ref_t[2]
-    for f in range(n_frames):
-        x0, x1, x2 = xt[f, 0], xt[f, 1], xt[f, 2]
-        s0 = s1 = s2 = g = 0.0
-        sxx = sxy = sxz = syx = syy = syz = szx = szy = szz = 0.0
-        for n in range(n_atoms):
-            wn = w[n]
-            a0, a1, a2 = np.float64(x0[n]), np.float64(x1[n]), np.float64(x2[n])
-            g += wn * (a0 * a0 + a1 * a1 + a2 * a2)
-            a0, a1, a2 = wn * a0, wn * a1, wn * a2
-            s0 += a0
-            s1 += a1
-            s2 += a2
-            sxx += a0 * r0[n]
-            sxy += a0 * r1[n]
-            sxz += a0 * r2[n]
-            syx += a1 * r0[n]
-            syy += a1 * r1[n]
-            syz += a1 * r2[n]
-            szx += a2 * r0[n]
-            szy += a2 * r1[n]
-            szz += a2 * r2[n]
-        g -= (s0 * s0 + s1 * s1 + s2 * s2) / sum_w
-        e0 = 0.5 * (g + g_ref)
-        lam = _qcp_max_eigenvalue(sxx, sxy, sxz, syx, syy, syz, szx, szy, szz, e0)
-        out[f] = np.sqrt(abs(2.0 * (e0 - lam) / n_atoms))
-
-
-@njit(cache=True, nogil=True)
-def _qcp_max_eigenvalue(sxx, sxy, sxz, syx, syy, syz, szx, szy, szz, e0):
-    """Largest eigenvalue of the QCP key matrix by Newton-Raphson (MDAnalysis' qcprot terms)."""
-    sxx2, syy2, szz2 = sxx * sxx, syy * syy, szz * szz
-    sxy2, syz2, sxz2 = sxy * sxy, syz * syz, sxz * sxz
-    syx2, szy2, szx2 = syx * syx, szy * szy, szx * szx
-    syzszymsyyszz2 = 2.0 * (syz * szy - syy * szz)
-    sxx2syy2szz2syz2szy2 = syy2 + szz2 - sxx2 + syz2 + szy2
-    c2 = -2.0 * (sxx2 + syy2 + szz2 + sxy2 + syx2 + sxz2 + szx2 + syz2 + szy2)
-    c1 = 8.0 * (sxx * syz * szy + syy * szx * sxz + szz * sxy * syx
-                - sxx * syy * szz - syz * szx * sxy - szy * syx * sxz)
-    sxzpszx, syzpszy, sxypsyx = sxz + szx, syz + szy, sxy + syx
-    syzmszy, sxzmszx, sxymsyx = syz - szy, sxz - szx, sxy - syx
-    sxxpsyy, sxxmsyy = sxx + syy, sxx - syy
-    sxy2sxz2syx2szx2 = sxy2 + sxz2 - syx2 - szx2
-    c0 = (sxy2sxz2syx2szx2 * sxy2sxz2syx2szx2
-          + (sxx2syy2szz2syz2szy2 + syzszymsyyszz2) * (sxx2syy2szz2syz2szy2 - syzszymsyyszz2)
-          + (-sxzpszx * syzmszy + sxymsyx * (sxxmsyy - szz))
-          * (-sxzmszx * syzpszy + sxymsyx * (sxxmsyy + szz))
-          + (-sxzpszx * syzpszy - sxypsyx * (sxxpsyy - szz))
-          * (-sxzmszx * syzmszy - sxypsyx * (sxxpsyy + szz))
-          + (sxypsyx * syzpszy + sxzpszx * (sxxmsyy + szz))
-          * (-sxymsyx * syzmszy + sxzpszx * (sxxpsyy + szz))
-          + (sxypsyx * syzmszy + sxzmszx * (sxxmsyy - szz))
-          * (-sxymsyx * syzpszy + sxzmszx * (sxxpsyy - szz)))
-    lam = e0
-    for _ in range(_QCP_MAX_ITER):
-        x2 = lam * lam
-        b = (x2 + c2) * lam
-        a = b + c1
-        denom = 2.0 * x2 * lam + b + a
-        if denom == 0.0:
-            break
-        delta = (a * lam + c0) / denom
-        lam -= delta
-        if abs(delta) <= 1e-15 * abs(lam):
-            break
-    return lam
 
 
 def dihedral_cos_sin(chunk, quads, boxes=None):
@@ -192,72 +117,8 @@ def _chain_cos_sin(chunk, chain, boxes):
         if has_box.any():
             cells[has_box] = triclinic_vectors(boxes[has_box])
     out = np.empty((n_frames, chain.shape[0], chain.shape[1] - 3, 2))
-    _dihedral_rows(np.ascontiguousarray(x), chain, cells, kinds, out)
+    _entry("dihedral_rows", x.dtype)(np.ascontiguousarray(x), chain, cells, kinds, out)
     return out
-
-
-@njit(cache=True, nogil=True)
-def _dihedral_rows(x, chain, cells, kinds, out):
-    n_frames, n_rows, n_idx = x.shape[0], chain.shape[0], chain.shape[1]
-    b = np.empty((n_idx - 1, 3))
-    for f in range(n_frames):
-        for r in range(n_rows):
-            for k in range(n_idx - 1):
-                i, j = chain[r, k], chain[r, k + 1]
-                for d in range(3):
-                    # the difference in the input precision, as MDAnalysis' C code
-                    b[k, d] = x[f, j, d] - x[f, i, d]
-                if kinds[f] == 1:
-                    for d in range(3):
-                        length = cells[f, d, d]
-                        b[k, d] -= length * np.round(b[k, d] / length)
-                elif kinds[f] == 2:
-                    _minimum_image_triclinic(b[k], cells[f])
-            for k in range(n_idx - 3):
-                cs = _cos_sin(b[k], b[k + 1], b[k + 2])
-                out[f, r, k, 0] = cs[0]
-                out[f, r, k, 1] = cs[1]
-
-
-@njit(cache=True, nogil=True)
-def _cos_sin(b1, b2, b3):
-    """MDAnalysis: angle = atan2((n1 x n2).b2 / |b2|, n1.n2), n1 = b1 x b2, n2 = b2 x b3.
-    Since n1 x n2 = b2 (n1.b3), the y term is |b2| (n1.b3); cos and sin come
-    from the two projections directly, no angle is formed."""
-    n1x = b1[1] * b2[2] - b1[2] * b2[1]
-    n1y = b1[2] * b2[0] - b1[0] * b2[2]
-    n1z = b1[0] * b2[1] - b1[1] * b2[0]
-    n2x = b2[1] * b3[2] - b2[2] * b3[1]
-    n2y = b2[2] * b3[0] - b2[0] * b3[2]
-    n2z = b2[0] * b3[1] - b2[1] * b3[0]
-    xp = n1x * n2x + n1y * n2y + n1z * n2z
-    yp = np.sqrt(b2[0] * b2[0] + b2[1] * b2[1] + b2[2] * b2[2]) * (n1x * b3[0] + n1y * b3[1] + n1z * b3[2])
-    norm = np.sqrt(xp * xp + yp * yp)
-    if norm > 0.0:
-        return xp / norm, yp / norm
-    return 1.0, 0.0
-
-
-@njit(cache=True, nogil=True)
-def _minimum_image_triclinic(dx, vec):
-    """LAMMPS-style triclinic minimum image of one vector, as MDAnalysis' C code."""
-    for axis in (2, 1, 0):
-        s = np.round(dx[axis] / vec[axis, axis])
-        for d in range(3):
-            dx[d] -= s * vec[axis, d]
-    best0, best1, best2 = dx[0], dx[1], dx[2]
-    best_sq = np.inf
-    for ix in (-1, 0, 1):
-        for iy in (-1, 0, 1):
-            for iz in (-1, 0, 1):
-                c0 = dx[0] + ix * vec[0, 0] + iy * vec[1, 0] + iz * vec[2, 0]
-                c1 = dx[1] + ix * vec[0, 1] + iy * vec[1, 1] + iz * vec[2, 1]
-                c2 = dx[2] + ix * vec[0, 2] + iy * vec[1, 2] + iz * vec[2, 2]
-                sq = c0 * c0 + c1 * c1 + c2 * c2
-                if sq < best_sq:
-                    best_sq = sq
-                    best0, best1, best2 = c0, c1, c2
-    dx[0], dx[1], dx[2] = best0, best1, best2
 
 
 def triclinic_vectors(boxes):
@@ -280,6 +141,82 @@ def triclinic_vectors(boxes):
     return vec.astype(np.float32).astype(np.float64)
 
 
+def kernel_cache_dir():
+    return os.environ.get("TRAJFLOW_KERNEL_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "trajflow", "kernels")
+
+
+def _cpu_features():
+    """The CPU's instruction sets (Linux: the first `flags` line of /proc/cpuinfo)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return platform.processor()
+
+
+def compiled_module_path():
+    """Where the ahead-of-time build of kernel_code.py lives: a changed kernel,
+    another Python or numpy (its C ABI), or another CPU gets a build of its own
+    (it is compiled for the CPU of the node that builds it, as the JIT is: 1.3
+    against 2.3 us per RMSD frame for generic x86-64 code, measured)."""
+    with open(os.path.join(os.path.dirname(__file__), "kernel_code.py"), "rb") as f:
+        key = hashlib.sha1(f.read())
+    key.update(f"{sys.version}|{np.__version__}|{platform.machine()}|{_cpu_features()}".encode())
+    name = f"trajflow_kernels_{key.hexdigest()[:16]}"
+    return name, os.path.join(kernel_cache_dir(), name + importlib.machinery.EXTENSION_SUFFIXES[0])
+
+
+# the compiled loops kernel_code.py provides, one per input precision
+ENTRY_POINTS = ("qcp_frames", "dihedral_rows")
+PRECISIONS = {"f4": "float32", "f8": "float64"}
+_ENTRY_POINTS = {}  # "qcp_frames_f4" -> callable, once loaded
+COMPILED = None     # how they were loaded: "ahead of time" or "numba JIT"
+
+
+def _entry(name, dtype):
+    if not _ENTRY_POINTS:
+        _load_entry_points()
+    return _ENTRY_POINTS[f"{name}_{'f4' if dtype == np.float32 else 'f8'}"]
+
+
+def _load_entry_points():
+    global COMPILED
+    name, path = compiled_module_path()
+    if os.environ.get("TRAJFLOW_KERNELS") != "jit" and os.path.exists(path):
+        try:
+            spec = importlib.util.spec_from_file_location(
+                name, path, loader=importlib.machinery.ExtensionFileLoader(name, path))
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            _ENTRY_POINTS.update({f"{e}_{p}": getattr(module, f"{e}_{p}")
+                                  for e in ENTRY_POINTS for p in PRECISIONS})
+            COMPILED = "ahead of time"
+            return
+        except (ImportError, AttributeError) as exc:  # a damaged build: the JIT still works
+            print(f"trajflow: {path} could not be loaded ({exc}); using numba's JIT",
+                  file=sys.stderr)
+    from . import kernel_code
+    _ENTRY_POINTS.update(kernel_code.jit_entry_points())
+    COMPILED = "numba JIT"
+
+
+def build_ahead_of_time():
+    """Compile the kernels into the cache unless they are there; False (and why,
+    on stderr) where that cannot be done here, e.g. without a C compiler."""
+    name, path = compiled_module_path()
+    if os.path.exists(path):
+        return True
+    try:
+        from . import kernel_code
+        kernel_code.build_extension(name, path)
+        return True
+    except Exception as exc:  # noqa: BLE001 - any build failure leaves the JIT path
+        print(f"trajflow: the kernels could not be compiled ahead of time ({exc}); tasks "
+              f"will use numba's JIT cache", file=sys.stderr)
+        return False
+
+
 def warm_up():
     """Load (or compile) the kernels for float32 and float64 input before any
     rank's clock starts: like imports, that is start-up, not analysis."""
@@ -291,8 +228,9 @@ def warm_up():
         backbone_features(x, np.arange(5).reshape(1, 5))
 
 
-if __name__ == "__main__":  # the pilot's bootstrapper: fill the cache before any task
+if __name__ == "__main__":  # the pilot's bootstrapper: build the kernels before any task
     import time
     t0 = time.time()
-    warm_up()
-    print(f"trajflow: kernels ready in {time.time() - t0:.1f} s")
+    build_ahead_of_time()
+    warm_up()  # loads the build, or fills numba's cache where there is none
+    print(f"trajflow: kernels ready ({COMPILED}) in {time.time() - t0:.1f} s")

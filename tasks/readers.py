@@ -2,17 +2,16 @@
 
 Every reader yields `Chunk`s of at most `chunk_frames` frames, so a rank's
 memory is bounded by the chunk whatever the trajectory's length. Three paths:
-- MDAnalysis trajectory readers, opened without a topology (DCD, XTC, TRR, any
-  format it reads; several files as one ChainReader trajectory): DCD through
-  `timeseries` (bulk, in C), the rest frame by frame, copying only the
-  wanted atoms;
+- trajectories opened without a topology, several files as one: plain DCD
+  read by trajflow itself (dcd.py), any other format MDAnalysis reads (and
+  DCD with a unit cell where boxes are needed) through its readers, frame by
+  frame, copying only the wanted atoms;
 - split segments: the same, shifted to global frame numbers, times from the
   split stage's sidecar;
 - H5MD: h5py hyperslabs (see h5md.py).
 """
 import contextlib
 import dataclasses
-import os
 import warnings
 from typing import Iterator, Optional, Protocol
 
@@ -20,6 +19,7 @@ import numpy as np
 # Imported with the module, not in the timed open: interpreter start-up and
 # imports happen before a rank's clock starts (RADICAL's rank_start shows them).
 
+from .dcd import DCDFile, open_dcd
 from .h5md import H5MDBlockReader
 
 
@@ -66,17 +66,21 @@ def open_universe(topology, trajectories, timer=None):
     return u
 
 
-def open_trajectory(trajectories, timer=None):
-    """The trajectory alone, no topology: several files become one ChainReader.
+def open_trajectory(trajectories, timer=None, need_boxes=False):
+    """The trajectory alone, no topology: several files become one ChainReader,
+    plain DCD files a DCDTrajectory (dcd.py: no MDAnalysis import, no decoding).
 
     Analyze ranks need no topology: their atoms were resolved on the
     workstation, which saves every rank the topology parse (Khoshlessan et al. 2019's
     t_open_topology, seconds per rank for large systems).
     """
-    from MDAnalysis.coordinates.core import reader as mda_reader
-    warnings.filterwarnings("ignore", module="MDAnalysis")
+    trajectories = list(trajectories)
     with _phase(timer, "open_trajectory"):
-        trajectories = list(trajectories)
+        native = open_dcd(trajectories, need_boxes)
+        if native is not None:
+            return native
+        from MDAnalysis.coordinates.core import reader as mda_reader
+        warnings.filterwarnings("ignore", module="MDAnalysis")
         return mda_reader(trajectories[0] if len(trajectories) == 1 else trajectories)
 
 
@@ -142,7 +146,8 @@ class TrajectoryBlockReader:
     def _read_in_part(self, p, lo, hi) -> Chunk:
         """Frames [lo, hi) of one file (frame numbers left to the caller)."""
         reader = self.parts[p]
-        if type(reader).__name__ == "DCDReader" and not self._has_boxes(reader):
+        if isinstance(reader, DCDFile) or (type(reader).__name__ == "DCDReader"
+                                           and not self._has_boxes(reader)):
             return self._read_dcd(reader, lo, hi)
         n = hi - lo
         coords = np.empty((n, self.idx.size, 3), dtype=np.float32)
@@ -162,55 +167,16 @@ class TrajectoryBlockReader:
 
     def _read_dcd(self, reader, lo, hi):
         """DCD in bulk (no box), times linear in the frame as DCD defines them,
-        steps as MDAnalysis' DCDReader reports them (the frame's position + 1)."""
-        t0 = reader[lo].time
-        times = t0 + np.arange(hi - lo) * reader.ts.dt
-        coords = self._dcd_raw(reader, lo, hi)
-        if coords is None:
-            coords = np.ascontiguousarray(reader.timeseries(
-                atomgroup=_Atoms(self.idx), start=lo, stop=hi, order="fac"), dtype=np.float32)
-        return Chunk(None, times, coords, None, np.arange(lo + 1, hi + 1, dtype=np.int64))
-
-    _DCD_BATCH = 64  # frames per read into the reused buffer
-
-    def _dcd_raw(self, reader, lo, hi):
-        """The wanted atoms straight from the file, or None if the layout is unusual.
-
-        DCD frames have a fixed size, so frames are read in batches into one
-        reused buffer and numpy picks the atoms' x, y and z: about twice as
-        fast as `timeseries`, which builds every atom's coordinates first.
-        The layout comes from MDAnalysis' own header parser; anything unusual
-        (fixed atoms, 4D, another byte order, a short file) goes through
-        `timeseries` instead. Returned as an (F, A, 3) view of coordinate-major
-        memory, the layout the RMSD kernel wants.
-        """
-        f = reader._file
-        try:
-            n_atoms, header = reader.n_atoms, f._header_size
-            first, size, ndims = f._firstframesize, f._framesize, f.ndims
-            cell = 56 if f.is_periodic else 0  # 4 + 6 doubles + 4
-        except AttributeError:
-            return None
-        if (ndims != 3 or first != size or size != cell + 3 * (4 * n_atoms + 8)
-                or header + hi * size > os.path.getsize(reader.filename)):
-            return None
-        batch = self._DCD_BATCH
-        if getattr(self, "_dcd_buf", None) is None or self._dcd_buf.shape[1] != size // 4:
-            self._dcd_buf = np.empty((batch, size // 4), dtype="<f4")
-        marker = cell // 4
-        cols = np.concatenate([marker + 1 + k * (n_atoms + 2) + self.idx for k in range(3)])
-        out = np.empty((hi - lo, 3, self.idx.size), dtype=np.float32)
-        with open(reader.filename, "rb", buffering=0) as fh:
-            for i in range(lo, hi, batch):
-                m = min(batch, hi - i)
-                buf = self._dcd_buf[:m]
-                fh.seek(header + i * size)
-                if fh.readinto(memoryview(buf).cast("B")) != m * size:
-                    return None
-                if not np.all(buf[:, marker].view("<i4") == 4 * n_atoms):
-                    return None  # another byte order: MDAnalysis knows how
-                out[i - lo:i - lo + m] = np.take(buf, cols, axis=1).reshape(m, 3, self.idx.size)
-        return out.transpose(0, 2, 1)
+        steps as MDAnalysis' DCDReader reports them (the frame's position + 1):
+        trajflow's own DCD reading where the layout is plain, else `timeseries`."""
+        steps = np.arange(lo + 1, hi + 1, dtype=np.int64)
+        if isinstance(reader, DCDFile):
+            return Chunk(None, reader.times(lo, hi), reader.read_atoms(self.idx, lo, hi), None,
+                         steps)
+        times = reader[lo].time + np.arange(hi - lo) * reader.ts.dt
+        coords = np.ascontiguousarray(reader.timeseries(
+            atomgroup=_Atoms(self.idx), start=lo, stop=hi, order="fac"), dtype=np.float32)
+        return Chunk(None, times, coords, None, steps)
 
     def close(self):
         self.traj.close()

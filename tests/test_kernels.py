@@ -116,3 +116,56 @@ def test_backbone_features_layout_and_agreement(adk):
     np.testing.assert_array_equal(feats[:, 1::4], sin_phi)
     np.testing.assert_array_equal(feats[:, 2::4], cos_psi)
     np.testing.assert_array_equal(feats[:, 3::4], sin_psi)
+
+
+KERNELS_IN_A_FRESH_INTERPRETER = """
+import sys, numpy as np
+from trajflow.tasks import kernels
+frames = np.load(sys.argv[1])
+np.save(sys.argv[2], kernels.qcp_rmsd(frames, frames[0]))
+kernels.backbone_features(frames, np.arange(5).reshape(1, 5), np.tile([50.0] * 3 + [90.0] * 3, (len(frames), 1)))
+print(kernels.COMPILED, "numba" in sys.modules)
+"""
+
+
+def run_kernels(tmp_path, env, frames):
+    import subprocess
+    import sys
+    np.save(tmp_path / "frames.npy", frames)
+    out = subprocess.run([sys.executable, "-c", KERNELS_IN_A_FRESH_INTERPRETER,
+                          str(tmp_path / "frames.npy"), str(tmp_path / "rmsd.npy")],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip(), out.stderr, np.load(tmp_path / "rmsd.npy")
+
+
+def test_kernels_built_ahead_of_time_run_without_numba(tmp_path, ca_frames):
+    """What a pilot does before its first task (python -m trajflow.tasks.kernels):
+    the build lands in the kernel cache, and a task then loads it without
+    importing numba (1.0 s of its start-up) and gets MDAnalysis' RMSD."""
+    import os
+    import subprocess
+    import sys
+    frames, _ = ca_frames
+    env = {**os.environ, "TRAJFLOW_KERNEL_CACHE": str(tmp_path / "cache")}
+    env.pop("TRAJFLOW_KERNELS", None)
+    built = subprocess.run([sys.executable, "-m", "trajflow.tasks.kernels"], env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0 and "(ahead of time)" in built.stdout, built.stderr
+    assert len(os.listdir(tmp_path / "cache")) == 1  # the build, nothing else
+    said, _, rmsd = run_kernels(tmp_path, env, frames)
+    assert said == "ahead of time False"
+    np.testing.assert_allclose(rmsd, mda_rmsd(frames, frames[0]), atol=1e-5)
+
+
+def test_a_damaged_build_falls_back_to_the_jit(tmp_path, ca_frames, monkeypatch):
+    import os
+    frames, _ = ca_frames
+    monkeypatch.setenv("TRAJFLOW_KERNEL_CACHE", str(tmp_path / "cache"))
+    _, path = kernels.compiled_module_path()
+    os.makedirs(os.path.dirname(path))
+    with open(path, "wb") as f:
+        f.write(b"not a shared object")
+    said, stderr, rmsd = run_kernels(tmp_path, dict(os.environ), frames[:5])
+    assert said == "numba JIT True" and "could not be loaded" in stderr
+    np.testing.assert_allclose(rmsd, mda_rmsd(frames[:5], frames[0]), atol=1e-5)

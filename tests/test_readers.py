@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import MDAnalysis as mda
 
+from trajflow.tasks.dcd import DCDFile, DCDTrajectory
 from trajflow.tasks.h5md import H5MDWriter
 from trajflow.tasks.readers import H5MDChunkReader, TrajectoryBlockReader, open_trajectory
 
@@ -35,22 +36,68 @@ def test_universe_reader_matches_mdanalysis(adk, adk_xtc, fmt):
     np.testing.assert_array_equal(coords, ref_x)
 
 
-@pytest.mark.parametrize("case", ["periodic", "batches", "one frame"])
-def test_dcd_straight_from_the_file_matches_mdanalysis(adk, case):
-    """The raw DCD path (batched reads, numpy picks the atoms): a unit-cell record
-    before the coordinates, chunks longer than its batch of frames, one frame."""
-    from MDAnalysisTests.datafiles import DCD_TRICLINIC, PSF_TRICLINIC
-    top, traj = (PSF_TRICLINIC, DCD_TRICLINIC) if case == "periodic" else adk
-    u = mda.Universe(top, traj)
-    idx = u.select_atoms("all" if case == "periodic" else "name CA").indices[::3]
-    start, stop, chunk = {"periodic": (1, 10, 4), "batches": (3, 98, 70), "one frame": (41, 42, 1)}[case]
-    reader = TrajectoryBlockReader(open_trajectory([traj]), idx)
-    assert reader._dcd_raw(reader.parts[0], start, stop) is not None  # not the fallback
-    frames, times, coords = collect(reader, start, stop, chunk)
-    ref_t, ref_x = mda_frames(top, [traj], idx, start, stop)
-    np.testing.assert_array_equal(frames, np.arange(start, stop))
-    np.testing.assert_allclose(times, ref_t, rtol=0, atol=1e-6)
+DCD_FILES = ["DCD", "DCD2", "DCD_NAMD_GBIS", "DCD_NAMD_TRICLINIC", "DCD_TRICLINIC", "LAMMPSdcd2",
+             "waterDCD", "COORDINATES_DCD"]
+
+
+@pytest.mark.parametrize("name", DCD_FILES)
+def test_dcd_read_without_mdanalysis_matches_it(name):
+    """trajflow's own DCD reading (dcd.py) on every DCD of MDAnalysisTests (CHARMM,
+    NAMD, LAMMPS, with and without a unit cell, MDAnalysis' own writer): the same
+    frame count, coordinates and times, bit for bit; chunks longer than its batch."""
+    import MDAnalysisTests.datafiles as data
+    path = getattr(data, name)
+    reader = TrajectoryBlockReader(open_trajectory([path]), [0])
+    assert isinstance(reader.parts[0], DCDFile)  # not MDAnalysis' reader
+    mda_reader = mda.coordinates.DCD.DCDReader(path)
+    assert reader.n_frames == mda_reader.n_frames
+    reader = TrajectoryBlockReader(open_trajectory([path]), np.arange(0, mda_reader.n_atoms, 3))
+    for start, stop, chunk in [(0, mda_reader.n_frames, 70), (mda_reader.n_frames - 1,
+                                                              mda_reader.n_frames, 1)]:
+        frames, times, coords = collect(reader, start, stop, chunk)
+        ref = [(ts.time, ts.positions[::3].copy()) for ts in mda_reader[start:stop]]
+        np.testing.assert_array_equal(frames, np.arange(start, stop))
+        np.testing.assert_array_equal(times, [t for t, _ in ref])
+        np.testing.assert_array_equal(coords, [x for _, x in ref])
+
+
+def test_dcd_chain_and_cells(adk):
+    """Several DCD files read as MDAnalysis' ChainReader reads them (cumulative
+    times); where boxes are needed and a file has a cell, MDAnalysis reads it."""
+    from MDAnalysisTests.datafiles import DCD, DCD2, DCD_TRICLINIC, PSF_TRICLINIC
+    idx = mda.Universe(adk[0]).select_atoms("name CA").indices
+    reader = TrajectoryBlockReader(open_trajectory([DCD, DCD2]), idx)
+    assert all(isinstance(p, DCDFile) for p in reader.parts)
+    frames, times, coords = collect(reader, 90, 110, 7)
+    ref_t, ref_x = mda_frames(adk[0], [DCD, DCD2], idx, 90, 110)
+    np.testing.assert_array_equal(times, ref_t)
     np.testing.assert_array_equal(coords, ref_x)
+    with_boxes = TrajectoryBlockReader(open_trajectory([DCD_TRICLINIC], need_boxes=True), [0, 1],
+                                       need_boxes=True)
+    assert not isinstance(with_boxes.parts[0], DCDFile)
+    chunk = next(with_boxes.chunks(0, 3, 3))
+    u = mda.Universe(PSF_TRICLINIC, DCD_TRICLINIC)
+    np.testing.assert_array_equal(chunk.boxes, [ts.dimensions for ts in u.trajectory[0:3]])
+    assert isinstance(open_trajectory([DCD], need_boxes=True), DCDTrajectory)  # no cell in it
+
+
+def test_dcd_other_layouts_go_through_mdanalysis(adk, tmp_path):
+    """Another byte order is left to MDAnalysis; a file cut inside a frame loses
+    that frame as MDAnalysis does; damaged frame records are an error, not zeros."""
+    data = open(adk[1], "rb").read()
+    header = DCDFile.from_header(adk[1])
+    cut = tmp_path / "cut.dcd"
+    cut.write_bytes(data[:header.header_size + 10 * header.frame_size + 100])
+    assert DCDFile.from_header(str(cut)).n_frames == mda.coordinates.DCD.DCDReader(str(cut)).n_frames == 10
+    swapped = tmp_path / "big_endian.dcd"
+    swapped.write_bytes(np.frombuffer(data[:4], "<i4").astype(">i4").tobytes() + data[4:])
+    assert DCDFile.from_header(str(swapped)) is None
+    damaged = tmp_path / "damaged.dcd"
+    record = header.header_size + 5 * header.frame_size  # frame 5's first record marker
+    damaged.write_bytes(data[:record] + np.int32(12).tobytes() + data[record + 4:])
+    reader = TrajectoryBlockReader(open_trajectory([str(damaged)]), [0])
+    with pytest.raises(OSError, match="not 3341 atoms"):
+        list(reader.chunks(0, 10, 10))
 
 
 def test_h5md_reader_matches_mdanalysis(adk, tmp_path):

@@ -105,12 +105,17 @@ def test_h5md_split_is_chunked_one_frame_and_compressed(tmp_path, adk):
         assert np.all(np.diff(f["particles/trajectory/position/time"][()]) > 0)
 
 
-def test_rmsd_over_h5md_runs_without_importing_mdanalysis(tmp_path, adk):
-    """MDAnalysis' import is 0.65 s of every rank's start-up; RMSD over H5MD needs none
-    of it. Block 0 analysed again in a fresh interpreter, then its modules listed."""
+@pytest.mark.parametrize("io", ["h5md", "shared"])
+def test_rmsd_over_h5md_or_dcd_runs_without_importing_mdanalysis(tmp_path, adk, adk_xtc, io):
+    """MDAnalysis' import is 0.65 s of every rank's start-up; RMSD over H5MD or plain
+    DCD needs none of it. Block 0 analysed again in a fresh interpreter, then its
+    modules listed; the part it wrote holds MDAnalysis' RMSD of its frames."""
     import subprocess
     import sys
-    _, plan = plan_and_run(tmp_path / "run", adk[0], [adk[1]], "rmsd", io="h5md", mode="tasks",
+    import MDAnalysis as mda
+    from MDAnalysis.analysis import rms
+    from trajflow.tasks.analyze import needs_mdanalysis
+    _, plan = plan_and_run(tmp_path / "run", adk[0], [adk[1]], "rmsd", io=io, mode="tasks",
                            blocks=2, cpus=2)
     code = ("import sys, trajflow.tasks.analyze as a; "
             f"a.main(['--plan', {plan.path('plan.json')!r}, '--block', '0']); "
@@ -118,7 +123,12 @@ def test_rmsd_over_h5md_runs_without_importing_mdanalysis(tmp_path, adk):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[-1] == "False"
+    expected = rms.RMSD(mda.Universe(*adk), select="name CA").run().results.rmsd[:, 2]
+    with h5py.File(plan.part_path("block_00000")) as f:
+        np.testing.assert_allclose(f["rmsd"][()], expected[:len(f["rmsd"])], atol=1e-4)
     from types import SimpleNamespace
-    from trajflow.tasks.analyze import needs_mdanalysis
     assert needs_mdanalysis(SimpleNamespace(io="h5md", builtin=True, analysis="dihedrals"))
-    assert needs_mdanalysis(SimpleNamespace(io="shared", builtin=True, analysis="rmsd"))
+    assert needs_mdanalysis(SimpleNamespace(io="shared", builtin=True, analysis="rmsd",
+                                            trajectories=[adk_xtc[1]]))
+    assert not needs_mdanalysis(SimpleNamespace(io="shared", builtin=True, analysis="rmsd",
+                                                trajectories=[adk[1]]))

@@ -21,7 +21,7 @@ from trajflow.tasks import kernels
 from trajflow.tasks.analyses import Dihedrals, RMSD
 from trajflow.tasks.plan import chunk_size
 from trajflow.tasks.timing import RankTimer
-from trajflow.tasks.readers import H5MDChunkReader, TrajectoryBlockReader
+from trajflow.tasks.readers import H5MDChunkReader, TrajectoryBlockReader, open_trajectory
 from .datasets import adk_concatenated
 
 
@@ -65,7 +65,7 @@ def bench_rmsd(top, paths, repeats, loop_frames):
 
     analysis = RMSD(RMSD.select(u, "name CA"))
     analysis.reference = ref
-    dcd = TrajectoryBlockReader(u.trajectory, analysis.atom_indices)
+    dcd = TrajectoryBlockReader(open_trajectory([paths["DCD"]]), analysis.atom_indices)
     r["ours_e2e_dcd_us"] = per_frame_us(best_of(lambda: _ours_e2e(dcd, analysis, n), repeats), n)
     r["mda_rmsd_run_dcd_us"] = per_frame_us(best_of(
         lambda: rms.RMSD(u, select="name CA").run(), 1), n)
@@ -138,7 +138,7 @@ def bench_dihedrals(top, paths, repeats, loop_frames):
             psi = calc_dihedrals(x[q[:, 1]], x[q[:, 2]], x[q[:, 3]], x[q[:, 4]])
             np.stack([np.cos(phi), np.sin(phi), np.cos(psi), np.sin(psi)], axis=1).ravel()
     r["mda_calc_dihedrals_compute_us"] = per_frame_us(best_of(mda_all_at_once, repeats), len(full))
-    dcd = TrajectoryBlockReader(u.trajectory, analysis.atom_indices)
+    dcd = TrajectoryBlockReader(open_trajectory([paths["DCD"]]), analysis.atom_indices)
     r["ours_e2e_dcd_us"] = per_frame_us(best_of(lambda: _ours_e2e(dcd, analysis, n), repeats), n)
     return r
 

@@ -172,8 +172,9 @@ def pre_bootstrap_entry(command: str) -> str:
 
 
 def kernels_bootstrap_entry(python: str) -> str:
-    """A `pre_bootstrap_0` entry filling the numba cache on the pilot's node before
-    any task starts; a failure is logged and leaves the tasks to compile."""
+    """A `pre_bootstrap_0` entry building the kernels (ahead of time, into the
+    kernel cache) on the pilot's node before any task starts; a failure is
+    logged and leaves the tasks to numba's JIT."""
     return pre_bootstrap_entry(shlex.join([python, "-m", "trajflow.tasks.kernels"])
                                + " || echo 'trajflow: the kernels were not compiled ahead'")
 

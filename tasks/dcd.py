@@ -1,0 +1,135 @@
+"""DCD read without MDAnalysis: the selected atoms' rows straight from the file.
+
+Why: a rank that reads DCD for RMSD needs neither MDAnalysis' import (0.65 s of
+every task's start-up) nor its per-frame decoding. DCD frames have a fixed
+size after a small Fortran-record header, so the header is parsed here the way
+MDAnalysis' libdcd (readdcd.h) parses it, frames are read in batches into one
+reused buffer and numpy picks the atoms' x, y and z rows.
+
+Only the plain layout is read here: little-endian, 3 dimensions, no fixed
+atoms, and no unit cell where the analysis needs boxes (MDAnalysis turns the
+CHARMM/NAMD cell conventions into dimensions). Anything else returns None from
+`open_dcd` and goes through MDAnalysis' DCDReader. Times and steps are the ones
+MDAnalysis' DCDReader and ChainReader report.
+"""
+import os
+import struct
+from typing import List, Optional
+
+import numpy as np
+
+# MDAnalysis' units.convert(delta, "AKMA", "ps"): factor["ps"] / factor["AKMA"]
+_AKMA_TO_PS = 1.0 / (1 / 4.888821e-2)
+_CELL_RECORD = 4 + 6 * 8 + 4  # CHARMM's unit cell: 6 doubles in a Fortran record
+
+
+class DCDFile:
+    """One DCD file's layout, read from its header; what TrajectoryBlockReader
+    asks of a trajectory part (n_frames, dt) and the reading itself."""
+
+    BATCH = 64  # frames per read into the reused buffer
+
+    def __init__(self, filename, n_atoms, n_frames, header_size, frame_size, has_cell,
+                 istart, nsavc, delta):
+        self.filename = filename
+        self.n_atoms, self.n_frames = n_atoms, n_frames
+        self.header_size, self.frame_size, self.has_cell = header_size, frame_size, has_cell
+        self.istart, self.nsavc = istart, nsavc
+        self.dt = delta * _AKMA_TO_PS * nsavc  # as MDAnalysis' DCDReader.ts.dt
+        self._buf = None
+
+    @classmethod
+    def from_header(cls, path) -> Optional["DCDFile"]:
+        """The file's layout, or None where it is not the plain layout read here."""
+        try:
+            size = os.path.getsize(path)
+            with open(path, "rb") as fh:
+                head = fh.read(92)
+                if len(head) < 92 or head[4:8] != b"CORD":
+                    return None
+                first, = struct.unpack_from("<i", head, 0)
+                nset, istart, nsavc = struct.unpack_from("<3i", head, 8)
+                namnf, = struct.unpack_from("<i", head, 40)
+                extra, four_d = struct.unpack_from("<2i", head, 48)
+                charmm, end = struct.unpack_from("<2i", head, 84)
+                title = fh.read(8)
+                title_size, n_title = struct.unpack("<2i", title) if len(title) == 8 else (0, -1)
+                title_end = 92 + 8 + 80 * n_title + 4  # libdcd trusts NTITLE, not the size
+                fh.seek(title_end)
+                atoms = fh.read(12)
+        except OSError:
+            return None
+        if first != 84 or end != 84 or (title_size - 4) % 80 or n_title < 0 or len(atoms) != 12:
+            return None  # another byte order, or not a DCD: MDAnalysis knows or says
+        four, n_atoms, four_end = struct.unpack("<3i", atoms)
+        if four != 4 or four_end != 4 or n_atoms <= 0 or namnf != 0 or nsavc == 0:
+            return None
+        if charmm:
+            delta = float(np.frombuffer(head, "<f4", 1, 44)[0])
+            has_cell, ndims = extra != 0, 4 if four_d == 1 else 3
+        else:  # X-PLOR: a double, no cell, no fourth dimension
+            delta, has_cell, ndims = struct.unpack_from("<d", head, 44)[0], False, 3
+        if ndims != 3:
+            return None
+        header_size = title_end + 12
+        frame_size = (_CELL_RECORD if has_cell else 0) + 3 * (4 * n_atoms + 8)
+        if size < header_size + frame_size:
+            return None
+        n_frames = (size - header_size - frame_size) // frame_size + 1  # as libdcd counts
+        return cls(path, n_atoms, n_frames, header_size, frame_size, has_cell, istart, nsavc,
+                   delta)
+
+    def times(self, lo, hi):
+        """MDAnalysis' DCDReader time of frames [lo, hi): (frame + istart/nsavc) * dt."""
+        return (np.arange(lo, hi) + self.istart / self.nsavc) * self.dt
+
+    def read_atoms(self, idx, lo, hi):
+        """(F, A, 3) float32 of atoms `idx` in frames [lo, hi), as an atom-major view
+        of coordinate-major memory (the layout the RMSD kernel wants)."""
+        size, n_atoms = self.frame_size, self.n_atoms
+        if self._buf is None:
+            self._buf = np.empty((self.BATCH, size // 4), dtype="<f4")
+        marker = (_CELL_RECORD if self.has_cell else 0) // 4
+        cols = np.concatenate([marker + 1 + k * (n_atoms + 2) + idx for k in range(3)])
+        out = np.empty((hi - lo, 3, idx.size), dtype=np.float32)
+        with open(self.filename, "rb", buffering=0) as fh:
+            for i in range(lo, hi, self.BATCH):
+                m = min(self.BATCH, hi - i)
+                buf = self._buf[:m]
+                fh.seek(self.header_size + i * size)
+                if fh.readinto(memoryview(buf).cast("B")) != m * size:
+                    raise OSError(f"{self.filename}: frames {i}-{i + m - 1} could not be read "
+                                  f"whole (the file is shorter than its header says)")
+                if not np.all(buf[:, marker].view("<i4") == 4 * n_atoms):
+                    raise OSError(f"{self.filename}: frame records {i}-{i + m - 1} are not "
+                                  f"{n_atoms} atoms' coordinates (a damaged DCD?)")
+                out[i - lo:i - lo + m] = np.take(buf, cols, axis=1).reshape(m, 3, idx.size)
+        return out.transpose(0, 2, 1)
+
+    def close(self):
+        self._buf = None
+
+
+class DCDTrajectory:
+    """Several DCD files as one trajectory, with what TrajectoryBlockReader uses of
+    MDAnalysis' ChainReader: its `readers`, `dts` and `total_times`."""
+
+    def __init__(self, files: List[DCDFile]):
+        self.readers = files
+        self.dts = np.array([f.dt for f in files])
+        self.total_times = self.dts * np.array([f.n_frames for f in files])
+
+    def close(self):
+        for f in self.readers:
+            f.close()
+
+
+def open_dcd(paths, need_boxes=False) -> Optional[DCDTrajectory]:
+    """The files as a DCDTrajectory where all are plain DCD read here (no unit cell
+    when boxes are needed); None sends them through MDAnalysis."""
+    if not all(str(p).lower().endswith(".dcd") for p in paths):
+        return None
+    files = [DCDFile.from_header(str(p)) for p in paths]
+    if any(f is None or (need_boxes and f.has_cell) for f in files):
+        return None
+    return DCDTrajectory(files)
