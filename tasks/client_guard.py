@@ -8,9 +8,13 @@ seconds while it is alive. This guard is started by the pilot's bootstrapper
 (a `pre_bootstrap_0` command that trajflow adds to the resource config), runs
 beside the agent, and ends the pilot
 
-  - when the heartbeat is older than the client timeout, or
+  - when the heartbeat is older than the client timeout,
   - at once when a cancel file appears (`trajflow run --resume` finds an
-    orphan of the same run this way),
+    orphan of the same run this way), or
+  - when the client has cancelled the pilot itself (its closed file) and the
+    pilot still runs 30 s later: a pilot cancelled before its agent was up
+    never hears RADICAL's cancel, and on a SLURM without cgroups its
+    daemonised agent outlives the scancel (seen),
 
 by cancelling the batch job it runs in (SLURM `scancel`, PBS `qdel`) and
 ending the bootstrapper's process tree (tasks in sessions of their own
@@ -32,6 +36,8 @@ import time
 
 HEARTBEAT = "trajflow.heartbeat"   # touched by the client while it lives
 CANCEL = "trajflow.cancel"         # written by whoever wants the pilot gone now
+CLOSED = "trajflow.closed"         # written by the client when it has cancelled its pilot
+CLOSED_GRACE_S = 30.0              # a cancelled pilot's agent ends within seconds
 STARTED = "trajflow.guard"         # the guard's host, pid and batch job
 ENDED = "trajflow.guard.ended"     # why and how the guard ended
 CLIENT_CONFIGS = "trajflow-radical-config"  # the client's RADICAL configs, removed at the end
@@ -152,9 +158,13 @@ def guard(session_dir, timeout_s, bootstrap_pid, poll_s=None):
         os.utime(started)  # the guard lives: `--resume` may ask it to end this pilot
         reason = None
         cancel = os.path.join(session_dir, CANCEL)
+        closed = os.path.join(session_dir, CLOSED)
         if os.path.exists(cancel):
             with open(cancel, encoding="utf-8", errors="replace") as fh:
                 reason = "cancelled: " + (fh.read().strip() or "a cancel file appeared")
+        elif os.path.exists(closed) and time.time() - os.stat(closed).st_mtime > CLOSED_GRACE_S:
+            reason = (f"the client cancelled this pilot over {CLOSED_GRACE_S:.0f} s ago and it "
+                      "still runs")
         else:
             age = heartbeat_age(session_dir, start)
             if age > timeout_s:

@@ -98,6 +98,7 @@ def test_a_fresh_heartbeat_keeps_the_pilot_and_its_end_is_recorded(tmp_path):
     session.mkdir()
     beat = heartbeat.Heartbeat(str(session), os.getppid(), lambda: None, period_s=0.5).start()
     pilot = fake_pilot()
+    tree = (time.sleep(0.5), client_guard.process_tree(pilot.pid))[1]
     guard = guard_in_background(session, 2, pilot.pid)
     try:
         time.sleep(5)  # 2.5 timeouts: the heartbeat keeps it
@@ -106,11 +107,42 @@ def test_a_fresh_heartbeat_keeps_the_pilot_and_its_end_is_recorded(tmp_path):
         assert guard.wait(timeout=10) == 0
     finally:
         beat.stop()
-        stop_group(pilot)
+        stop_group(pilot, tree)
     assert ended(session) == {**ended(session), "fired": False, "reason": "the pilot ended"}
 
 
-def stop_group(proc):
+def test_a_pilot_still_running_after_its_client_cancelled_it_is_ended(tmp_path):
+    """A pilot cancelled before its agent was up never hears RADICAL's cancel (and a
+    daemonised agent outlives a scancel without cgroups, seen on the local SLURM):
+    once the client's closed file is CLOSED_GRACE_S old, the guard ends it."""
+    session = tmp_path / "s"
+    session.mkdir()
+    beat = heartbeat.Heartbeat(str(session), os.getppid(), lambda: None, period_s=0.5).start()
+    pilot = fake_pilot()
+    tree = (time.sleep(0.5), client_guard.process_tree(pilot.pid))[1]
+    guard = guard_in_background(session, 60, pilot.pid)
+    try:
+        time.sleep(2)
+        closed = session / client_guard.CLOSED
+        closed.write_text("the client cancelled its pilot (interrupted)\n")
+        time.sleep(2)
+        assert pilot.poll() is None and guard.poll() is None  # a fresh closed file: not yet
+        old = time.time() - client_guard.CLOSED_GRACE_S - 1
+        os.utime(closed, (old, old))
+        assert guard.wait(timeout=30) == 0
+    finally:
+        beat.stop()
+        stop_group(pilot)
+    assert not any(os.path.exists(f"/proc/{p}") and client_guard._alive(p) for p in tree)
+    record = ended(session)
+    assert record["fired"] and "client cancelled this pilot" in record["reason"], record
+
+
+def stop_group(proc, tree=()):
+    """End the fake pilot's group and what of its `tree` is left (its setsid'd task)."""
+    for pid in tree:
+        if client_guard._alive(pid):
+            os.kill(pid, signal.SIGKILL)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:

@@ -93,6 +93,9 @@ def build_parser():
     run = sub.add_parser("run", help="analyse a trajectory on a pilot",
                          description="Analyse a trajectory on a RADICAL pilot; writes RUNDIR/result.h5.")
     add_run_options(run)
+    from .remote import add_remote_commands, add_remote_options
+    add_remote_options(run)
+    add_remote_commands(sub)
     demo = sub.add_parser("demo", help="the main job on its default: AdK x100, rmsd and dihedrals",
                           description="Build AdK (MDAnalysisTests PSF/DCD) concatenated 100x "
                                       "(9,800 frames) once in a cache folder, then run rmsd and "
@@ -268,12 +271,12 @@ def _json_object(text):
                          'e.g. \'{"nbins": 75}\'')
 
 
-def cmd_run(args):
+def plan_from_args(args):
+    """The run `trajflow run` asks for, planned (InputError for bad input, nothing written)."""
     _validate_resource(args)
     if args.resume:
         from .planning import plan_for_resume
-        plan = plan_for_resume(args.resume)
-        return _run_and_report([plan], args, plan.workdir, resume=True)
+        return plan_for_resume(args.resume)
     missing = [flag for flag, value in (("--topology", args.topology), ("--trajectory", args.trajectory),
                                         ("--analysis", args.analysis), ("--out", args.out))
                if not value]
@@ -281,12 +284,22 @@ def cmd_run(args):
         raise InputError(f"missing {', '.join(missing)}: a new run needs --topology, --trajectory, "
                          "--analysis and --out (or --resume RUNDIR)")
     from .pilot import plan_run
-    plan = plan_run(args.topology, args.trajectory, args.analysis,
+    return plan_run(args.topology, args.trajectory, args.analysis,
                     args=_json_object(args.analysis_args), select=args.select, io=args.io,
                     mode=args.mode, gather=args.gather, blocks=args.blocks, repeat=args.repeat,
                     chunk=args.chunk, compression=args.compression, out=args.out, cpus=args.cpus,
                     allow_truncated=args.allow_truncated)
-    return _run_and_report([plan], args, plan.workdir)
+
+
+def run_planned(plan, args):
+    return _run_and_report([plan], args, plan.workdir, resume=bool(args.resume))
+
+
+def cmd_run(args):
+    if args.remote:
+        from . import remote
+        return remote.cmd_run_remote(args)
+    return run_planned(plan_from_args(args), args)
 
 
 def cmd_demo(args):
@@ -425,11 +438,19 @@ def cmd_analyses(args):
 
 
 def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv  # --remote sends the run's own arguments on
+    return run_guarded(_command, args)
+
+
+def run_guarded(command, args):
+    """`command(args)` with trajflow's stop signals and exit codes: 2 for bad input
+    (the message on stderr), 130 or 128 + N for an interrupt."""
     from .pilot import stop_on_signals
     try:
         with stop_on_signals(also_sigint=True):
-            return _command(args)
+            return command(args)
     except InputError as exc:
         print(f"trajflow: error: {exc}", file=sys.stderr)
         return EXIT_INPUT
@@ -448,9 +469,11 @@ def _interrupted_code():
 
 
 def _command(args):
+    from . import remote
     return {"run": cmd_run, "demo": cmd_demo, "bench": cmd_bench, "campaign": cmd_campaign,
-            "resources": cmd_resources, "inspect": cmd_inspect,
-            "analyses": cmd_analyses}[args.command](args)
+            "resources": cmd_resources, "inspect": cmd_inspect, "analyses": cmd_analyses,
+            "status": remote.cmd_status, "follow": remote.cmd_follow, "fetch": remote.cmd_fetch,
+            "cancel": remote.cmd_cancel}[args.command](args)
 
 
 if __name__ == "__main__":

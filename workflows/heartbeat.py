@@ -20,11 +20,10 @@ import shlex
 import threading
 import time
 
-from trajflow.tasks.client_guard import CANCEL, ENDED, HEARTBEAT, STARTED
+from trajflow.tasks.client_guard import CANCEL, CLOSED, ENDED, HEARTBEAT, STARTED
 
 DEFAULT_CLIENT_TIMEOUT_S = 300
 SESSION_RECORD = "radical_session"   # RUNDIR file: the session folders that ran this run
-CLOSED = "trajflow.closed"           # session file: the client cancelled its pilot itself
 
 
 def guard_bootstrap_command(python, session_dir, timeout_s):

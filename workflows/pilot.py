@@ -54,8 +54,14 @@ def stop_on_signals(also_sigint=False):
         yield
         return
 
+    owner = os.getpid()
+
     def stop(signum, frame):
         global stopped_by
+        if os.getpid() != owner:  # a forked child (a multiprocessing worker): die as by default
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         stopped_by = signum
         raise KeyboardInterrupt(signal.Signals(signum).name)
     signals = STOP_SIGNALS + ((signal.SIGINT,) if also_sigint else ())

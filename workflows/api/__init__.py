@@ -39,6 +39,8 @@ _WHERE = {
     "open_run": "trajflow.workflows.runs",
     "open_result": "trajflow.workflows.results",
     "Backend": "trajflow.workflows.backend",
+    "submit_remote": "trajflow.workflows.remote",
+    "RemoteRun": "trajflow.workflows.remote",
     "Campaign": "trajflow.workflows.campaign",
     "CampaignResult": "trajflow.workflows.campaign_run",
     "InputError": "trajflow.workflows.errors",

@@ -1,0 +1,231 @@
+"""Runs driven from a workstation over SSH (`trajflow run --remote`), for real.
+
+tests/ssh/cluster.sh starts Debian's OpenSSH server on a loopback port with a
+"cluster" account (its home, mode 700, holds the trajectory) and a
+"workstation" account that has a key for it and cannot read that home; both
+run trajflow from a virtualenv installed (not editable) like a cluster's.
+Every command below runs as the workstation account. Skipped, with the
+reason, where this is not root or sshd cannot start.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.entk
+
+HERE = os.path.dirname(__file__)
+CLUSTER_SH = os.path.join(HERE, "ssh", "cluster.sh")
+VENV = os.environ.get("TRAJFLOW_REMOTE_VENV", "/opt/trajflow-remote-venv")
+PORT = os.environ.get("TRAJFLOW_SSHD_PORT", "2222")
+CLUSTER, WORK = "tfcluster", "tfwork"
+TARGET = f"{CLUSTER}@127.0.0.1:{PORT}"
+DATA = f"/home/{CLUSTER}/data dir"   # a space in every cluster path
+WORKSTATION = "/tmp/trajflow-remote-tests"
+
+
+@pytest.fixture(scope="session")
+def cluster(adk):
+    """sshd, the two accounts, the virtualenv and AdK in the cluster's home."""
+    if os.geteuid() != 0:
+        pytest.skip("the SSH tests make accounts and start sshd: run them as root")
+    for step in ("install", "start"):
+        proc = subprocess.run(["bash", CLUSTER_SH, step], capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"sshd could not {step} here: {(proc.stderr or proc.stdout)[-400:]}")
+    shutil.rmtree(f"/home/{CLUSTER}/runs", ignore_errors=True)  # an earlier session's
+    os.makedirs(DATA, exist_ok=True)
+    for path in adk:
+        shutil.copy(path, DATA)
+    subprocess.run(["chown", "-R", f"{CLUSTER}:{CLUSTER}", f"/home/{CLUSTER}"], check=True)
+    shutil.rmtree(WORKSTATION, ignore_errors=True)
+    os.makedirs(WORKSTATION)
+    shutil.chown(WORKSTATION, WORK)
+    yield {"top": os.path.join(DATA, os.path.basename(adk[0])),
+           "traj": os.path.join(DATA, os.path.basename(adk[1]))}
+    subprocess.run(["bash", CLUSTER_SH, "stop"], capture_output=True)
+    shutil.rmtree(f"/home/{CLUSTER}/radical.pilot.sandbox", ignore_errors=True)
+
+
+def workstation(*args, popen=False, timeout=600):
+    """`trajflow ARGS` as the workstation account."""
+    argv = ["runuser", "-u", WORK, "--", f"{VENV}/bin/trajflow", *args]
+    kw = dict(cwd=WORKSTATION, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if popen:
+        return subprocess.Popen(argv, **kw)
+    return subprocess.run(argv, timeout=timeout, **kw)
+
+
+def run_args(cluster, name, *extra, analysis="rmsd"):
+    return ["run", "--remote", TARGET, "--remote-python", f"{VENV}/bin/python",
+            "--topology", cluster["top"], "--trajectory", cluster["traj"], "--analysis", analysis,
+            "--blocks", "2", "--cpus", "2", "--out", f"/home/{CLUSTER}/runs/{name} $HOME 'q'",
+            "--local", os.path.join(WORKSTATION, name), *extra]
+
+
+def expected_rmsd(adk):
+    import MDAnalysis as mda
+    from MDAnalysis.analysis import rms
+    return rms.RMSD(mda.Universe(*adk), select="name CA").run().results.rmsd[:, 2]
+
+
+def user_processes(user):
+    """The user's live processes (zombies are dead: this container's init leaves them)."""
+    out = subprocess.run(["ps", "-u", user, "-o", "pid=,stat=,args="], capture_output=True,
+                         text=True)
+    return [line for line in out.stdout.splitlines() if line.split()[1:2] != ["Z"]
+            and not line.split()[1].startswith("Z")]
+
+
+def assert_workstation_side_gone(timeout=10):
+    t0 = time.time()
+    while user_processes(WORK) and time.time() - t0 < timeout:
+        time.sleep(0.2)
+    assert not user_processes(WORK)
+
+
+def assert_nothing_left_of_the_run(timeout=60):
+    """No process of the cluster account but sshd's sessions (none of the workstation)."""
+    t0 = time.time()
+    while True:
+        left = [p for p in user_processes(CLUSTER) if "sshd" not in p]
+        if not left or time.time() - t0 > timeout:
+            break
+        time.sleep(1)
+    assert not left, left
+
+
+def assert_fetched_run(local, adk):
+    names = set(os.listdir(local))
+    assert {"result.h5", "plan.json", "outcome.json", "profile", "radical", "report.html",
+            "remote.json", "client.log"} <= names, names
+    assert not names & {"split", "parts", "progress"}, names
+    with h5py.File(os.path.join(local, "result.h5")) as f:
+        np.testing.assert_allclose(f["rmsd"][()], expected_rmsd(adk), atol=1e-4)
+
+
+def test_cluster_data_is_not_readable_from_the_workstation(cluster):
+    proc = subprocess.run(["runuser", "-u", WORK, "--", "cat", cluster["traj"]],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "Permission denied" in proc.stderr
+
+
+def test_remote_run_is_followed_through_a_dropped_connection_and_fetched(cluster, adk):
+    """A run followed to its end; its SSH master killed midway: said, and reconnected."""
+    local = os.path.join(WORKSTATION, "followed")
+    proc = workstation(*run_args(cluster, "followed"), popen=True)
+    master = None
+    t0 = time.time()
+    while master is None and time.time() - t0 < 120 and proc.poll() is None:
+        check = subprocess.run(["runuser", "-u", WORK, "--", "ssh", "-o",
+                                f"ControlPath=/tmp/trajflow-ssh-{_uid(WORK)}/%C", "-p", PORT,
+                                "-O", "check", f"{CLUSTER}@127.0.0.1"],
+                               capture_output=True, text=True)
+        if os.path.exists(os.path.join(local, "remote.json")) and "pid=" in check.stderr:
+            master = int(check.stderr.split("pid=")[1].split(")")[0])
+        time.sleep(0.5)
+    assert master, "the run did not start following"
+    time.sleep(3)
+    os.kill(master, signal.SIGTERM)  # the connection drops while the run goes on there
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    assert f"the SSH connection to {TARGET} was lost" in err
+    assert "followed $HOME 'q': done -> " in err  # the cluster's own progress lines came here
+    assert_fetched_run(local, adk)
+    fetched = int(out.split("fetched ")[1].split(" bytes")[0].replace(",", ""))
+    assert 0 < fetched < os.path.getsize(adk[1])  # never the trajectory
+    where = json.load(open(os.path.join(local, "remote.json")))
+    assert where["remote_dir"].endswith("followed $HOME 'q'")
+    inspected = workstation("inspect", local)
+    assert inspected.returncode == 0 and "stragglers" in inspected.stdout, inspected.stderr
+    assert_nothing_left_of_the_run()
+    assert_workstation_side_gone()  # its ControlMaster ended with the command
+
+
+def test_detached_remote_run_then_status_until_done_and_fetch(cluster, adk):
+    local = os.path.join(WORKSTATION, "detached")
+    started = workstation(*run_args(cluster, "detached", "--detach", "--mode", "tasks"))
+    assert started.returncode == 0, started.stderr
+    assert "trajflow follow" in started.stdout
+    assert_workstation_side_gone()
+    states = []
+    t0 = time.time()
+    while time.time() - t0 < 400:
+        status = workstation("status", local)
+        assert status.returncode == 0, status.stderr
+        states.append(status.stdout.split(": ")[1].split(" on ")[0])
+        if states[-1] in ("done", "failed"):
+            break
+        time.sleep(2)
+    assert states[-1] == "done", states
+    assert set(states[:-1]) <= {"queued", "running"}, states
+    assert "98/98 frames analysed" in status.stdout
+    fetched = workstation("fetch", local)
+    assert fetched.returncode == 0, fetched.stderr
+    assert_fetched_run(local, adk)
+    assert_nothing_left_of_the_run()
+
+
+def test_bad_input_on_the_cluster_side_exits_2_with_its_message(cluster):
+    args = run_args(cluster, "bad")
+    args[args.index(cluster["traj"])] = os.path.join(DATA, "missing.dcd")
+    proc = workstation(*args)
+    assert proc.returncode == 2
+    assert f"on {TARGET}:" in proc.stderr and "missing.dcd' does not exist" in proc.stderr
+    assert not os.path.exists(os.path.join(WORKSTATION, "bad"))
+    wrong_python = run_args(cluster, "bad")
+    wrong_python[wrong_python.index("--remote-python") + 1] = "/opt/no such/python"
+    proc = workstation(*wrong_python)
+    assert proc.returncode == 2 and "no such Python" in proc.stderr, proc.stderr
+    from_python = subprocess.run(
+        ["runuser", "-u", WORK, "--", f"{VENV}/bin/python", "-c",
+         "import sys, trajflow\ntry:\n    trajflow.submit_remote(sys.argv[1], sys.argv[2], "
+         "sys.argv[3], 'rmsd', out=sys.argv[4], remote_python=sys.argv[5])\n"
+         "except trajflow.InputError as exc:\n    print('InputError:', exc)",
+         TARGET, cluster["top"], os.path.join(DATA, "missing.dcd"), f"/home/{CLUSTER}/runs/py",
+         f"{VENV}/bin/python"], cwd=WORKSTATION, capture_output=True, text=True, timeout=120)
+    assert "InputError: on " in from_python.stdout and "does not exist" in from_python.stdout, \
+        from_python.stdout + from_python.stderr
+    not_a_host = workstation("status", os.path.join(WORKSTATION, "nowhere"))
+    assert not_a_host.returncode == 2 and "is not a remote run" in not_a_host.stderr
+
+
+def test_remote_run_on_slurm_fetched_then_one_cancelled(cluster, adk, slurm):
+    """Through the cluster's SLURM: one run to its end, fetched and equal to
+    MDAnalysis; a second cancelled while it runs leaves no process and no job."""
+    done = workstation(*run_args(cluster, "slurm", "--resource", "local.slurm"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_fetched_run(os.path.join(WORKSTATION, "slurm"), adk)
+    local = os.path.join(WORKSTATION, "cancelled")
+    started = workstation(*run_args(cluster, "cancelled", "--detach", "--resource", "local.slurm"))
+    assert started.returncode == 0, started.stderr
+    t0 = time.time()
+    while not _squeue(CLUSTER) and time.time() - t0 < 120:
+        time.sleep(1)
+    assert _squeue(CLUSTER), "the pilot's batch job never appeared"
+    cancelled = workstation("cancel", local)
+    assert cancelled.returncode == 0 and "cancelled on" in cancelled.stdout, \
+        cancelled.stdout + cancelled.stderr
+    t0 = time.time()
+    while _squeue(CLUSTER) and time.time() - t0 < 60:
+        time.sleep(1)
+    assert not _squeue(CLUSTER), "the pilot's batch job outlived the cancel"
+    assert_nothing_left_of_the_run()
+    status = workstation("status", local)
+    assert ": failed on" in status.stdout, status.stdout
+
+
+def _squeue(user):
+    out = subprocess.run(["squeue", "-h", "-u", user, "-o", "%i"], capture_output=True, text=True)
+    return out.stdout.split()
+
+
+def _uid(user):
+    import pwd
+    return pwd.getpwnam(user).pw_uid

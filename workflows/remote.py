@@ -1,0 +1,433 @@
+"""Runs on a cluster driven from the workstation over SSH (`trajflow run --remote`).
+
+Every path of such a run is a path on the cluster. The workstation checks
+that the cluster has the same trajflow, asks it to plan and start the run
+(remote_side.py: bad input is refused there, before any pilot), and follows
+it; the run's client lives on the cluster, detached, so the run goes on
+without the workstation. The local folder holds remote.json (where the run
+lives) and, once fetched, what inspect and the user need: result.h5,
+plan.json, outcome.json, profile/, radical/, report.html, client.log, never
+split/ or parts/ and never the trajectory.
+
+Transport is the system's OpenSSH client, one ControlMaster connection per
+trajflow command (the user's ~/.ssh/config, ProxyJump, keys and agents
+apply; a two-factor login is asked once), and rsync over it. trajflow never
+sees a password; remote command lines are built with shlex from separate
+arguments, so paths with spaces, quotes or `$` arrive as they are.
+"""
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+
+from .errors import InputError, RunFailed
+
+REMOTE_FILE = "remote.json"
+# what a fetch brings back (a run's own small files); split/ and parts/ stay there
+FETCHED = ("result.h5", "plan.json", "outcome.json", "report.html", "client.log",
+           "client_exit.json", "profile/", "radical/", "backend/")
+ENDED = ("done", "failed")
+CLIENT_END_S = 120  # a run's client ends this soon after its outcome (report, summary, pilot)
+SETTINGS = os.path.join("~", ".config", "trajflow", "remote.toml")
+# trajflow run's options that concern the workstation, not the run (and their values)
+_LOCAL_OPTIONS = {"--remote": 1, "--remote-python": 1, "--detach": 0, "--local": 1}
+
+
+class ConnectionLost(RuntimeError):
+    """ssh could not reach the cluster, or the connection dropped."""
+
+
+class Connection:
+    """SSH to one cluster account through one ControlMaster connection."""
+
+    def __init__(self, target, python):
+        m = re.fullmatch(r"(?:([^@\s]+)@)?([^:@\s]+)(?::(\d+))?", target or "")
+        if not m:
+            raise InputError(f"--remote {target!r}: give [user@]host[:port]")
+        self.target, self.python = target, python
+        user, host, self.port = m.groups()
+        self.destination = f"{user}@{host}" if user else host
+        control_dir = os.path.join(tempfile.gettempdir(), f"trajflow-ssh-{os.getuid()}")
+        os.makedirs(control_dir, mode=0o700, exist_ok=True)
+        self.control_path = os.path.join(control_dir, "%C")  # a hash: short enough for a socket
+
+    def ssh_command(self):
+        return ["ssh", "-o", "ControlMaster=auto", "-o", f"ControlPath={self.control_path}",
+                "-o", "ControlPersist=300", "-o", "ServerAliveInterval=15",
+                "-o", "ServerAliveCountMax=4"] + (["-p", self.port] if self.port else [])
+
+    def run(self, argv, timeout=None):
+        """Run `argv` on the cluster (its words quoted for the remote shell)."""
+        try:
+            proc = subprocess.run(self.ssh_command() + [self.destination, shlex.join(argv)],
+                                  stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise ConnectionLost(f"no answer from {self.target} within {timeout} s")
+        if proc.returncode == 255:  # ssh's own failure, not the command's
+            raise ConnectionLost((proc.stderr.strip().splitlines() or ["ssh failed"])[-1])
+        return proc
+
+    def remote_side(self, *args, timeout=None):
+        return self.run([self.python, "-m", "trajflow.workflows.remote_side", *args], timeout)
+
+    def master_pid(self):
+        proc = subprocess.run(self.ssh_command() + ["-O", "check", self.destination],
+                              capture_output=True, text=True)
+        m = re.search(r"pid=(\d+)", proc.stderr)
+        return int(m.group(1)) if proc.returncode == 0 and m else None
+
+    def close(self):
+        subprocess.run(self.ssh_command() + ["-O", "exit", self.destination],
+                       capture_output=True)
+
+    def fetch(self, remote_dir, local_dir):
+        """rsync the run's own files (FETCHED) here; the bytes that came."""
+        filters = []
+        for item in FETCHED:
+            filters += [f"--include=/{item}***" if item.endswith("/") else f"--include=/{item}"]
+        proc = subprocess.run(
+            ["rsync", "-a", "--protect-args", "-e", shlex.join(self.ssh_command()),
+             "--out-format=%i %l", *filters, "--exclude=*",
+             f"{self.destination}:{remote_dir.rstrip('/')}/", local_dir.rstrip("/") + "/"],
+            stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        if proc.returncode == 255 or "connection unexpectedly closed" in proc.stderr:
+            raise ConnectionLost(proc.stderr.strip()[-300:])
+        if proc.returncode != 0:
+            raise RunFailed(f"fetching {remote_dir} from {self.target} failed: "
+                            f"{proc.stderr.strip()[-500:]}")
+        return sum(int(line.split()[1]) for line in proc.stdout.splitlines()
+                   if line.startswith(">f") and len(line.split()) > 1)
+
+
+def _answer(proc):
+    """The remote side's one JSON line."""
+    lines = proc.stdout.strip().splitlines()
+    return json.loads(lines[-1]) if lines else {}
+
+
+def default_python(target):
+    """The cluster's Python for `target` from ~/.config/trajflow/remote.toml
+    ([hosts."user@host"] or [hosts."host"], python = "..."), or None."""
+    import tomllib
+    path = os.path.expanduser(SETTINGS)
+    try:
+        with open(path, "rb") as fh:
+            hosts = tomllib.load(fh).get("hosts", {})
+    except FileNotFoundError:
+        return None
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{path}: not TOML ({exc})")
+    host = target.split(":")[0]
+    entry = hosts.get(target) or hosts.get(host) or hosts.get(host.split("@")[-1]) or {}
+    return entry.get("python")
+
+
+def connect(target, python=None):
+    """A checked connection: the cluster answers, and has this trajflow at `python`."""
+    import trajflow
+    python = python or default_python(target)
+    if not python:
+        raise InputError(f"which Python runs trajflow on {target}? Give --remote-python PATH (the "
+                         "python of the virtualenv where trajflow is installed there), or set it "
+                         f"once in {SETTINGS}:\n  [hosts.\"{target}\"]\n  python = \"PATH\"")
+    conn = Connection(target, python)
+    try:
+        proc = conn.remote_side("version", timeout=120)
+    except ConnectionLost as exc:
+        raise InputError(f"cannot reach {target} over SSH ({exc}): check that `ssh {target}` "
+                         "logs in (keys, agent, ~/.ssh/config)")
+    if proc.returncode == 127 or "No such file" in proc.stderr:
+        raise InputError(f"{python}: no such Python on {target} ({proc.stderr.strip()[-200:]}); "
+                         "give --remote-python, the python of the virtualenv where trajflow is "
+                         "installed there")
+    if "No module named" in proc.stderr:
+        raise InputError(f"trajflow is not installed for {python} on {target}: install "
+                         f"trajflow {trajflow.__version__} into that virtualenv (pip install), "
+                         "or give --remote-python the python of the one where it is")
+    if proc.returncode != 0:
+        raise InputError(f"{python} -m trajflow on {target} failed: {proc.stderr.strip()[-500:]}")
+    there = _answer(proc).get("trajflow")
+    if there != trajflow.__version__:
+        raise InputError(f"{target} has trajflow {there} at {python}, this workstation "
+                         f"{trajflow.__version__}: install the same version on both")
+    return conn
+
+
+def run_argv(argv):
+    """`trajflow run`'s arguments without the workstation's own (--remote ...)."""
+    out, skip = [], 0
+    for word in argv:
+        if skip:
+            skip -= 1
+            continue
+        name = word.split("=", 1)[0]
+        if name in _LOCAL_OPTIONS:
+            skip = _LOCAL_OPTIONS[name] if "=" not in word else 0
+            continue
+        out.append(word)
+    return out
+
+
+class RemoteRun:
+    """A run living on a cluster, seen from its local folder (remote.json)."""
+
+    def __init__(self, local_dir, conn=None):
+        self.local = os.path.abspath(local_dir)
+        try:
+            with open(os.path.join(self.local, REMOTE_FILE), encoding="utf-8") as fh:
+                self.where = json.load(fh)
+        except FileNotFoundError:
+            raise InputError(f"{local_dir!r} is not a remote run (no {REMOTE_FILE}): give the "
+                             "folder `trajflow run --remote` made (its --local)")
+        self.target, self.remote_dir = self.where["target"], self.where["remote_dir"]
+        self._conn = conn
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        """End this command's SSH connection (its ControlMaster); the run goes on."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    @property
+    def conn(self):
+        if self._conn is None:
+            self._conn = connect(self.target, self.where["python"])
+        return self._conn
+
+    @classmethod
+    def start(cls, target, python, argv, local_dir):
+        """Plan and start a run on the cluster (InputError with the cluster's message for
+        bad input); its local folder records where it lives."""
+        local_dir = os.path.abspath(local_dir)
+        if os.path.exists(os.path.join(local_dir, REMOTE_FILE)):
+            raise InputError(f"{local_dir} already follows a remote run: give another --local")
+        conn = connect(target, python)
+        proc = conn.remote_side("start", *argv)
+        if proc.returncode != 0:
+            message = proc.stderr.strip() or f"exit {proc.returncode}"
+            raise InputError(f"on {target}: " + re.sub(r"^trajflow: error: ", "", message))
+        started = _answer(proc)
+        os.makedirs(local_dir, exist_ok=True)
+        where = {"target": target, "python": python or conn.python, "remote_dir": started["rundir"],
+                 "host": started["host"], "client_pid": started["pid"], "started": time.time()}
+        with open(os.path.join(local_dir, REMOTE_FILE), "w", encoding="utf-8") as fh:
+            json.dump(where, fh, indent=1)
+        return cls(local_dir, conn)
+
+    def status(self, log_offset=0):
+        """The run's state there: state (queued, running, done, failed), frames, log."""
+        proc = self.conn.remote_side("status", self.remote_dir, str(log_offset), timeout=120)
+        if proc.returncode != 0:
+            raise RunFailed(f"status of {self.remote_dir} on {self.target}: "
+                            f"{proc.stderr.strip()[-500:]}")
+        return _answer(proc)
+
+    def follow(self, stream=None, poll_s=2.0, retries=5):
+        """Print the run's progress (its client's own lines) until it has ended, then
+        fetch it. A lost connection is said and made again; `retries` failures in a
+        row raise ConnectionLost (`trajflow follow` resumes)."""
+        stream = stream or sys.stderr
+        offset, failures, master, ended_at = 0, 0, None, None
+        while True:
+            if master and not _pid_alive(master):
+                print(f"trajflow: the SSH connection to {self.target} was lost; reconnecting",
+                      file=stream, flush=True)
+            try:
+                state = self.status(offset)
+                failures = 0
+            except ConnectionLost as exc:
+                failures += 1
+                print(f"trajflow: the SSH connection to {self.target} was lost ({exc}); "
+                      f"reconnecting ({failures}/{retries})", file=stream, flush=True)
+                if failures >= retries:
+                    raise ConnectionLost(f"{self.target} did not answer {retries} times; the run "
+                                         f"goes on there: `trajflow follow {self.local}` resumes")
+                time.sleep(min(30, 2 ** failures))
+                continue
+            master = self.conn.master_pid()
+            stream.write(state["log"])
+            stream.flush()
+            offset = state["log_offset"]
+            if state["state"] in ENDED:
+                # its client still writes the report and its summary: let it end (a while)
+                ended_at = ended_at or time.time()
+                if not state["client_alive"] or time.time() - ended_at > CLIENT_END_S:
+                    return self.fetch()
+            time.sleep(poll_s)
+
+    def fetch(self):
+        """Bring the run's own files here; the Run, and the bytes fetched."""
+        from .runs import Run
+        fetched = self.conn.fetch(self.remote_dir, self.local)
+        plan_file = os.path.join(self.local, "plan.json")
+        if os.path.exists(plan_file):  # paths in the local copy point here
+            with open(plan_file, encoding="utf-8") as fh:
+                plan = json.load(fh)
+            plan["workdir"] = self.local
+            with open(plan_file, "w", encoding="utf-8") as fh:
+                json.dump(plan, fh, indent=1)
+        return Run(self.local), fetched
+
+    def cancel(self):
+        """End the run there: its client cancels the pilot and its batch job."""
+        proc = self.conn.remote_side("cancel", self.remote_dir, timeout=600)
+        return _answer(proc)
+
+
+def submit_remote(remote, topology, trajectory, analysis, *, out, remote_python=None,
+                  local=None, resource="local.localhost", cpus=2, walltime=30, select=None,
+                  args=None, io="shared", mode="mpi", gather="gatherv", blocks=None,
+                  retries=1) -> RemoteRun:
+    """Start a run on the cluster `remote` ([user@]host[:port]) and return at once.
+
+    Every path is a path on the cluster; `analysis` is a name or a file or module
+    there. InputError (the cluster's message) for bad input, before any pilot.
+    ``.follow()`` then waits, printing the cluster's progress, and fetches the run
+    into `local` (default ./NAME of `out`): it returns (Run, bytes fetched).
+
+        >>> run = trajflow.submit_remote("me@login.cluster.org", "/scratch/me/sys.psf",
+        ...                              "/scratch/me/md.dcd", "rmsd", out="/scratch/me/r1",
+        ...                              remote_python="/home/me/venv/bin/python")
+        >>> with run:
+        ...     result, fetched = run.follow()
+        >>> result.results.rmsd
+    """
+    trajectories = [trajectory] if isinstance(trajectory, (str, os.PathLike)) else trajectory
+    argv = ["--topology", str(topology), "--trajectory", *map(str, trajectories),
+            "--analysis", str(analysis), "--out", str(out), "--resource", resource,
+            "--cpus", str(cpus), "--walltime", str(walltime), "--io", io, "--mode", mode,
+            "--gather", gather, "--retries", str(retries)]
+    for flag, value in (("--select", select), ("--blocks", blocks),
+                        ("--analysis-args", json.dumps(args) if args is not None else None)):
+        if value is not None:
+            argv += [flag, str(value)]
+    local = local or os.path.basename(os.path.normpath(str(out)))
+    return RemoteRun.start(remote, remote_python, argv, local)
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+# --- the command line ---------------------------------------------------------
+def add_remote_options(p):
+    p.add_argument("--remote", default=None, metavar="[USER@]HOST[:PORT]",
+                   help="run on this cluster over SSH: every path given is a path there; the run "
+                        "goes on without this machine (see `trajflow status/follow/fetch/cancel`)")
+    p.add_argument("--remote-python", default=None, metavar="PATH",
+                   help=f"with --remote: the python of the cluster's trajflow virtualenv "
+                        f"(default: the host's entry in {SETTINGS})")
+    p.add_argument("--detach", action="store_true",
+                   help="with --remote: return as soon as the run has started")
+    p.add_argument("--local", default=None, metavar="DIR",
+                   help="with --remote: this machine's folder for the run (default: ./NAME, "
+                        "NAME the last part of --out)")
+
+
+def add_remote_commands(sub):
+    for name, text in (("status", "a remote run's state: queued, running (frames), done, failed"),
+                       ("follow", "follow a remote run until it ends, then fetch it"),
+                       ("fetch", "bring a remote run's result, profiles and report here"),
+                       ("cancel", "cancel a remote run (its pilot and batch job)")):
+        p = sub.add_parser(name, help=text, description=text + ".")
+        p.add_argument("rundir", metavar="LOCAL_RUNDIR",
+                       help="the folder `trajflow run --remote` made here")
+
+
+def _hint(local):
+    return (f"trajflow follow {local}  (progress, then fetch)\n"
+            f"  trajflow status {local}  |  trajflow fetch {local}  |  trajflow cancel {local}")
+
+
+def cmd_run_remote(args):
+    if not (args.out or args.resume):
+        raise InputError("--remote needs --out, the run's folder on the cluster")
+    local = args.local or os.path.basename(os.path.normpath(args.out or args.resume))
+    with RemoteRun.start(args.remote, args.remote_python, run_argv(args.argv[1:]), local) as run:
+        print(f"trajflow: started on {run.target} ({run.where['host']}): {run.remote_dir}; "
+              f"following it here in {run.local}", file=sys.stderr)
+        if args.detach:
+            print(f"detached; the run goes on on {run.target}:\n  " + _hint(run.local))
+            return 0
+        return _follow(run)
+
+
+def _follow(run):
+    from .cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+    try:
+        result, fetched = run.follow()
+    except KeyboardInterrupt:
+        print(f"\ntrajflow: detached; the run goes on on {run.target}:\n  " + _hint(run.local),
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except ConnectionLost as exc:
+        print(f"trajflow: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK if _report(run, result, fetched) else EXIT_FAILED
+
+
+def _report(run, result, fetched):
+    """What the fetch brought (the summary itself is the cluster's, in its log)."""
+    outcome = result.outcome or {}
+    here = (f"result: {result.result_path}" if result.ok else
+            f"NO RESULT: the run ended {outcome.get('status', 'without an outcome')}"
+            + (f" ({outcome['error']})" if outcome.get("error") else ""))
+    print(f"{run.local}: {here}\n  fetched {fetched:,} bytes from {run.target}:{run.remote_dir} "
+          "(result, plan, outcome, profiles, report, log; no trajectory data)\n"
+          f"  trajflow inspect {run.local}  (phases, stragglers, advice; report.html beside it)")
+    return result.ok
+
+
+def cmd_status(args):
+    with RemoteRun(args.rundir) as run:
+        state = run.status(log_offset=1 << 62)  # no log: the state only
+    frames = f"{state['frames_done']}/{state['frames_total']} frames analysed"
+    error = (state.get("outcome") or {}).get("error")
+    print(f"{run.local}: {state['state']} on {run.target} ({frames})"
+          + (f": {error}" if error else ""))
+    return 0
+
+
+def cmd_follow(args):
+    with RemoteRun(args.rundir) as run:
+        return _follow(run)
+
+
+def cmd_fetch(args):
+    with RemoteRun(args.rundir) as run:
+        result, fetched = run.fetch()
+    if result.outcome is None:
+        print(f"{run.local}: the run has not ended on {run.target}; fetched what there is "
+              f"({fetched:,} bytes)")
+        return 0
+    from .cli import EXIT_FAILED, EXIT_OK
+    return EXIT_OK if _report(run, result, fetched) else EXIT_FAILED
+
+
+def cmd_cancel(args):
+    with RemoteRun(args.rundir) as run:
+        answer = run.cancel()
+    if answer.get("cancelled"):
+        print(f"{run.local}: cancelled on {run.target} (its pilot and batch job ended); "
+              f"state: {answer['state']}")
+        return 0
+    print(f"{run.local}: not cancelled on {run.target}: {answer.get('why')} "
+          f"(state: {answer.get('state')})")
+    return 0 if answer.get("state") in ENDED else 1
