@@ -6,6 +6,7 @@ whole path on real pilots: the client killed with SIGKILL (and the process
 holding its RADICAL session with it) on local.localhost and on the local
 SLURM, the client alone killed, and `--resume` cancelling the orphan of its run.
 """
+import contextlib
 import glob
 import json
 import os
@@ -93,21 +94,28 @@ def test_a_stale_heartbeat_ends_the_pilot_tree_and_its_tasks(tmp_path):
     assert not (session / client_guard.CLIENT_CONFIGS).exists()
 
 
-def test_a_fresh_heartbeat_keeps_the_pilot_and_its_end_is_recorded(tmp_path):
-    session = tmp_path / "s"
+@contextlib.contextmanager
+def beating_client_and_guarded_pilot(session, timeout_s):
+    """A live client's heartbeat, a fake pilot tree and its guard; (pilot, tree, guard)."""
     session.mkdir()
     beat = heartbeat.Heartbeat(str(session), os.getppid(), lambda: None, period_s=0.5).start()
     pilot = fake_pilot()
     tree = (time.sleep(0.5), client_guard.process_tree(pilot.pid))[1]
-    guard = guard_in_background(session, 2, pilot.pid)
+    guard = guard_in_background(session, timeout_s, pilot.pid)
     try:
+        yield pilot, tree, guard
+    finally:
+        beat.stop()
+        stop_group(pilot, tree)
+
+
+def test_a_fresh_heartbeat_keeps_the_pilot_and_its_end_is_recorded(tmp_path):
+    session = tmp_path / "s"
+    with beating_client_and_guarded_pilot(session, 2) as (pilot, _, guard):
         time.sleep(5)  # 2.5 timeouts: the heartbeat keeps it
         assert pilot.poll() is None and guard.poll() is None
         os.killpg(pilot.pid, signal.SIGTERM)  # the pilot ends as cancelled
         assert guard.wait(timeout=10) == 0
-    finally:
-        beat.stop()
-        stop_group(pilot, tree)
     assert ended(session) == {**ended(session), "fired": False, "reason": "the pilot ended"}
 
 
@@ -116,12 +124,7 @@ def test_a_pilot_still_running_after_its_client_cancelled_it_is_ended(tmp_path):
     daemonised agent outlives a scancel without cgroups, seen on the local SLURM):
     once the client's closed file is CLOSED_GRACE_S old, the guard ends it."""
     session = tmp_path / "s"
-    session.mkdir()
-    beat = heartbeat.Heartbeat(str(session), os.getppid(), lambda: None, period_s=0.5).start()
-    pilot = fake_pilot()
-    tree = (time.sleep(0.5), client_guard.process_tree(pilot.pid))[1]
-    guard = guard_in_background(session, 60, pilot.pid)
-    try:
+    with beating_client_and_guarded_pilot(session, 60) as (pilot, tree, guard):
         time.sleep(2)
         closed = session / client_guard.CLOSED
         closed.write_text("the client cancelled its pilot (interrupted)\n")
@@ -130,10 +133,8 @@ def test_a_pilot_still_running_after_its_client_cancelled_it_is_ended(tmp_path):
         old = time.time() - client_guard.CLOSED_GRACE_S - 1
         os.utime(closed, (old, old))
         assert guard.wait(timeout=30) == 0
-    finally:
-        beat.stop()
-        stop_group(pilot)
-    assert not any(os.path.exists(f"/proc/{p}") and client_guard._alive(p) for p in tree)
+        left = [p for p in tree if os.path.exists(f"/proc/{p}") and client_guard._alive(p)]
+    assert not left, left
     record = ended(session)
     assert record["fired"] and "client cancelled this pilot" in record["reason"], record
 
