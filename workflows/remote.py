@@ -174,7 +174,12 @@ def run_argv(argv):
 
 
 class RemoteRun:
-    """A run living on a cluster, seen from its local folder (remote.json)."""
+    """A run living on a cluster, seen from its local folder (remote.json).
+
+        >>> with trajflow.RemoteRun("rmsd1") as run:   # a folder `trajflow run --remote` made
+        ...     run.status()["state"]                  # queued, running, done or failed
+        ...     result, fetched = run.follow()         # progress, then fetch: a Run here
+    """
 
     def __init__(self, local_dir, conn=None):
         self.local = os.path.abspath(local_dir)
