@@ -167,17 +167,20 @@ def compiled_module_path():
     return name, os.path.join(kernel_cache_dir(), name + importlib.machinery.EXTENSION_SUFFIXES[0])
 
 
-# the compiled loops kernel_code.py provides, one per input precision
-ENTRY_POINTS = ("qcp_frames", "dihedral_rows")
-PRECISIONS = {"f4": "float32", "f8": "float64"}
-_ENTRY_POINTS = {}  # "qcp_frames_f4" -> callable, once loaded
+# the compiled loops kernel_code.py exports (_f4/_f8: for float32/float64 input)
+ENTRY_POINTS = ("qcp_frames_f4", "qcp_frames_f8", "dihedral_rows_f4", "dihedral_rows_f8",
+                "xtc_decode")
+_ENTRY_POINTS = {}  # name -> callable, once loaded
 COMPILED = None     # how they were loaded: "ahead of time" or "numba JIT"
 
 
-def _entry(name, dtype):
+def _entry(name, dtype=None):
+    """A compiled loop; with `dtype`, its version for that input precision."""
     if not _ENTRY_POINTS:
         _load_entry_points()
-    return _ENTRY_POINTS[f"{name}_{'f4' if dtype == np.float32 else 'f8'}"]
+    if dtype is not None:
+        name += "_f4" if dtype == np.float32 else "_f8"
+    return _ENTRY_POINTS[name]
 
 
 def _load_entry_points():
@@ -189,8 +192,7 @@ def _load_entry_points():
                 name, path, loader=importlib.machinery.ExtensionFileLoader(name, path))
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
-            _ENTRY_POINTS.update({f"{e}_{p}": getattr(module, f"{e}_{p}")
-                                  for e in ENTRY_POINTS for p in PRECISIONS})
+            _ENTRY_POINTS.update({e: getattr(module, e) for e in ENTRY_POINTS})
             COMPILED = "ahead of time"
             return
         except (ImportError, AttributeError) as exc:  # a damaged build: the JIT still works

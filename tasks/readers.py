@@ -3,9 +3,9 @@
 Every reader yields `Chunk`s of at most `chunk_frames` frames, so a rank's
 memory is bounded by the chunk whatever the trajectory's length. Three paths:
 - trajectories opened without a topology, several files as one: plain DCD
-  read by trajflow itself (dcd.py), any other format MDAnalysis reads (and
-  DCD with a unit cell where boxes are needed) through its readers, frame by
-  frame, copying only the wanted atoms;
+  and single XTC files read by trajflow itself (dcd.py, xtc.py), any other
+  format MDAnalysis reads (and those where boxes are needed) through its
+  readers, frame by frame, copying only the wanted atoms;
 - split segments: the same, shifted to global frame numbers, times from the
   split stage's sidecar;
 - H5MD: h5py hyperslabs (see h5md.py).
@@ -20,6 +20,7 @@ import numpy as np
 # imports happen before a rank's clock starts (RADICAL's rank_start shows them).
 
 from .dcd import DCDFile, open_dcd
+from .xtc import XTCFile, open_xtc
 from .h5md import H5MDBlockReader
 
 
@@ -68,7 +69,8 @@ def open_universe(topology, trajectories, timer=None):
 
 def open_trajectory(trajectories, timer=None, need_boxes=False):
     """The trajectory alone, no topology: several files become one ChainReader,
-    plain DCD files a DCDTrajectory (dcd.py: no MDAnalysis import, no decoding).
+    plain DCD files a DCDTrajectory (dcd.py: no MDAnalysis import, no decoding),
+    one XTC file an XTCTrajectory (xtc.py: decoded up to the last atom wanted).
 
     Analyze ranks need no topology: their atoms were resolved on the
     workstation, which saves every rank the topology parse (Khoshlessan et al. 2019's
@@ -76,7 +78,7 @@ def open_trajectory(trajectories, timer=None, need_boxes=False):
     """
     trajectories = list(trajectories)
     with _phase(timer, "open_trajectory"):
-        native = open_dcd(trajectories, need_boxes)
+        native = open_dcd(trajectories, need_boxes) or open_xtc(trajectories, need_boxes)
         if native is not None:
             return native
         from MDAnalysis.coordinates.core import reader as mda_reader
@@ -146,6 +148,9 @@ class TrajectoryBlockReader:
     def _read_in_part(self, p, lo, hi) -> Chunk:
         """Frames [lo, hi) of one file (frame numbers left to the caller)."""
         reader = self.parts[p]
+        if isinstance(reader, XTCFile):
+            coords, times, steps = reader.read(self.idx, lo, hi)
+            return Chunk(None, times, coords, None, steps)
         if isinstance(reader, DCDFile) or (type(reader).__name__ == "DCDReader"
                                            and not self._has_boxes(reader)):
             return self._read_dcd(reader, lo, hi)

@@ -5,6 +5,7 @@ import pytest
 import MDAnalysis as mda
 
 from trajflow.tasks.dcd import DCDFile, DCDTrajectory
+from trajflow.tasks.xtc import XTCFile
 from trajflow.tasks.h5md import H5MDWriter
 from trajflow.tasks.readers import H5MDChunkReader, TrajectoryBlockReader, open_trajectory
 
@@ -98,6 +99,72 @@ def test_dcd_other_layouts_go_through_mdanalysis(adk, tmp_path):
     reader = TrajectoryBlockReader(open_trajectory([str(damaged)]), [0])
     with pytest.raises(OSError, match="not 3341 atoms"):
         list(reader.chunks(0, 10, 10))
+
+
+@pytest.mark.parametrize("select", ["name CA", "all", "index 47600:47680", "protein and index 0:9"])
+def test_selective_xtc_reader_matches_mdanalysis(solvated, select, tmp_path):
+    """trajflow's XTC reader (xtc.py, decoding each frame only up to the last atom
+    wanted) on the solvated system: the protein first, 214 CA of 47,681 atoms, the
+    whole system, a selection at its very end, ten atoms. Bit for bit, with times
+    and steps; frame positions from MDAnalysis' offsets file and from a scan."""
+    import shutil
+    gro, xtc = solvated
+    path = str(tmp_path / "solvated.xtc")
+    shutil.copy(xtc, path)  # no offsets file beside it: the reader scans the headers
+    u = mda.Universe(gro, xtc)
+    idx = u.select_atoms(select).indices
+    for source in (path, xtc):  # MDAnalysisTests' copy has MDAnalysis' offsets file
+        reader = TrajectoryBlockReader(open_trajectory([source]), idx)
+        assert isinstance(reader.parts[0], XTCFile)
+        chunks = list(reader.chunks(2, 10, 3))
+        ref = [(ts.time, ts.data["step"], ts.positions[idx].copy()) for ts in u.trajectory[2:10]]
+        np.testing.assert_array_equal(np.concatenate([c.coords for c in chunks]),
+                                      [x for _, _, x in ref])
+        np.testing.assert_array_equal(np.concatenate([c.times for c in chunks]),
+                                      [t for t, _, _ in ref])
+        np.testing.assert_array_equal(np.concatenate([c.steps for c in chunks]),
+                                      [s for _, s, _ in ref])
+
+
+def test_xtc_odd_sizes_and_damage(adk, adk_xtc, tmp_path):
+    """AdK's XTC (3341 atoms); 10 atoms (the smallest compressed frames); 9 atoms
+    (stored uncompressed: left to MDAnalysis); a cut last frame is left out (the
+    plan analyses whole frames only); a damaged frame is an error, not wrong numbers."""
+    u = mda.Universe(*adk_xtc)
+    idx = u.select_atoms("name CA").indices
+    frames, times, coords = collect(TrajectoryBlockReader(open_trajectory([adk_xtc[1]]), idx),
+                                    0, u.trajectory.n_frames, 40)
+    ref_t, ref_x = mda_frames(adk_xtc[0], [adk_xtc[1]], idx, 0, u.trajectory.n_frames)
+    np.testing.assert_array_equal(coords, ref_x)
+    np.testing.assert_array_equal(times, ref_t)
+    for n_atoms, ours in ((10, True), (9, False)):
+        path = str(tmp_path / f"{n_atoms}.xtc")
+        small = mda.Merge(u.atoms[:n_atoms])
+        with mda.Writer(path, n_atoms=n_atoms) as w:
+            for ts in u.trajectory[:5]:
+                small.atoms.positions = u.atoms[:n_atoms].positions
+                w.write(small.atoms)
+        reader = TrajectoryBlockReader(open_trajectory([path]), np.arange(n_atoms))
+        assert isinstance(reader.parts[0], XTCFile) == ours
+        got = collect(reader, 0, 5, 5)[2]
+        np.testing.assert_array_equal(got, [ts.positions.copy() for ts in
+                                            mda.coordinates.XTC.XTCReader(path)])
+    data = open(adk_xtc[1], "rb").read()
+    whole = XTCFile.open(adk_xtc[1])
+    cut = tmp_path / "cut.xtc"
+    cut.write_bytes(data[:int(whole.offsets[-1]) - 10])
+    assert XTCFile.open(str(cut)).n_frames == whole.n_frames - 1  # (MDAnalysis counts it)
+    damaged = tmp_path / "damaged.xtc"
+    a = int(whole.offsets[3]) + 88  # frame 3's byte count: frame 4 is no longer found
+    damaged.write_bytes(data[:a] + np.array([8], ">i4").tobytes() + data[a + 4:])
+    with pytest.raises(OSError, match="frame 4 .* does not start with an XTC header"):
+        open_trajectory([str(damaged)])
+    smallidx = tmp_path / "smallidx.xtc"
+    a = int(whole.offsets[3]) + 84  # frame 3's first run-length index, out of xdrfile's table
+    smallidx.write_bytes(data[:a] + np.array([99], ">i4").tobytes() + data[a + 4:])
+    reader = TrajectoryBlockReader(open_trajectory([str(smallidx)]), np.arange(3341))
+    with pytest.raises(OSError, match="frame 3 is damaged"):
+        list(reader.chunks(0, 5, 5))
 
 
 def test_h5md_reader_matches_mdanalysis(adk, tmp_path):

@@ -77,8 +77,7 @@ def bench_rmsd(top, paths, repeats, loop_frames):
             rms.rmsd(ca.positions, ref0, center=True, superposition=True)
     r["seed_loop_e2e_dcd_us"] = per_frame_us(best_of(seed_loop, 1), n)
 
-    ux = mda.Universe(top, paths["XTC"])
-    xtc = TrajectoryBlockReader(ux.trajectory, analysis.atom_indices)
+    xtc = TrajectoryBlockReader(open_trajectory([paths["XTC"]]), analysis.atom_indices)
     r["ours_e2e_xtc_us"] = per_frame_us(best_of(lambda: _ours_e2e(xtc, analysis, n), repeats), n)
     h5 = H5MDChunkReader(paths["H5MD"], analysis.atom_indices)
     r["ours_e2e_h5md_us"] = per_frame_us(best_of(lambda: _ours_e2e(h5, analysis, n), repeats), n)
