@@ -229,3 +229,14 @@ def _squeue(user):
 def _uid(user):
     import pwd
     return pwd.getpwnam(user).pw_uid
+
+
+def test_the_run_arguments_sent_to_the_cluster_leave_out_the_workstations_own():
+    from trajflow.workflows.remote import Connection, run_argv
+    argv = ["run", "--remote", "me@host:2200", "--topology", "a b.psf", "--detach",
+            "--remote-python=/opt/py", "--local", "here", "--out", "$HOME/x 'y'"]
+    assert run_argv(argv[1:]) == ["--topology", "a b.psf", "--out", "$HOME/x 'y'"]
+    conn = Connection("me@host:2200", "/opt/py")
+    assert (conn.destination, conn.port) == ("me@host", "2200")
+    with pytest.raises(Exception, match=r"give \[user@\]host\[:port\]"):
+        Connection("me@host:port", "/opt/py")
