@@ -95,7 +95,6 @@ def build_parser():
     add_run_options(run)
     from .remote import add_remote_commands, add_remote_options
     add_remote_options(run)
-    add_remote_commands(sub)
     demo = sub.add_parser("demo", help="the main job on its default: AdK x100, rmsd and dihedrals",
                           description="Build AdK (MDAnalysisTests PSF/DCD) concatenated 100x "
                                       "(9,800 frames) once in a cache folder, then run rmsd and "
@@ -176,7 +175,11 @@ def build_parser():
                        help="your-own-analysis row: InterRDF (water O-O) on the solvated AdK "
                             "(GRO/XTC, 10 frames) repeated K times, trajflow's 2 ranks against "
                             "MDAnalysis' 2-worker run; 0 skips it (default: 20)")
+    bench.add_argument("--startup-launches", type=int, default=5, metavar="N",
+                       help="launches of a task, warm and with empty caches, to time its "
+                            "start-up and exit (default: 5)")
     bench.add_argument("--json", default=None, metavar="FILE", help="also write the numbers as JSON")
+    add_remote_commands(sub)  # status, follow, fetch, cancel: remote runs
     return parser
 
 
@@ -413,11 +416,12 @@ def _inspect_campaign(args):
 def cmd_bench(args):
     import json
     from .bench import format_table, run_bench
-    if args.copies < 1 or args.repeats < 1 or args.loop_frames < 1:
-        raise InputError("--copies, --repeats and --loop-frames must be at least 1")
+    if min(args.copies, args.repeats, args.loop_frames, args.startup_launches) < 1:
+        raise InputError("--copies, --repeats, --loop-frames and --startup-launches must be at "
+                         "least 1")
     result = run_bench(args.copies, args.repeats, args.loop_frames,
                        with_parallel=not args.no_parallel, with_entk=not args.no_entk,
-                       user_copies=args.user_copies)
+                       user_copies=args.user_copies, startup_launches=args.startup_launches)
     print(format_table(result))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
