@@ -269,6 +269,16 @@ def _sizeofints(sizes):
     return bits + nbytes * 8
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _put(out, i, n_wanted, x, y, z, inv):
+    """Atom i's coordinates (nm) into out if it is wanted; the next atom's index."""
+    if i < n_wanted:
+        out[i, 0] = np.float32(x) * inv
+        out[i, 1] = np.float32(y) * inv
+        out[i, 2] = np.float32(z) * inv
+    return i + 1
+
+
 @njit(cache=True, nogil=True)
 def _xtc_frame(buf, start, nbytes, precision, minint, maxint, smallidx, n_wanted, out):
     """Decode one compressed frame (its `nbytes` bytes from buf[start]; buf has 64
@@ -323,23 +333,12 @@ def _xtc_frame(buf, start, nbytes, precision, minint, maxint, smallidx, n_wanted
                     p0, t0 = t0, p0
                     p1, t1 = t1, p1
                     p2, t2 = t2, p2
-                    if i < n_wanted:
-                        out[i, 0] = np.float32(p0) * inv
-                        out[i, 1] = np.float32(p1) * inv
-                        out[i, 2] = np.float32(p2) * inv
-                    i += 1
+                    i = _put(out, i, n_wanted, p0, p1, p2, inv)
                 else:
                     p0, p1, p2 = t0, t1, t2
-                if i < n_wanted:
-                    out[i, 0] = np.float32(t0) * inv
-                    out[i, 1] = np.float32(t1) * inv
-                    out[i, 2] = np.float32(t2) * inv
-                i += 1
+                i = _put(out, i, n_wanted, t0, t1, t2, inv)
         else:
-            out[i, 0] = np.float32(p0) * inv
-            out[i, 1] = np.float32(p1) * inv
-            out[i, 2] = np.float32(p2) * inv
-            i += 1
+            i = _put(out, i, n_wanted, p0, p1, p2, inv)
         smallidx += is_smaller
         if smallidx < _FIRSTIDX or smallidx >= _MAGICINTS.size:  # damaged bits
             return -1

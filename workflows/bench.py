@@ -389,12 +389,6 @@ def ratios(result):
     ratio("rmsd e2e DCD: MDA 2-worker run / ours (1 rank)", r["mda_mp2_rmsd_run_dcd_us"],
           r["ours_e2e_dcd_us"], "> 1")
     ratio("rmsd e2e H5MD: MDA H5MD iteration / ours", r["mda_h5md_iter_us"], r["ours_e2e_h5md_us"], ">= 10")
-    if "startup" in result:
-        st = result["startup"]
-        lines.append(f"\na task's start-up (launch to its first timestamp, medians of "
-                     f"{st['launches']}): warm {st['warm_start_s']:.2f} s (target <= 0.5), empty "
-                     f"caches {st['fresh_start_s']:.2f} s (target <= 1.0); exit "
-                     f"{st['exit_s']:.3f} s (target <= 0.1)")
     if "user_analysis" in result:
         ua = result["user_analysis"]
         ratio("InterRDF: MDA 2-worker run / ours 2 ranks (stage)", ua["mda_mp2_s"],
