@@ -45,8 +45,14 @@ def start(run_argv):
     rundir = plan.workdir
     sys.stdout.flush()
     sys.stderr.flush()
+    from trajflow.tasks.client_guard import start_time
     pid = os.fork()
-    if pid:  # the SSH command: answer and go; the RUNDIR lock stays with the child
+    if pid:  # the SSH command: name the client, answer and go; the RUNDIR lock stays with it
+        # written here, before the answer: a status asked at once must find it (it once
+        # did not, written by the child a moment later, and the run looked failed)
+        _write_json(os.path.join(rundir, CLIENT_FILE),
+                    {"pid": pid, "start_time": start_time(pid), "host": socket.gethostname(),
+                     "started": time.time()})
         _answer({"rundir": rundir, "pid": pid, "host": socket.gethostname()})
         os._exit(0)
     os.setsid()  # not in the SSH session's process group: its hang-up does not reach it
@@ -57,10 +63,6 @@ def start(run_argv):
     os.dup2(log, 2)
     sys.stdout = os.fdopen(1, "w", buffering=1)
     sys.stderr = os.fdopen(2, "w", buffering=1)
-    from trajflow.tasks.client_guard import start_time
-    _write_json(os.path.join(rundir, CLIENT_FILE),
-                {"pid": os.getpid(), "start_time": start_time(os.getpid()),
-                 "host": socket.gethostname(), "started": time.time()})
     code = cli.run_guarded(lambda a: cli.run_planned(plan, a), args)
     _write_json(os.path.join(rundir, "client_exit.json"), {"code": code, "ended": time.time()})
     sys.stdout.flush()
