@@ -30,8 +30,7 @@ REMOTE_FILE = "remote.json"
 # what a fetch brings back (a run's own small files); split/ and parts/ stay there
 FETCHED = ("result.h5", "plan.json", "outcome.json", "report.html", "client.log",
            "client_exit.json", "profile/", "radical/", "backend/")
-ENDED = ("done", "failed")
-CLIENT_END_S = 120  # a run's client ends this soon after its outcome (report, summary, pilot)
+ENDED = ("done", "failed")  # said once the run's client has ended too (its report written)
 SETTINGS = os.path.join("~", ".config", "trajflow", "remote.toml")
 # trajflow run's options that concern the workstation, not the run (and their values)
 _LOCAL_OPTIONS = {"--remote": 1, "--remote-python": 1, "--detach": 0, "--local": 1}
@@ -243,7 +242,7 @@ class RemoteRun:
         fetch it. A lost connection is said and made again; `retries` failures in a
         row raise ConnectionLost (`trajflow follow` resumes)."""
         stream = stream or sys.stderr
-        offset, failures, master, ended_at = 0, 0, None, None
+        offset, failures, master = 0, 0, None
         while True:
             if master and not _pid_alive(master):
                 print(f"trajflow: the SSH connection to {self.target} was lost; reconnecting",
@@ -265,10 +264,7 @@ class RemoteRun:
             stream.flush()
             offset = state["log_offset"]
             if state["state"] in ENDED:
-                # its client still writes the report and its summary: let it end (a while)
-                ended_at = ended_at or time.time()
-                if not state["client_alive"] or time.time() - ended_at > CLIENT_END_S:
-                    return self.fetch()
+                return self.fetch()
             time.sleep(poll_s)
 
     def fetch(self):

@@ -93,12 +93,17 @@ def client_alive(rundir):
 
 
 def run_state(rundir):
-    """queued (no task has started), running, done, failed or interrupted."""
+    """queued (no task has started), running, done or failed. A run whose outcome
+    is written is running until its client has ended too: it still writes the
+    report and ends the pilot (a fetch at "done" once came before report.html)."""
     from .execute import read_outcome
     outcome = read_outcome(rundir)
-    if outcome:
+    alive = client_alive(rundir)
+    if outcome and not alive:
         return outcome["status"], outcome
-    if not client_alive(rundir):
+    if outcome:
+        return "running", None
+    if not alive:
         return "failed", {"error": "the run's client on the cluster ended without an outcome "
                                    f"(see {os.path.join(rundir, CLIENT_LOG)})"}
     profiles = os.path.join(rundir, "profile")
