@@ -24,6 +24,8 @@ import sys
 import tempfile
 import time
 
+from trajflow.tasks.client_guard import _alive
+
 from .errors import InputError, RunFailed
 
 REMOTE_FILE = "remote.json"
@@ -244,9 +246,10 @@ class RemoteRun:
         stream = stream or sys.stderr
         offset, failures, master = 0, 0, None
         while True:
-            if master and not _pid_alive(master):
+            if master and not _alive(master):  # (a killed master may linger as a zombie)
                 print(f"trajflow: the SSH connection to {self.target} was lost; reconnecting",
                       file=stream, flush=True)
+                master = None
             try:
                 state = self.status(offset)
                 failures = 0
@@ -259,7 +262,11 @@ class RemoteRun:
                                          f"goes on there: `trajflow follow {self.local}` resumes")
                 time.sleep(min(30, 2 ** failures))
                 continue
-            master = self.conn.master_pid()
+            now = self.conn.master_pid()
+            if master and now != master:  # lost and made again within one call
+                print(f"trajflow: the SSH connection to {self.target} was lost; reconnected",
+                      file=stream, flush=True)
+            master = now
             stream.write(state["log"])
             stream.flush()
             offset = state["log_offset"]
@@ -315,16 +322,6 @@ def submit_remote(remote, topology, trajectory, analysis, *, out, remote_python=
             argv += [flag, str(value)]
     local = local or os.path.basename(os.path.normpath(str(out)))
     return RemoteRun.start(remote, remote_python, argv, local)
-
-
-def _pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 # --- the command line ---------------------------------------------------------
