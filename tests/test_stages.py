@@ -129,6 +129,8 @@ def test_rmsd_over_h5md_or_dcd_runs_without_importing_mdanalysis(tmp_path, adk, 
     from types import SimpleNamespace
     assert needs_mdanalysis(SimpleNamespace(io="h5md", builtin=True, analysis="dihedrals"))
     assert needs_mdanalysis(SimpleNamespace(io="shared", builtin=True, analysis="rmsd",
-                                            trajectories=[adk_xtc[1]]))
+                                            trajectories=[adk_xtc[1], adk_xtc[1]]))  # a chain
+    assert not needs_mdanalysis(SimpleNamespace(io="shared", builtin=True, analysis="rmsd",
+                                                trajectories=[adk_xtc[1]]))  # xtc.py reads it
     assert not needs_mdanalysis(SimpleNamespace(io="shared", builtin=True, analysis="rmsd",
                                                 trajectories=[adk[1]]))
