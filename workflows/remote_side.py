@@ -45,14 +45,13 @@ def start(run_argv):
     rundir = plan.workdir
     sys.stdout.flush()
     sys.stderr.flush()
-    from trajflow.tasks.client_guard import start_time
+    from trajflow.tasks.client_guard import _record, start_time
     pid = os.fork()
     if pid:  # the SSH command: name the client, answer and go; the RUNDIR lock stays with it
         # written here, before the answer: a status asked at once must find it (it once
         # did not, written by the child a moment later, and the run looked failed)
-        _write_json(os.path.join(rundir, CLIENT_FILE),
-                    {"pid": pid, "start_time": start_time(pid), "host": socket.gethostname(),
-                     "started": time.time()})
+        _record(os.path.join(rundir, CLIENT_FILE), pid=pid, start_time=start_time(pid),
+                host=socket.gethostname())
         _answer({"rundir": rundir, "pid": pid, "host": socket.gethostname()})
         os._exit(0)
     os.setsid()  # not in the SSH session's process group: its hang-up does not reach it
@@ -64,17 +63,10 @@ def start(run_argv):
     sys.stdout = os.fdopen(1, "w", buffering=1)
     sys.stderr = os.fdopen(2, "w", buffering=1)
     code = cli.run_guarded(lambda a: cli.run_planned(plan, a), args)
-    _write_json(os.path.join(rundir, "client_exit.json"), {"code": code, "ended": time.time()})
+    _record(os.path.join(rundir, "client_exit.json"), code=code)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-def _write_json(path, value):
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(value, fh)
-    os.replace(tmp, path)
 
 
 def _read_json(path):
@@ -133,17 +125,16 @@ def status(rundir, log_offset=0):
 def cancel(rundir, wait_s=300):
     """SIGTERM to the run's client, as a local run's SIGTERM: it cancels the pilot
     (and its batch job) and records the outcome; then wait for it to end."""
-    from trajflow.tasks.client_guard import _alive
-    client = _read_json(os.path.join(rundir, CLIENT_FILE))
-    if not client or not _alive(client["pid"], client["start_time"]):
+    if not client_alive(rundir):
         state, _ = run_state(rundir)
         _answer({"cancelled": False, "state": state, "why": "its client is not running"})
         return 0
+    client = _read_json(os.path.join(rundir, CLIENT_FILE))
     os.kill(client["pid"], signal.SIGTERM)
     t0 = time.time()
-    while _alive(client["pid"], client["start_time"]) and time.time() - t0 < wait_s:
+    while client_alive(rundir) and time.time() - t0 < wait_s:
         time.sleep(0.5)
-    alive = _alive(client["pid"], client["start_time"])
+    alive = client_alive(rundir)
     _answer({"cancelled": not alive, "state": run_state(rundir)[0],
              "why": f"the client did not end within {wait_s} s" if alive else ""})
     return 0 if not alive else 1
