@@ -194,6 +194,7 @@ def test_bad_input_on_the_cluster_side_exits_2_with_its_message(cluster):
         from_python.stdout + from_python.stderr
     not_a_host = workstation("status", os.path.join(WORKSTATION, "nowhere"))
     assert not_a_host.returncode == 2 and "is not a remote run" in not_a_host.stderr
+    assert_workstation_side_gone()  # no SSH connection outlives a refusal
 
 
 def test_remote_run_on_slurm_fetched_then_one_cancelled(cluster, adk, slurm):

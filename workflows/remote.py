@@ -130,13 +130,22 @@ def default_python(target):
 
 def connect(target, python=None):
     """A checked connection: the cluster answers, and has this trajflow at `python`."""
-    import trajflow
     python = python or default_python(target)
     if not python:
         raise InputError(f"which Python runs trajflow on {target}? Give --remote-python PATH (the "
                          "python of the virtualenv where trajflow is installed there), or set it "
                          f"once in {SETTINGS}:\n  [hosts.\"{target}\"]\n  python = \"PATH\"")
     conn = Connection(target, python)
+    try:
+        return _checked(conn, target, python)
+    except InputError:
+        conn.close()  # its ControlMaster must not outlive the refusal
+        raise
+
+
+def _checked(conn, target, python):
+    """`conn` once the cluster has answered with this trajflow, else InputError."""
+    import trajflow
     try:
         proc = conn.remote_side("version", timeout=120)
     except ConnectionLost as exc:
@@ -221,6 +230,7 @@ class RemoteRun:
         conn = connect(target, python)
         proc = conn.remote_side("start", *argv)
         if proc.returncode != 0:
+            conn.close()
             message = proc.stderr.strip() or f"exit {proc.returncode}"
             raise InputError(f"on {target}: " + re.sub(r"^trajflow: error: ", "", message))
         started = _answer(proc)
