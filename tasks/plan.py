@@ -72,6 +72,9 @@ class RunPlan:
     # a truncated last input analysed by its whole frames (--allow-truncated): the
     # damage as found, and how many frames MDAnalysis counts in the files
     truncated: Optional[dict] = None
+    # io h5md in a campaign: one H5MD copy of the inputs for all its experiments,
+    # made by the first split task that needs it (the others wait and reuse it)
+    shared_h5md: Optional[str] = None
     # the resolved atoms; kept in selection.npz beside plan.json, not in it
     selected: Optional[dict] = dataclasses.field(default=None, repr=False, compare=False)
 
@@ -103,7 +106,8 @@ class RunPlan:
             return {k: data[k] for k in data.files}
 
     def h5md_path(self) -> str:
-        return self.path("split", "trajectory.h5md")
+        """io h5md: the run's own copy in split/, or the campaign's shared one."""
+        return self.shared_h5md or self.path("split", "trajectory.h5md")
 
     def part_path(self, name: str) -> str:
         """A block (tasks mode) or gathered (MPI mode) result before reduce."""

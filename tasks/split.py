@@ -7,9 +7,12 @@
 Every output is written under a temporary name and renamed when whole.
 """
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -55,27 +58,67 @@ def write_segment(plan, u, block, timer):
         os.replace(tmp, final)
 
 
+CONVERSION_SECONDS = "trajflow_conversion_s"  # a root attribute of the H5MD copy
+
+
 def convert_h5md(plan, u, timer):
-    """All frames, all atoms, into one H5MD file, chunk by chunk."""
+    """All frames, all atoms, into one H5MD file, chunk by chunk. A campaign's shared
+    copy is made once: the first task converts under a lock, the others wait for
+    it and reuse it, recording the converting task's time (kept in the file) so
+    that strategies still compare with the conversion counted."""
     final = plan.h5md_path()
-    tmp = f"{final}.tmp{os.getpid()}"
-    # the box of every frame goes with it: an H5MD without it would silently
-    # give analyses that apply the minimum image the wrong answer
-    periodic = u.trajectory.ts.dimensions is not None
-    reader = TrajectoryBlockReader(u.trajectory, np.arange(len(u.atoms)), need_boxes=periodic)
-    writer = H5MDWriter(tmp, len(u.atoms), plan.n_frames, plan.compression, periodic=periodic)
+    os.makedirs(os.path.dirname(final), exist_ok=True)
+    with exclusive(final + ".lock") if plan.shared_h5md else contextlib.nullcontext():
+        if os.path.exists(final):  # written whole and renamed, so complete
+            timer.info["conversion_reused_s"] = reuse_h5md(plan, final)
+            return
+        tmp = f"{final}.tmp{os.getpid()}"
+        # the box of every frame goes with it: an H5MD without it would silently
+        # give analyses that apply the minimum image the wrong answer
+        periodic = u.trajectory.ts.dimensions is not None
+        reader = TrajectoryBlockReader(u.trajectory, np.arange(len(u.atoms)), need_boxes=periodic)
+        writer = H5MDWriter(tmp, len(u.atoms), plan.n_frames, plan.compression, periodic=periodic)
+        try:
+            chunks = reader.chunks(0, plan.n_frames, chunk_size(plan.chunk_frames, len(u.atoms)))
+            while True:
+                with timer.phase("io"):
+                    chunk = next(chunks, None)
+                if chunk is None:
+                    break
+                with timer.phase("convert"):
+                    writer.write(chunk.times, chunk.coords, chunk.boxes, chunk.steps)
+            writer.file.attrs[CONVERSION_SECONDS] = time.time() - timer.t_start
+        finally:
+            writer.close()
+        os.replace(tmp, final)
+
+
+def reuse_h5md(plan, path):
+    """The seconds the existing copy took to make, once it is checked to hold the plan's frames."""
+    import h5py
+    with h5py.File(path, "r") as f:
+        shape = f["particles/trajectory/position/value"].shape
+        seconds = float(f.attrs.get(CONVERSION_SECONDS, 0.0))
+    if shape != (plan.n_frames, plan.n_atoms, 3):
+        raise SystemExit(f"split: the H5MD copy {path} holds {shape[0]} frames of {shape[1]} "
+                         f"atoms, the plan {plan.n_frames} of {plan.n_atoms}: it was made "
+                         "from other inputs; delete it and run again")
+    return seconds
+
+
+@contextlib.contextmanager
+def exclusive(path):
+    """flock(2) on `path` while inside. Where the file system has no locks, none:
+    two tasks then both convert and the last rename wins (same content)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        chunks = reader.chunks(0, plan.n_frames, chunk_size(plan.chunk_frames, len(u.atoms)))
-        while True:
-            with timer.phase("io"):
-                chunk = next(chunks, None)
-            if chunk is None:
-                break
-            with timer.phase("convert"):
-                writer.write(chunk.times, chunk.coords, chunk.boxes, chunk.steps)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
     finally:
-        writer.close()
-    os.replace(tmp, final)
+        os.close(fd)
 
 
 def my_blocks(plan, block, rank, size):

@@ -27,6 +27,17 @@ def run_spec(spec, env=None, timeout=300):
                           timeout=timeout)
 
 
+def run_side_by_side(specs, env=None, timeout=300):
+    """Start the specs at once, as the pilot runs a stage; raise with stderr if any fails."""
+    procs = [subprocess.Popen(_argv(spec), env=_env(env), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for spec in specs]
+    outputs = [proc.communicate(timeout=timeout) for proc in procs]
+    for spec, proc, (out, err) in zip(specs, procs, outputs):
+        if proc.returncode != 0:  # mpiexec says which rank died, and how, on stdout
+            raise RuntimeError(f"{spec.name} exited {proc.returncode}:\n"
+                               f"{out[-1500:]}\n{err[-3000:]}")
+
+
 def run_stages(plan, plan_path, env=None, timeout=300, side_by_side=False):
     """Run split, analyze and reduce in order; raise with stderr if any task fails.
     `side_by_side`: a stage's tasks at once, as the pilot runs them (quicker;
@@ -34,13 +45,10 @@ def run_stages(plan, plan_path, env=None, timeout=300, side_by_side=False):
     for stage, specs in stage_specs(plan, plan_path).items():
         batches = [specs] if side_by_side else [[spec] for spec in specs]
         for batch in batches:
-            procs = [subprocess.Popen(_argv(spec), env=_env(env), stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True) for spec in batch]
-            outputs = [proc.communicate(timeout=timeout) for proc in procs]
-            for spec, proc, (out, err) in zip(batch, procs, outputs):
-                if proc.returncode != 0:  # mpiexec says which rank died, and how, on stdout
-                    raise RuntimeError(f"{stage}/{spec.name} exited {proc.returncode}:\n"
-                                       f"{out[-1500:]}\n{err[-3000:]}")
+            try:
+                run_side_by_side(batch, env, timeout)
+            except RuntimeError as exc:
+                raise RuntimeError(f"{stage}/{exc}") from None
     return plan.result_path()
 
 

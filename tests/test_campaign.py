@@ -195,6 +195,10 @@ def test_a_campaign_runs_your_own_analysis_with_its_args(tmp_path, adk):
     assert campaign.analysis == f"{tmp_path / 'mine.py'}:radius_of_gyration"
     todo, _ = plan_experiments(campaign, str(tmp_path / "camp"), resume=False)
     assert len(todo) == 24 and all(p.analysis_args == {"select": "name CA"} for p in todo.values())
+    # the 8 h5md experiments share one H5MD copy in the campaign folder; the others have none
+    shared = {p.shared_h5md for e, p in todo.items() if e.io == "h5md"}
+    assert len(shared) == 1 and shared.pop().startswith(str(tmp_path / "camp" / "shared") + os.sep)
+    assert all(p.shared_h5md is None for e, p in todo.items() if e.io != "h5md")
     plan = next(p for e, p in todo.items() if e.io == "split" and e.ranks == 2)
     os.makedirs(plan.workdir)
     run_stages(plan, write_plan(plan))

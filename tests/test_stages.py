@@ -12,6 +12,7 @@ TRR and a DCD of the solvated system (its unit cell read per frame instead
 of by the raw DCD path) run every io x mode with 3 blocks.
 """
 
+import json
 import os
 
 import h5py
@@ -134,3 +135,38 @@ def test_rmsd_over_h5md_or_dcd_runs_without_importing_mdanalysis(tmp_path, adk, 
                                                 trajectories=[adk_xtc[1]]))  # xtc.py reads it
     assert not needs_mdanalysis(SimpleNamespace(io="shared", builtin=True, analysis="rmsd",
                                                 trajectories=[adk[1]]))
+
+
+def test_a_campaigns_shared_h5md_copy_is_made_once(tmp_path, solvated, reference_results):
+    """Two h5md runs naming one shared copy (as a campaign's experiments do) start their
+    split tasks together: one converts, under a lock, the other waits and reuses the
+    copy, charged the conversion's time; both results equal MDAnalysis (periodic system)."""
+    from stages import run_side_by_side, run_stages
+    from trajflow.workflows.advice import prepare_seconds
+    from trajflow.workflows.pipeline import stage_specs
+    from trajflow.workflows.planning import make_plan, write_plan
+    top, traj = solvated
+    shared = str(tmp_path / "shared" / "trajectory.h5md")
+    runs = []
+    for i, (analysis, mode) in enumerate([("rmsd", "mpi"), ("dihedrals", "tasks")]):
+        plan = make_plan(top, [traj], analysis, str(tmp_path / f"run{i}"), io="h5md", mode=mode,
+                         blocks=2, cpus=2, chunk_frames=4)
+        plan.shared_h5md = shared
+        runs.append((plan, write_plan(plan)))
+    run_side_by_side([spec for plan, path in runs for spec in stage_specs(plan, path)["split"]])
+    records = [json.load(open(plan.profile_path("split.h5md.rank_00000"))) for plan, _ in runs]
+    converted = [r for r in records if "conversion_reused_s" not in r]
+    reused = [r for r in records if "conversion_reused_s" in r]
+    assert len(converted) == 1 and len(reused) == 1, records
+    assert converted[0]["t_convert"] > 0 and reused[0]["t_convert"] == 0
+    assert reused[0]["conversion_reused_s"] == pytest.approx(converted[0]["t_total"], rel=0.2)
+    assert prepare_seconds(reused) == reused[0]["conversion_reused_s"]
+    assert not os.path.exists(runs[0][0].path("split", "trajectory.h5md"))
+    assert sorted(os.listdir(tmp_path / "shared")) == ["trajectory.h5md", "trajectory.h5md.lock"]
+    for plan, path in runs:
+        try:
+            check_result(run_stages(plan, path, side_by_side=True),
+                         reference_results(top, [traj], plan.analysis), plan.analysis, 2, "h5md",
+                         plan.mode, PERIODIC_TOLERANCE)
+        finally:
+            plan.lock.release()

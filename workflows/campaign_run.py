@@ -90,7 +90,15 @@ def plan_experiments(campaign: Campaign, cdir: str, resume: bool):
                             repeat=e.repeat, compression=campaign.compression or None,
                             chunk_frames=campaign.chunk, new_out=False, inputs=inputs,
                             analysis_args=campaign.analysis_args)
+        if e.io == "h5md":
+            todo[e].shared_h5md = shared_h5md_path(cdir, inputs.checksum, campaign.compression)
     return todo, kept
+
+
+def shared_h5md_path(cdir, checksum, compression):
+    """The campaign's one H5MD copy of its inputs (each h5md experiment wrote its own
+    376 MB copy of the same file, seen); named by the inputs, so other inputs never reuse it."""
+    return os.path.join(cdir, "shared", f"trajectory-{checksum[:16]}-{compression or 'none'}.h5md")
 
 
 def prepare_dir(campaign: Campaign, out: str, resume: bool) -> str:

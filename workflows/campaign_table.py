@@ -2,7 +2,8 @@
 
 Times are the analyze stage as the job sees it, the slowest rank's (t_total,
 t_IO, t_compute, t_wait, t_comm as Khoshlessan et al. 2019 define them);
-t_prepare is the split or H5MD conversion before it, shown apart. S(N) and
+t_prepare is the split or H5MD conversion before it, shown apart (the campaign's
+one shared H5MD conversion is charged to every experiment that used it). S(N) and
 E(N) compare an experiment with the mean over repeats of the fewest-ranks
 experiment of the same resource and strategy (analysis, io, mode, gather,
 workload repeat), only where a strategy ran at two or more rank counts;
@@ -13,7 +14,7 @@ import json
 import os
 import statistics
 
-from .advice import comparison_line
+from .advice import comparison_line, prepare_seconds
 from .execute import read_outcome
 from .inspection import fmt_or_na, find_stragglers, load_run, slowest_rank_phases, speedup
 
@@ -47,7 +48,7 @@ def experiment_rows(cdir):
             phases = slowest_rank_phases(records)
             if phases:
                 row.update({"t_total": phases["total"],
-                            "t_prepare": sum(r["t_total"] for r in records if r["task"] == "split"),
+                            "t_prepare": prepare_seconds(records),
                             "t_IO": phases["io"],
                             "t_compute": phases["compute"], "t_wait": phases["wait"],
                             "t_comm": phases["comm"], "t_open": phases["open"],
