@@ -11,7 +11,6 @@ import contextlib
 import fcntl
 import json
 import os
-import sys
 import time
 
 import numpy as np

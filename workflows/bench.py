@@ -142,29 +142,40 @@ def bench_dihedrals(top, paths, repeats, loop_frames):
     return r
 
 
+def slowest_analyze_rank_s(plan):
+    """The analyze stage's slowest rank's t_total, from its profile records."""
+    totals = []
+    for b in range(plan.n_blocks):
+        with open(plan.profile_path(f"analyze.block_{b:05d}")) as fh:
+            totals.append(json.loads(fh.readline())["t_total"])
+    return max(totals)
+
+
+def mpiexec_stage_s(plan, plan_path, launches):
+    """The analyze stage of a written MPI plan under plain `mpiexec -n N`, `launches`
+    times: the slowest rank's t_total of each launch."""
+    from .pipeline import stage_specs, task_environment
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    spec = stage_specs(plan, plan_path)["analyze"][0]
+    times = []
+    for _ in range(launches):
+        subprocess.run([mpiexec, "-n", str(plan.n_blocks)] + spec.argv(sys.executable), check=True,
+                       env={**os.environ, **task_environment()})
+        times.append(slowest_analyze_rank_s(plan))
+    return times
+
+
 def bench_parallel(top, dcd, workdir, launches=5):
     """The analyze stage alone under mpiexec -n 1 and -n 2: the slowest rank's t_total
     per launch, best of `launches` (the stage takes a twentieth of a second on a shared
     2-core VM: one descheduled rank would otherwise decide the ratio); the median
     launch's efficiency is reported beside it."""
     from .planning import make_plan, write_plan
-    from .pipeline import stage_specs, task_environment
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     times = {}
     for n in (1, 2):
         plan = make_plan(top, [dcd], "rmsd", os.path.join(workdir, f"parallel_{n}"),
                          mode="mpi", blocks=n, cpus=n)
-        plan_path = write_plan(plan)
-        spec = stage_specs(plan, plan_path)["analyze"][0]
-        times[n] = []
-        for _ in range(launches):
-            subprocess.run([mpiexec, "-n", str(n)] + spec.argv(sys.executable), check=True,
-                           env={**os.environ, **task_environment()})
-            totals = []
-            for b in range(n):
-                with open(plan.profile_path(f"analyze.block_{b:05d}")) as fh:
-                    totals.append(json.loads(fh.readline())["t_total"])
-            times[n].append(max(totals))
+        times[n] = mpiexec_stage_s(plan, write_plan(plan), launches)
     one, two = min(times[1]), min(times[2])
     return {"analyze_1rank_s": one, "analyze_2rank_s": two, "efficiency_2": one / (2 * two),
             "efficiency_2_median": float(np.median(times[1]) / (2 * np.median(times[2]))),
@@ -383,10 +394,28 @@ def run_bench(copies=100, repeats=3, loop_frames=200, workdir=None, with_paralle
     return result
 
 
+def run_bench_large(gb=2.0, launches=3, with_entk=True, startup_launches=5, workdir=None):
+    """The gigabyte-scale case (bench_large.py) and a task's start-up and exit."""
+    import tempfile
+    import MDAnalysis as mda
+    from .bench_large import run_large
+    from .datasets import adk_files
+    warnings.filterwarnings("ignore")
+    result = {"system": {"machine": platform.machine(), "python": platform.python_version(),
+                         "cpus": os.cpu_count(), "numpy": np.__version__,
+                         "MDAnalysis": mda.__version__, "launches": launches}}
+    result.update(run_large(gb, launches, with_entk, workdir))
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        result["startup"] = bench_startup(*adk_files(), tmp, startup_launches)
+    return result
+
+
 def ratios(result):
     """The comparisons the targets are stated in: (label, value, target text)."""
-    r, d = result["rmsd"], result["dihedrals"]
     rows = []
+    if "rmsd" not in result:
+        return rows
+    r, d = result["rmsd"], result["dihedrals"]
 
     def ratio(label, a, b, target):
         if a is not None and b is not None and b > 0:
@@ -408,9 +437,16 @@ def ratios(result):
 
 
 def format_table(result):
-    lines = [f"AdK x{result['system']['n_frames'] // 98}: {result['system']['n_frames']} frames, "
-             f"{result['system']['n_atoms']} atoms, {result['system']['n_ca']} CA"]
+    lines = []
+    if "rmsd" in result:
+        lines.append(f"AdK x{result['system']['n_frames'] // 98}: {result['system']['n_frames']} "
+                     f"frames, {result['system']['n_atoms']} atoms, {result['system']['n_ca']} CA")
+    if "large" in result:
+        from .bench_large import format_large
+        lines += format_large(result)
     for section in ("rmsd", "dihedrals"):
+        if section not in result:
+            continue
         lines.append(f"\n{section} (us per frame)")
         for key, value in result[section].items():
             lines.append(f"  {key:34s} {'n/a' if value is None else f'{value:12.2f}'}")
@@ -445,7 +481,8 @@ def format_table(result):
             lines.append(f"  a further one-block run on a kept pilot (campaigns): "
                          f"{e['run_on_kept_pilot_s']:.1f} s; two runs on one pilot "
                          f"{e['two_runs_total_s']:.1f} s in all")
-    lines.append("\nratios")
+    if "rmsd" in result:
+        lines.append("\nratios")
     for label, value, target in ratios(result):
         lines.append(f"  {label:50s} {value:10.2f}   target {target}")
     return "\n".join(lines)

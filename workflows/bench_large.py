@@ -1,0 +1,195 @@
+"""`trajflow bench --scale large`: XTC, DCD and H5MD at gigabyte scale, side by side.
+
+MDAnalysisTests' solvated AdK (GRO/XTC: 47,681 atoms, protein first, 10 frames,
+triclinic box) repeated until the XTC holds `gb` GB, written once into the cache
+as XTC, DCD and H5MD with the same frames (the DCD and H5MD are ~3.5x the XTC).
+Per format, CA RMSD: trajflow's analyze stage under plain mpiexec with 1 and 2
+ranks (the slowest rank's t_total, best of `launches`) against MDAnalysis'
+`RMSD.run()` serial and `run(backend="multiprocessing", n_workers=2)`, one
+after another in this process; every result is checked against MDAnalysis'
+before a number is reported. Then the XTC 2-rank analyze stage inside a kept
+local pilot against the same stage under plain mpiexec.
+"""
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+import warnings
+
+import numpy as np
+
+from .datasets import cache_dir, solvated_concatenated
+
+FORMATS = ("xtc", "dcd", "h5md")
+FRAMES_PER_COPY = 10  # the solvated AdK XTC of MDAnalysisTests
+
+
+def large_copies(gb):
+    """How many copies of the 10-frame solvated XTC make an XTC of `gb` GB."""
+    from MDAnalysisTests.datafiles import XTC
+    return max(1, math.ceil(gb * 1e9 / os.path.getsize(XTC)))
+
+
+def disk_needed(copies):
+    """Bytes the three files take: the XTC as its source compresses, DCD and H5MD 12 bytes an atom."""
+    from MDAnalysisTests.datafiles import XTC
+    frames = copies * FRAMES_PER_COPY
+    return {"xtc": copies * os.path.getsize(XTC), "dcd": frames * (47681 * 12 + 80),
+            "h5md": frames * (47681 * 12 + 64)}
+
+
+def build_large(gb, say=print):
+    """The three files in the cache (built where missing): {"top", fmt: path, "build_s"}."""
+    copies = large_copies(gb)
+    need = disk_needed(copies)
+    missing = {f: n for f, n in need.items()
+               if not os.path.exists(os.path.join(cache_dir(), f"solvated_x{copies}.{f}"))}
+    free = shutil.disk_usage(cache_dir()).free
+    if sum(missing.values()) > 0.95 * free:
+        from .errors import InputError
+        raise InputError(f"the large benchmark needs {sum(missing.values()) / 1e9:.1f} GB more in "
+                         f"{cache_dir()} and {free / 1e9:.1f} GB are free: free some space, point "
+                         "TRAJFLOW_CACHE at a larger disk, or lower --large-gb")
+    if missing:
+        say(f"building the large case once: solvated AdK x{copies} = {copies * FRAMES_PER_COPY} "
+            f"frames as {', '.join(missing)} ({sum(missing.values()) / 1e9:.1f} GB in {cache_dir()})")
+    t0 = time.time()
+    out = {}
+    for fmt in FORMATS:
+        out["top"], out[fmt] = solvated_concatenated(copies, fmt.upper())
+    import MDAnalysis as mda
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mda.Universe(out["top"], out["xtc"])  # MDAnalysis' offsets, which our XTC reader reuses
+    out["build_s"] = time.time() - t0
+    out["copies"] = copies
+    out["bytes"] = {f: os.path.getsize(out[f]) for f in FORMATS}
+    if missing:
+        say(f"  built in {out['build_s']:.0f} s")
+    return out
+
+
+def mda_rmsd(top, path, n_workers):
+    """(seconds, rmsd) of MDAnalysis' RMSD of CA over the file, serial or multiprocessing."""
+    import MDAnalysis as mda
+    from MDAnalysis.analysis import rms
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        u = mda.Universe(top, path)
+        t0 = time.perf_counter()
+        r = rms.RMSD(u, select="name CA")
+        if n_workers == 1:
+            r.run()
+        else:
+            r.run(backend="multiprocessing", n_workers=n_workers)
+        return time.perf_counter() - t0, r.results.rmsd[:, 2]
+
+
+def our_plan(files, fmt, n, workdir):
+    """An rmsd plan over the format's file: io shared (our XTC and DCD readers), or io
+    h5md reading the prepared H5MD as its copy (no conversion)."""
+    from .planning import make_plan, write_plan
+    traj = files["xtc"] if fmt == "h5md" else files[fmt]
+    plan = make_plan(files["top"], [traj], "rmsd", os.path.join(workdir, f"{fmt}_{n}"),
+                     io="h5md" if fmt == "h5md" else "shared", mode="mpi", blocks=n, cpus=n)
+    if fmt == "h5md":
+        plan.shared_h5md = files["h5md"]
+    path = write_plan(plan)
+    plan.lock.release()
+    return plan, path
+
+
+def our_result(plan, path):
+    """Reduce the last launch's parts into result.h5 and read its rmsd."""
+    from .pipeline import stage_specs, task_environment
+    from .results import open_result
+    spec = stage_specs(plan, path)["reduce"][0]
+    subprocess.run(spec.argv(sys.executable), check=True, env={**os.environ, **task_environment()})
+    return open_result(plan.workdir)["rmsd"]
+
+
+def check_equal(ours, theirs, what):
+    if ours.shape != theirs.shape or not np.allclose(ours, theirs, atol=1e-4, rtol=0):
+        raise RuntimeError(f"{what}: trajflow's RMSD differs from MDAnalysis' (max "
+                           f"{np.max(np.abs(ours - theirs)) if ours.shape == theirs.shape else ours.shape} Å); "
+                           "no numbers are reported for a wrong answer")
+
+
+def bench_format(files, fmt, workdir, launches):
+    from .bench import mpiexec_stage_s
+    n_frames = files["copies"] * FRAMES_PER_COPY
+    ours = {}
+    for n in (1, 2):
+        plan, path = our_plan(files, fmt, n, workdir)
+        ours[n] = min(mpiexec_stage_s(plan, path, launches))
+        result = our_result(plan, path)
+    mda_path = files[fmt]
+    serial_s, serial = mda_rmsd(files["top"], mda_path, 1)
+    mp2_s, mp2 = mda_rmsd(files["top"], mda_path, 2)
+    check_equal(result, serial, f"{fmt}, 2 ranks")
+    check_equal(mp2, serial, f"{fmt}, MDAnalysis' 2 workers")
+    us = lambda s: s / n_frames * 1e6  # noqa: E731
+    return {"ours_1rank_us": us(ours[1]), "ours_2rank_us": us(ours[2]),
+            "mda_serial_us": us(serial_s), "mda_mp2_us": us(mp2_s),
+            "efficiency_2": ours[1] / (2 * ours[2]),
+            "ours_2rank_bytes_per_s": files["bytes"][fmt] / ours[2],
+            "mda_serial_bytes_per_s": files["bytes"][fmt] / serial_s,
+            "file_bytes": files["bytes"][fmt], "n_frames": n_frames}
+
+
+def pilot_vs_mpiexec(files, workdir, launches):
+    """The XTC analyze stage with 2 ranks, the slowest rank's t_total, median of `launches`:
+    inside one kept local pilot (the runs one after another) and under plain mpiexec."""
+    from .bench import mpiexec_stage_s, slowest_analyze_rank_s
+    from .execute import run_plans
+    plan, path = our_plan(files, "xtc", 2, os.path.join(workdir, "mpiexec"))
+    mpiexec_s = float(np.median(mpiexec_stage_s(plan, path, launches)))
+    runs = [(f"r{k}",) + our_plan(files, "xtc", 2, os.path.join(workdir, f"pilot{k}"))
+            for k in range(launches)]
+    report = run_plans(runs, "local.localhost", 30, 2, one_at_a_time=True,
+                       session_root=os.path.join(workdir, "pilot"))
+    if not report.ok:
+        raise RuntimeError("the pilot runs of the large benchmark failed: "
+                           + "; ".join(o.describe() for o in report.failed))
+    pilot_s = float(np.median([slowest_analyze_rank_s(p) for _, p, _ in runs]))
+    return {"pilot_s": pilot_s, "mpiexec_s": mpiexec_s, "ratio": pilot_s / mpiexec_s,
+            "launches": launches}
+
+
+def run_large(gb=2.0, launches=3, with_entk=True, workdir=None, say=print):
+    import tempfile
+    files = build_large(gb, say)
+    out = {"large": {"copies": files["copies"], "build_s": files["build_s"]}}
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        for fmt in FORMATS:
+            say(f"  {fmt}: trajflow 1 and 2 ranks, MDAnalysis serial and 2 workers ...")
+            out["large"][fmt] = bench_format(files, fmt, tmp, launches)
+        if with_entk:
+            say("  the XTC analyze stage in a kept local pilot and under mpiexec ...")
+            out["pilot_vs_mpiexec"] = pilot_vs_mpiexec(files, tmp, launches)
+    return out
+
+
+def format_large(result):
+    lg = result["large"]
+    x = lg["xtc"]
+    lines = [f"\nlarge: solvated AdK x{lg['copies']} = {x['n_frames']} frames of 47,681 atoms "
+             f"(CA RMSD; built once in {lg['build_s']:.0f} s)",
+             f"  {'format':6s} {'GB':>6s} {'ours 1 rank':>12s} {'ours 2 ranks':>13s} "
+             f"{'MDA serial':>11s} {'MDA 2 workers':>14s} {'E(2)':>5s} {'MB/s 2 ranks':>13s}  (us per frame)"]
+    for fmt in FORMATS:
+        r = lg[fmt]
+        lines.append(f"  {fmt:6s} {r['file_bytes'] / 1e9:6.2f} {r['ours_1rank_us']:12.0f} "
+                     f"{r['ours_2rank_us']:13.0f} {r['mda_serial_us']:11.0f} {r['mda_mp2_us']:14.0f} "
+                     f"{r['efficiency_2']:5.2f} {r['ours_2rank_bytes_per_s'] / 1e6:13.0f}")
+    lines.append(f"  XTC: MDA serial / ours 1 rank {x['mda_serial_us'] / x['ours_1rank_us']:.1f} "
+                 f"(target >= 5); MDA 2 workers / ours 2 ranks {x['mda_mp2_us'] / x['ours_2rank_us']:.1f} "
+                 f"(target >= 3); DCD E(2) {lg['dcd']['efficiency_2']:.2f} (target >= 0.9)")
+    if "pilot_vs_mpiexec" in result:
+        p = result["pilot_vs_mpiexec"]
+        lines.append(f"  the XTC analyze stage, 2 ranks (medians of {p['launches']}): in a kept "
+                     f"local pilot {p['pilot_s']:.2f} s, under plain mpiexec {p['mpiexec_s']:.2f} s: "
+                     f"{p['ratio']:.2f}x (target <= 1.05)")
+    return lines
