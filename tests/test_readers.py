@@ -101,6 +101,32 @@ def test_dcd_other_layouts_go_through_mdanalysis(adk, tmp_path):
         list(reader.chunks(0, 10, 10))
 
 
+@pytest.mark.parametrize("select", ["name CA", "protein and index 0:9", "all", "index 47600:47680"])
+def test_dcd_rows_or_whole_frames_match_mdanalysis(solvated_dcd, select, tmp_path):
+    """A selection that ends early in the solvated system's frames (the protein before
+    its water) is read as each coordinate record's rows up to its last atom, others
+    as whole frames; both equal MDAnalysis bit for bit over batches, and a damaged
+    record marker is found by either way."""
+    top, path = solvated_dcd
+    u = mda.Universe(top, path)
+    idx = u.select_atoms(select).indices
+    dcd = DCDFile.from_header(path)
+    rows = 3 * 4 * (idx.max() + 2) <= dcd.frame_size // 4
+    assert rows == (select in ("name CA", "protein and index 0:9"))
+    reader = TrajectoryBlockReader(open_trajectory([path]), idx)
+    assert isinstance(reader.parts[0], DCDFile)
+    frames, times, coords = collect(reader, 1, u.trajectory.n_frames, 4)
+    ref_t, ref_x = mda_frames(top, [path], idx, 1, u.trajectory.n_frames)
+    np.testing.assert_array_equal(times, ref_t)
+    np.testing.assert_array_equal(coords, ref_x)
+    data = open(path, "rb").read()
+    record = dcd.header_size + 3 * dcd.frame_size + 56 + (4 * dcd.n_atoms + 8)  # frame 3's y marker
+    damaged = tmp_path / "damaged.dcd"
+    damaged.write_bytes(data[:record] + np.int32(12).tobytes() + data[record + 4:])
+    with pytest.raises(OSError, match="not 47681 atoms"):
+        list(TrajectoryBlockReader(open_trajectory([str(damaged)]), idx).chunks(0, 5, 5))
+
+
 @pytest.mark.parametrize("select", ["name CA", "all", "index 47600:47680", "protein and index 0:9"])
 def test_selective_xtc_reader_matches_mdanalysis(solvated, select, tmp_path):
     """trajflow's XTC reader (xtc.py, decoding each frame only up to the last atom

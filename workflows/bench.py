@@ -142,13 +142,18 @@ def bench_dihedrals(top, paths, repeats, loop_frames):
     return r
 
 
-def slowest_analyze_rank_s(plan):
-    """The analyze stage's slowest rank's t_total, from its profile records."""
-    totals = []
+def analyze_records(plan):
+    """The analyze ranks' (blocks') profile records of the run's last launch."""
+    records = []
     for b in range(plan.n_blocks):
         with open(plan.profile_path(f"analyze.block_{b:05d}")) as fh:
-            totals.append(json.loads(fh.readline())["t_total"])
-    return max(totals)
+            records.append(json.loads(fh.readline()))
+    return records
+
+
+def slowest_analyze_rank_s(plan):
+    """The analyze stage's slowest rank's t_total, from its profile records."""
+    return max(r["t_total"] for r in analyze_records(plan))
 
 
 def mpiexec_stage_s(plan, plan_path, launches):

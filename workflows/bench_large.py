@@ -68,6 +68,8 @@ def build_large(gb, say=print):
     out["bytes"] = {f: os.path.getsize(out[f]) for f in FORMATS}
     if missing:
         say(f"  built in {out['build_s']:.0f} s")
+    else:
+        out["build_s"] = None  # built by an earlier run
     return out
 
 
@@ -120,10 +122,12 @@ def check_equal(ours, theirs, what):
 def bench_format(files, fmt, workdir, launches):
     from .bench import mpiexec_stage_s
     n_frames = files["copies"] * FRAMES_PER_COPY
+    from .bench import analyze_records
     ours = {}
     for n in (1, 2):
         plan, path = our_plan(files, fmt, n, workdir)
         ours[n] = min(mpiexec_stage_s(plan, path, launches))
+        read = sum(r.get("read_bytes") or 0 for r in analyze_records(plan))
         result = our_result(plan, path)
     mda_path = files[fmt]
     serial_s, serial = mda_rmsd(files["top"], mda_path, 1)
@@ -134,28 +138,83 @@ def bench_format(files, fmt, workdir, launches):
     return {"ours_1rank_us": us(ours[1]), "ours_2rank_us": us(ours[2]),
             "mda_serial_us": us(serial_s), "mda_mp2_us": us(mp2_s),
             "efficiency_2": ours[1] / (2 * ours[2]),
-            "ours_2rank_bytes_per_s": files["bytes"][fmt] / ours[2],
-            "mda_serial_bytes_per_s": files["bytes"][fmt] / serial_s,
+            "ours_2rank_read_bytes": read, "ours_2rank_bytes_per_s": read / ours[2],
             "file_bytes": files["bytes"][fmt], "n_frames": n_frames}
 
 
 def pilot_vs_mpiexec(files, workdir, launches):
     """The XTC analyze stage with 2 ranks, the slowest rank's t_total, median of `launches`:
-    inside one kept local pilot (the runs one after another) and under plain mpiexec."""
+    inside one kept local pilot (the runs one after another) and under plain mpiexec;
+    and what every other process on this machine (RADICAL's agent and client, EnTK,
+    this one) used of the CPUs while the ranks ran, in cores."""
     from .bench import mpiexec_stage_s, slowest_analyze_rank_s
     from .execute import run_plans
     plan, path = our_plan(files, "xtc", 2, os.path.join(workdir, "mpiexec"))
     mpiexec_s = float(np.median(mpiexec_stage_s(plan, path, launches)))
     runs = [(f"r{k}",) + our_plan(files, "xtc", 2, os.path.join(workdir, f"pilot{k}"))
             for k in range(launches)]
-    report = run_plans(runs, "local.localhost", 30, 2, one_at_a_time=True,
-                       session_root=os.path.join(workdir, "pilot"))
+    with CpuSampler() as cpu:
+        report = run_plans(runs, "local.localhost", 30, 2, one_at_a_time=True,
+                           session_root=os.path.join(workdir, "pilot"))
     if not report.ok:
         raise RuntimeError("the pilot runs of the large benchmark failed: "
                            + "; ".join(o.describe() for o in report.failed))
+    others = [cpu.cores_besides(*analyze_window(p), "trajflow.tasks.analyze") for _, p, _ in runs]
     pilot_s = float(np.median([slowest_analyze_rank_s(p) for _, p, _ in runs]))
     return {"pilot_s": pilot_s, "mpiexec_s": mpiexec_s, "ratio": pilot_s / mpiexec_s,
-            "launches": launches}
+            "other_processes_cores": float(np.median(others)), "launches": launches}
+
+
+def analyze_window(plan):
+    """[first analyze rank's start, last one's stop] of a run, from its profile records."""
+    from .bench import analyze_records
+    records = analyze_records(plan)
+    return min(r["t_start"] for r in records), max(r["t_stop"] for r in records)
+
+
+class CpuSampler:
+    """Every process' CPU seconds on this machine, read from /proc every `every` s in a
+    thread: what the processes around the ranks took while they ran."""
+
+    def __init__(self, every=0.2):
+        import threading
+        self.every, self.samples = every, []  # (time, {pid: (cpu s, cmdline)})
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self):
+        tick = os.sysconf("SC_CLK_TCK")
+        while not self._stop.is_set():
+            now, snap = time.time(), {}
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    with open(f"/proc/{pid}/stat") as fh:
+                        fields = fh.read().rsplit(")", 1)[1].split()
+                    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                        cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
+                except OSError:  # gone meanwhile
+                    continue
+                snap[pid] = ((int(fields[11]) + int(fields[12])) / tick, cmd)
+            self.samples.append((now, snap))
+            self._stop.wait(self.every)
+
+    def cores_besides(self, t0, t1, exclude):
+        """CPU used in [t0, t1] by the processes whose command line lacks `exclude`, in cores."""
+        inside = [s for s in self.samples if t0 <= s[0] <= t1]
+        if len(inside) < 2:
+            return float("nan")
+        (a_t, a), (b_t, b) = inside[0], inside[-1]
+        used = sum(cpu - a.get(pid, (0.0, ""))[0] for pid, (cpu, cmd) in b.items()
+                   if exclude not in cmd)
+        return used / (b_t - a_t)
 
 
 def run_large(gb=2.0, launches=3, with_entk=True, workdir=None, say=print):
@@ -175,15 +234,19 @@ def run_large(gb=2.0, launches=3, with_entk=True, workdir=None, say=print):
 def format_large(result):
     lg = result["large"]
     x = lg["xtc"]
+    built = ("built by an earlier run" if lg["build_s"] is None
+             else f"built now in {lg['build_s']:.0f} s")
     lines = [f"\nlarge: solvated AdK x{lg['copies']} = {x['n_frames']} frames of 47,681 atoms "
-             f"(CA RMSD; built once in {lg['build_s']:.0f} s)",
+             f"(CA RMSD; files {built})",
              f"  {'format':6s} {'GB':>6s} {'ours 1 rank':>12s} {'ours 2 ranks':>13s} "
-             f"{'MDA serial':>11s} {'MDA 2 workers':>14s} {'E(2)':>5s} {'MB/s 2 ranks':>13s}  (us per frame)"]
+             f"{'MDA serial':>11s} {'MDA 2 workers':>14s} {'E(2)':>5s} {'GB read':>8s} "
+             f"{'MB/s':>6s}  (us per frame; what our 2 ranks read of the file, and how fast)"]
     for fmt in FORMATS:
         r = lg[fmt]
         lines.append(f"  {fmt:6s} {r['file_bytes'] / 1e9:6.2f} {r['ours_1rank_us']:12.0f} "
                      f"{r['ours_2rank_us']:13.0f} {r['mda_serial_us']:11.0f} {r['mda_mp2_us']:14.0f} "
-                     f"{r['efficiency_2']:5.2f} {r['ours_2rank_bytes_per_s'] / 1e6:13.0f}")
+                     f"{r['efficiency_2']:5.2f} {r['ours_2rank_read_bytes'] / 1e9:8.2f} "
+                     f"{r['ours_2rank_bytes_per_s'] / 1e6:6.0f}")
     lines.append(f"  XTC: MDA serial / ours 1 rank {x['mda_serial_us'] / x['ours_1rank_us']:.1f} "
                  f"(target >= 5); MDA 2 workers / ours 2 ranks {x['mda_mp2_us'] / x['ours_2rank_us']:.1f} "
                  f"(target >= 3); DCD E(2) {lg['dcd']['efficiency_2']:.2f} (target >= 0.9)")
@@ -191,5 +254,7 @@ def format_large(result):
         p = result["pilot_vs_mpiexec"]
         lines.append(f"  the XTC analyze stage, 2 ranks (medians of {p['launches']}): in a kept "
                      f"local pilot {p['pilot_s']:.2f} s, under plain mpiexec {p['mpiexec_s']:.2f} s: "
-                     f"{p['ratio']:.2f}x (target <= 1.05)")
+                     f"{p['ratio']:.2f}x (target <= 1.05); meanwhile every other process "
+                     f"(RADICAL's agent and client, EnTK) used {p['other_processes_cores']:.2f} "
+                     f"of this machine's {os.cpu_count()} cores")
     return lines
