@@ -13,7 +13,7 @@ KEYS = {"rmsd": ["ours_compute_us", "mdtraj_compute_us", "mda_loop_compute_us", 
         "dihedrals": ["ours_compute_us", "seed_loop_compute_us", "mda_calc_dihedrals_compute_us",
                       "ours_e2e_dcd_us"],
         "parallel": ["analyze_1rank_s", "analyze_2rank_s", "efficiency_2"],
-        "startup": ["warm_start_s", "fresh_start_s", "exit_s", "prepare_s", "jit_start_s"],
+        "startup": ["warm_start_s", "fresh_start_s", "exit_s", "prepare_s", "jit_start_s", "mpi_exit_s"],
         "user_analysis": ["ours_2rank_stage_s", "ours_2rank_wall_s", "mda_mp2_s", "n_frames"]}
 
 
