@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import h5py
@@ -194,6 +195,10 @@ def test_bad_input_on_the_cluster_side_exits_2_with_its_message(cluster):
         from_python.stdout + from_python.stderr
     not_a_host = workstation("status", os.path.join(WORKSTATION, "nowhere"))
     assert not_a_host.returncode == 2 and "is not a remote run" in not_a_host.stderr
+    no_batch = workstation(*run_args(cluster, "nobatch", "--remote-batch"))  # local.localhost
+    assert no_batch.returncode == 2 and "has no 'batch' access schema" in no_batch.stderr, \
+        no_batch.stderr
+    assert not os.path.exists(f"/home/{CLUSTER}/runs/nobatch $HOME 'q'")  # refused before planning
     assert_workstation_side_gone()  # no SSH connection outlives a refusal
 
 
@@ -222,6 +227,72 @@ def test_remote_run_on_slurm_fetched_then_one_cancelled(cluster, adk, slurm):
     assert ": failed on" in status.stdout, status.stdout
 
 
+def test_remote_batch_run_has_its_client_in_a_slurm_job_then_one_cancelled(cluster, adk, slurm):
+    """--remote-batch: the run's client goes into a SLURM job of its own and starts the
+    pilot in that job's allocation (RADICAL's batch access schema; no second job); the
+    run is followed, fetched and equal to MDAnalysis. A second one cancelled while it
+    runs (scancel of its client's job) leaves no process and no job."""
+    done = workstation(*run_args(cluster, "batch", "--remote-batch", "--resource", "local.slurm"))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    local = os.path.join(WORKSTATION, "batch")
+    assert_fetched_run(local, adk)
+    job = json.load(open(os.path.join(local, "remote.json")))["batch_job"]
+    assert f"its client in batch job {job}" in done.stderr
+    assert f"the run's client in batch job {job} on" in open(os.path.join(local, "client.log")).read()
+    accounting = subprocess.run(["sacct", "-n", "-X", "-u", CLUSTER, "-o", "JobID,JobName%60"],
+                                capture_output=True, text=True).stdout
+    if accounting.strip():  # where accounting is kept: the client's job was the only one
+        assert [line.split()[0] for line in accounting.splitlines()
+                if "trajflow-batch" in line] == [job], accounting
+    assert not _squeue(CLUSTER)
+    local = os.path.join(WORKSTATION, "batch-cancelled")
+    started = workstation(*run_args(cluster, "batch-cancelled", "--detach", "--remote-batch",
+                                    "--resource", "local.slurm"))
+    assert started.returncode == 0, started.stderr
+    job = json.load(open(os.path.join(local, "remote.json")))["batch_job"]
+    t0 = time.time()  # its client started (the pilot inside takes ~15 s more): cancel now
+    while _job_state(job) != "RUNNING" and time.time() - t0 < 180:
+        time.sleep(0.5)
+    assert _job_state(job) == "RUNNING", _job_state(job)
+    cancelled = workstation("cancel", local)
+    assert cancelled.returncode == 0 and "cancelled on" in cancelled.stdout, \
+        cancelled.stdout + cancelled.stderr
+    assert not _squeue(CLUSTER), "the client's batch job outlived the cancel"
+    assert_nothing_left_of_the_run()
+    assert ": failed on" in workstation("status", local).stdout
+
+
+def test_the_client_job_keeps_every_path_as_it_is(tmp_path):
+    """The batch job's options go on sbatch's command line, its command through bash
+    exactly as given: spaces, quotes, $ and % in paths."""
+    import argparse
+    import shlex
+    from trajflow.tasks.plan import RunPlan
+    from trajflow.workflows.remote_side import batch_job
+    rundir = str(tmp_path / "runs" / "a b $HOME 'q' 5%")
+    plan = RunPlan(workdir=rundir, topology="t", trajectories=["x"], analysis="rmsd",
+                   selection="name CA", io="shared", mode="mpi", gather="gatherv", n_frames=1,
+                   n_atoms=1, blocks=[(0, 1)])
+    args = argparse.Namespace(cpus=4, walltime=30, queue="debug", project=None)
+    argv = ["--topology", "/data/a b.psf", "--out", rundir]
+    options, script = batch_job(plan, args, argv, cores_per_node=None)
+    assert options[:2] == ["--ntasks=4", "--time=35"]
+    assert f"--output={rundir.replace('%', '%%')}/client.log" in options
+    assert "--partition=debug" in options and not any(o.startswith("--account") for o in options)
+    exec_line = script.splitlines()[-1]
+    assert shlex.split(exec_line)[1:] == [sys.executable, "-m", "trajflow.workflows.remote_side",
+                                          "job", rundir, *argv]
+    echoed = subprocess.run(["bash", "-c", exec_line.replace("exec ", "printf '%s\\n' ", 1)],
+                            capture_output=True, text=True).stdout.splitlines()
+    assert echoed[-len(argv) - 1:] == [rundir, *argv]
+    assert batch_job(plan, args, argv, cores_per_node=128)[0][:2] == ["--nodes=1", "--exclusive"]
+
+
+def _job_state(job):
+    out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True)
+    return out.stdout.strip()
+
+
 def _squeue(user):
     out = subprocess.run(["squeue", "-h", "-u", user, "-o", "%i"], capture_output=True, text=True)
     return out.stdout.split()
@@ -241,3 +312,20 @@ def test_the_run_arguments_sent_to_the_cluster_leave_out_the_workstations_own():
     assert (conn.destination, conn.port) == ("me@host", "2200")
     with pytest.raises(Exception, match=r"give \[user@\]host\[:port\]"):
         Connection("me@host:port", "/opt/py")
+
+
+def test_the_remote_python_comes_from_the_host_or_the_resource_settings(tmp_path, monkeypatch):
+    from trajflow.workflows.errors import InputError
+    from trajflow.workflows.remote import default_python
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert default_python("me@login.hpc.org", "access.expanse") is None  # no settings file
+    settings = tmp_path / ".config" / "trajflow" / "remote.toml"
+    settings.parent.mkdir(parents=True)
+    settings.write_text('[hosts."login.hpc.org"]\npython = "/home/me/venv/bin/python"\n'
+                        '[resources."access.expanse"]\npython = "/expanse/venv/bin/python"\n')
+    assert default_python("me@login.hpc.org:2222", "access.expanse") == "/home/me/venv/bin/python"
+    assert default_python("me@login.expanse.org", "access.expanse") == "/expanse/venv/bin/python"
+    assert default_python("me@elsewhere.org", "local.slurm") is None
+    settings.write_text("[hosts\n")
+    with pytest.raises(InputError, match="not TOML"):
+        default_python("me@login.hpc.org")

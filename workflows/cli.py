@@ -80,6 +80,9 @@ def add_resource_options(p):
     p.add_argument("--client-timeout", type=float, default=300, metavar="S",
                    help="a guard running with the pilot ends it when this trajflow process has "
                         "been gone S seconds (killed, its machine lost); 0: no guard (default: 300)")
+    p.add_argument("--access-schema", default=None, metavar="NAME",
+                   help="one of the resource config's access schemas (default: its default); "
+                        "batch: trajflow runs inside a batch job and the pilot uses its allocation")
     p.add_argument("--keep-sandbox", action="store_true",
                    help="keep the pilot's RADICAL sandbox (default: removed at the end; RUNDIR "
                         "keeps every task's profile, stdout and stderr)")
@@ -207,6 +210,8 @@ def _validate_resource(args):
     from . import resources
     try:
         resources.check_resource(args.resource)
+        if args.access_schema:
+            resources.check_access_schema(args.resource, args.access_schema)
     except ValueError as exc:
         raise InputError(str(exc))
 
@@ -228,7 +233,7 @@ def _run_and_report(plans, args, path, resume=False):
     try:
         with Pilot(args.resource, args.cpus, args.walltime, args.queue, args.project, path=path,
                    progress=not args.quiet, client_timeout=args.client_timeout,
-                   keep_sandbox=args.keep_sandbox) as pilot:
+                   keep_sandbox=args.keep_sandbox, access_schema=args.access_schema) as pilot:
             futures = {pilot.submit_plan(plan, retries=args.retries, resume=resume): plan
                        for plan in plans}
             pilot.close(wait=False)  # no more runs: the pilot ends with the last one
@@ -311,6 +316,10 @@ def run_planned(plan, args):
 
 
 def cmd_run(args):
+    if args.remote_batch and not args.remote:
+        raise InputError("--remote-batch needs --remote HOST: it submits the run's client as a "
+                         "batch job there (here, run trajflow inside your own job with "
+                         "--access-schema batch)")
     if args.remote:
         from . import remote
         return remote.cmd_run_remote(args)

@@ -132,9 +132,11 @@ class Pilot:
 
     def __init__(self, resource="local.localhost", cpus=None, walltime=30, queue=None,
                  project=None, *, path=None, progress=True,
-                 client_timeout=DEFAULT_CLIENT_TIMEOUT_S, keep_sandbox=False):
+                 client_timeout=DEFAULT_CLIENT_TIMEOUT_S, keep_sandbox=False, access_schema=None):
         try:
             resources.check_resource(resource)
+            if access_schema:
+                resources.check_access_schema(resource, access_schema)
         except ValueError as exc:
             raise InputError(str(exc))
         if cpus is None:
@@ -150,7 +152,8 @@ class Pilot:
             raise InputError(f"client_timeout={client_timeout}: give seconds >= 0 (0: no guard)")
         self.client_timeout, self.keep_sandbox = client_timeout, keep_sandbox
         self.resource, self.cpus, self.walltime = resource, int(cpus), walltime
-        self.description = resources.resource_description(resource, walltime, cpus, queue, project)
+        self.description = resources.resource_description(resource, walltime, cpus, queue, project,
+                                                          access_schema)
         self.path = os.path.abspath(path or f"trajflow-pilot-{time.strftime('%Y%m%d-%H%M%S')}")
         self._progress = Progress(progress)
         self._process = None

@@ -35,7 +35,8 @@ FETCHED = ("result.h5", "plan.json", "outcome.json", "report.html", "client.log"
 ENDED = ("done", "failed")  # said once the run's client has ended too (its report written)
 SETTINGS = os.path.join("~", ".config", "trajflow", "remote.toml")
 # trajflow run's options that concern the workstation, not the run (and their values)
-_LOCAL_OPTIONS = {"--remote": 1, "--remote-python": 1, "--detach": 0, "--local": 1}
+_LOCAL_OPTIONS = {"--remote": 1, "--remote-python": 1, "--detach": 0, "--local": 1,
+                  "--remote-batch": 0}
 
 
 class ConnectionLost(RuntimeError):
@@ -111,20 +112,23 @@ def _answer(proc):
     return json.loads(lines[-1]) if lines else {}
 
 
-def default_python(target):
-    """The cluster's Python for `target` from ~/.config/trajflow/remote.toml
-    ([hosts."user@host"] or [hosts."host"], python = "..."), or None."""
+def default_python(target, resource=None):
+    """The cluster's Python for `target` from ~/.config/trajflow/remote.toml, or None:
+    the host's entry ([hosts."user@host"] or [hosts."host"], python = "..."), else
+    the resource's ([resources."site.machine"], python = "...")."""
     import tomllib
     path = os.path.expanduser(SETTINGS)
     try:
         with open(path, "rb") as fh:
-            hosts = tomllib.load(fh).get("hosts", {})
+            settings = tomllib.load(fh)
     except FileNotFoundError:
         return None
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{path}: not TOML ({exc})")
+    hosts = settings.get("hosts", {})
     host = target.split(":")[0]
-    entry = hosts.get(target) or hosts.get(host) or hosts.get(host.split("@")[-1]) or {}
+    entry = (hosts.get(target) or hosts.get(host) or hosts.get(host.split("@")[-1])
+             or settings.get("resources", {}).get(resource) or {})
     return entry.get("python")
 
 
@@ -221,14 +225,15 @@ class RemoteRun:
         return self._conn
 
     @classmethod
-    def start(cls, target, python, argv, local_dir):
+    def start(cls, target, python, argv, local_dir, batch=False):
         """Plan and start a run on the cluster (InputError with the cluster's message for
-        bad input); its local folder records where it lives."""
+        bad input); its local folder records where it lives. `batch`: its client runs
+        in a batch job of its own, the pilot in that job's allocation."""
         local_dir = os.path.abspath(local_dir)
         if os.path.exists(os.path.join(local_dir, REMOTE_FILE)):
             raise InputError(f"{local_dir} already follows a remote run: give another --local")
         conn = connect(target, python)
-        proc = conn.remote_side("start", *argv)
+        proc = conn.remote_side("start", *(["--batch"] if batch else []), *argv)
         if proc.returncode != 0:
             conn.close()
             message = proc.stderr.strip() or f"exit {proc.returncode}"
@@ -236,7 +241,8 @@ class RemoteRun:
         started = _answer(proc)
         os.makedirs(local_dir, exist_ok=True)
         where = {"target": target, "python": python or conn.python, "remote_dir": started["rundir"],
-                 "host": started["host"], "client_pid": started["pid"], "started": time.time()}
+                 "host": started["host"], "client_pid": started["pid"],
+                 "batch_job": started.get("batch_job"), "started": time.time()}
         with open(os.path.join(local_dir, REMOTE_FILE), "w", encoding="utf-8") as fh:
             json.dump(where, fh, indent=1)
         return cls(local_dir, conn)
@@ -306,13 +312,15 @@ class RemoteRun:
 def submit_remote(remote, topology, trajectory, analysis, *, out, remote_python=None,
                   local=None, resource="local.localhost", cpus=2, walltime=30, select=None,
                   args=None, io="shared", mode="mpi", gather="gatherv", blocks=None,
-                  retries=1) -> RemoteRun:
+                  retries=1, queue=None, project=None, batch=False) -> RemoteRun:
     """Start a run on the cluster `remote` ([user@]host[:port]) and return at once.
 
     Every path is a path on the cluster; `analysis` is a name or a file or module
     there. InputError (the cluster's message) for bad input, before any pilot.
     ``.follow()`` then waits, printing the cluster's progress, and fetches the run
     into `local` (default ./NAME of `out`): it returns (Run, bytes fetched).
+    `batch`: the run's client goes into a SLURM job of its own (the pilot then
+    uses that job's allocation) instead of staying on the login node.
 
         >>> run = trajflow.submit_remote("me@login.cluster.org", "/scratch/me/sys.psf",
         ...                              "/scratch/me/md.dcd", "rmsd", out="/scratch/me/r1",
@@ -326,12 +334,14 @@ def submit_remote(remote, topology, trajectory, analysis, *, out, remote_python=
             "--analysis", str(analysis), "--out", str(out), "--resource", resource,
             "--cpus", str(cpus), "--walltime", str(walltime), "--io", io, "--mode", mode,
             "--gather", gather, "--retries", str(retries)]
-    for flag, value in (("--select", select), ("--blocks", blocks),
+    for flag, value in (("--select", select), ("--blocks", blocks), ("--queue", queue),
+                        ("--project", project),
                         ("--analysis-args", json.dumps(args) if args is not None else None)):
         if value is not None:
             argv += [flag, str(value)]
     local = local or os.path.basename(os.path.normpath(str(out)))
-    return RemoteRun.start(remote, remote_python, argv, local)
+    return RemoteRun.start(remote, remote_python or default_python(remote, resource), argv, local,
+                           batch)
 
 
 # --- the command line ---------------------------------------------------------
@@ -341,7 +351,12 @@ def add_remote_options(p):
                         "goes on without this machine (see `trajflow status/follow/fetch/cancel`)")
     p.add_argument("--remote-python", default=None, metavar="PATH",
                    help=f"with --remote: the python of the cluster's trajflow virtualenv "
-                        f"(default: the host's entry in {SETTINGS})")
+                        f"(default: the host's entry in {SETTINGS}, else the --resource's)")
+    p.add_argument("--remote-batch", action="store_true",
+                   help="with --remote: run the client in a batch job of its own (sbatch), its "
+                        "pilot in that job's allocation (RADICAL's batch access schema), for "
+                        "sites that end long processes on login nodes (default: the client stays "
+                        "on the login node, detached)")
     p.add_argument("--detach", action="store_true",
                    help="with --remote: return as soon as the run has started")
     p.add_argument("--local", default=None, metavar="DIR",
@@ -368,8 +383,11 @@ def cmd_run_remote(args):
     if not (args.out or args.resume):
         raise InputError("--remote needs --out, the run's folder on the cluster")
     local = args.local or os.path.basename(os.path.normpath(args.out or args.resume))
-    with RemoteRun.start(args.remote, args.remote_python, run_argv(args.argv[1:]), local) as run:
-        print(f"trajflow: started on {run.target} ({run.where['host']}): {run.remote_dir}; "
+    python = args.remote_python or default_python(args.remote, args.resource)
+    with RemoteRun.start(args.remote, python, run_argv(args.argv[1:]), local,
+                         args.remote_batch) as run:
+        job = f", its client in batch job {run.where['batch_job']}" if run.where.get("batch_job") else ""
+        print(f"trajflow: started on {run.target} ({run.where['host']}): {run.remote_dir}{job}; "
               f"following it here in {run.local}", file=sys.stderr)
         if args.detach:
             print(f"detached; the run goes on on {run.target}:\n  " + _hint(run.local))
@@ -407,6 +425,8 @@ def cmd_status(args):
     with RemoteRun(args.rundir) as run:
         state = run.status(log_offset=1 << 62)  # no log: the state only
     frames = f"{state['frames_done']}/{state['frames_total']} frames analysed"
+    if state.get("batch_job_pending"):
+        frames += f"; its client's batch job {state['batch_job_pending']} waits in the queue"
     error = (state.get("outcome") or {}).get("error")
     print(f"{run.local}: {state['state']} on {run.target} ({frames})"
           + (f": {error}" if error else ""))

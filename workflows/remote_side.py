@@ -1,7 +1,8 @@
 """The cluster's half of a remote run: what the workstation asks over SSH.
 
     python -m trajflow.workflows.remote_side version
-    python -m trajflow.workflows.remote_side start RUN-ARGS...   (trajflow run's options)
+    python -m trajflow.workflows.remote_side start [--batch] RUN-ARGS...   (trajflow run's options)
+    python -m trajflow.workflows.remote_side job RUNDIR RUN-ARGS...   (inside the batch job)
     python -m trajflow.workflows.remote_side status RUNDIR [LOG_OFFSET]
     python -m trajflow.workflows.remote_side cancel RUNDIR
 
@@ -11,15 +12,27 @@ run's client into its own session with its output in RUNDIR/client.log, so it
 outlives the SSH connection and the workstation; the client keeps the pilot
 guard (it, not the workstation, is the pilot's client). RUNDIR/client.json
 names it by pid and start time, which `status` and `cancel` check.
+
+With --batch the client is not left on the login node (sites kill long
+processes there) but submitted as a batch job of its own (RUNDIR/client.sbatch,
+SLURM) that runs `job`: the run's client inside the job, its pilot started in
+that job's allocation through RADICAL's "batch" access schema. client.json
+then names the job, which `status` (squeue) and `cancel` (scancel) ask.
 """
 import json
+import math
 import os
+import shlex
 import signal
 import socket
+import subprocess
 import sys
 import time
 
-CLIENT_FILE, CLIENT_LOG = "client.json", "client.log"
+CLIENT_FILE, CLIENT_LOG, BATCH_SCRIPT = "client.json", "client.log", "client.sbatch"
+JOB_MARGIN_MIN = 5  # the client's job outlives its pilot by this: start-up, teardown, report
+LIVE_JOB_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
+                   "RESIZING", "SIGNALING", "STAGE_OUT")
 
 
 def _answer(value):
@@ -33,12 +46,17 @@ def version():
     return 0
 
 
-def start(run_argv):
-    """Plan as `trajflow run` does, then leave the run's client running, detached."""
+def start(run_argv, batch=False):
+    """Plan as `trajflow run` does, then leave the run's client running, detached
+    (`batch`: submitted as a batch job of its own)."""
     from . import cli
     args = cli.build_parser().parse_args(["run"] + run_argv)
     try:
+        if batch:
+            check_batch(args)
         plan = cli.plan_from_args(args)
+        if batch:
+            return submit_client_job(plan, args, run_argv)
     except cli.InputError as exc:
         print(f"trajflow: error: {exc}", file=sys.stderr)
         return cli.EXIT_INPUT
@@ -69,6 +87,91 @@ def start(run_argv):
     os._exit(code)
 
 
+def check_batch(args):
+    """InputError unless the run's resource can run its client in a SLURM job."""
+    from . import resources
+    from .errors import InputError
+    if args.resume:
+        raise InputError("--remote-batch starts new runs; resume one with --remote alone")
+    try:
+        resources.check_resource(args.resource)
+        resources.check_access_schema(args.resource, "batch")
+    except ValueError as exc:
+        raise InputError(f"--remote-batch: {exc}")
+    manager = resources.merged_config(args.resource).get("resource_manager")
+    if manager != "SLURM":
+        raise InputError(f"--remote-batch submits the client with sbatch, and {args.resource} "
+                         f"is {manager or 'no batch system'}, not SLURM: use --remote alone")
+
+
+def batch_job(plan, args, run_argv, cores_per_node=None):
+    """(sbatch options, script) of the client's job: the pilot's cores, its walltime and
+    JOB_MARGIN_MIN more. The options go on sbatch's command line, not in #SBATCH lines,
+    so that paths with spaces or quotes arrive as they are."""
+    if cores_per_node:
+        options = [f"--nodes={math.ceil(args.cpus / cores_per_node)}", "--exclusive"]
+    else:
+        options = [f"--ntasks={args.cpus}"]
+    log = os.path.join(plan.workdir, CLIENT_LOG).replace("%", "%%")  # sbatch's % patterns
+    options += [f"--time={args.walltime + JOB_MARGIN_MIN}", f"--output={log}",
+                "--open-mode=append", f"--job-name=trajflow-{os.path.basename(plan.workdir)}"[:64]]
+    if args.queue:
+        options.append(f"--partition={args.queue}")
+    if args.project:
+        options.append(f"--account={args.project}")
+    command = [sys.executable, "-m", "trajflow.workflows.remote_side", "job", plan.workdir,
+               *run_argv]
+    script = ["#!/bin/bash", "# the run's client, submitted by trajflow as:",
+              "#   sbatch " + shlex.join(options) + " " + BATCH_SCRIPT, "exec " + shlex.join(command)]
+    return options, "\n".join(script) + "\n"
+
+
+def submit_client_job(plan, args, run_argv):
+    """Write the plan and RUNDIR/client.sbatch and sbatch it; client.json names the
+    job, whose client resumes the planned run (nothing of it has run yet)."""
+    import shutil
+    from . import resources
+    from .errors import InputError
+    from .planning import write_plan
+    from trajflow.tasks.client_guard import _record
+    cfg = resources.merged_config(args.resource)
+    write_plan(plan)
+    options, script = batch_job(plan, args, run_argv, cfg.get("cores_per_node"))
+    path = os.path.join(plan.workdir, BATCH_SCRIPT)
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(script)
+    plan.lock.release()  # the job's client takes it
+    proc = subprocess.run(["sbatch", "--parsable", *options, path], capture_output=True, text=True)
+    if proc.returncode != 0:
+        shutil.rmtree(plan.workdir, ignore_errors=True)  # planned just now: nothing half-left
+        raise InputError(f"sbatch refused the run's client job: {proc.stderr.strip()[-500:]}")
+    job = proc.stdout.strip().split(";")[0]
+    _record(os.path.join(plan.workdir, CLIENT_FILE), batch_job=job, host=socket.gethostname())
+    _answer({"rundir": plan.workdir, "pid": None, "batch_job": job, "host": socket.gethostname()})
+    return 0
+
+
+def job(rundir, run_argv):
+    """Inside the batch job: the run's client, its pilot on this job's allocation."""
+    from . import cli
+    args = cli.build_parser().parse_args(["run"] + run_argv + ["--resume", rundir,
+                                                               "--access-schema", "batch"])
+    print(f"trajflow: the run's client in batch job {os.environ.get('SLURM_JOB_ID')} on "
+          f"{socket.gethostname()}", flush=True)
+    code = cli.run_guarded(lambda a: cli.run_planned(cli.plan_from_args(a), a), args)
+    from trajflow.tasks.client_guard import _record
+    _record(os.path.join(rundir, "client_exit.json"), code=code)
+    return code
+
+
+def job_state(job_id):
+    """SLURM's state of a job (PENDING, RUNNING, ...), or None once it has left the queue."""
+    proc = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True,
+                          text=True)
+    state = proc.stdout.strip()
+    return state or None
+
+
 def _read_json(path):
     try:
         with open(path, encoding="utf-8") as fh:
@@ -78,10 +181,20 @@ def _read_json(path):
 
 
 def client_alive(rundir):
-    """Whether the run's client (client.json) still runs: same pid, same start time."""
+    """Whether the run's client (client.json) still runs: same pid, same start time;
+    or its batch job is still in the queue."""
     from trajflow.tasks.client_guard import _alive
     client = _read_json(os.path.join(rundir, CLIENT_FILE))
+    if client and client.get("batch_job"):
+        return job_state(client["batch_job"]) in LIVE_JOB_STATES
     return bool(client) and _alive(client["pid"], client["start_time"])
+
+
+def waiting_job(rundir):
+    """The client's batch job while it waits in the queue, else None."""
+    client = _read_json(os.path.join(rundir, CLIENT_FILE)) or {}
+    job_id = client.get("batch_job")
+    return job_id if job_id and job_state(job_id) == "PENDING" else None
 
 
 def run_state(rundir):
@@ -117,6 +230,7 @@ def status(rundir, log_offset=0):
     except OSError:
         pass
     _answer({"state": state, "outcome": outcome, "client_alive": client_alive(rundir),
+             "batch_job_pending": waiting_job(rundir),
              "frames_done": frames_done(plan),
              "frames_total": plan.n_frames, "log": log, "log_offset": log_offset})
     return 0
@@ -130,7 +244,10 @@ def cancel(rundir, wait_s=300):
         _answer({"cancelled": False, "state": state, "why": "its client is not running"})
         return 0
     client = _read_json(os.path.join(rundir, CLIENT_FILE))
-    os.kill(client["pid"], signal.SIGTERM)
+    if client.get("batch_job"):  # SLURM signals the client (it cancels its pilot), then ends the job
+        subprocess.run(["scancel", str(client["batch_job"])], capture_output=True)
+    else:
+        os.kill(client["pid"], signal.SIGTERM)
     t0 = time.time()
     while client_alive(rundir) and time.time() - t0 < wait_s:
         time.sleep(0.5)
@@ -146,7 +263,10 @@ def main(argv=None):
     if command == "version":
         return version()
     if command == "start":
-        return start(rest)
+        batch = rest[:1] == ["--batch"]
+        return start(rest[1:] if batch else rest, batch)
+    if command == "job" and rest:
+        return job(rest[0], rest[1:])
     if command == "status" and rest:
         return status(rest[0], int(rest[1]) if len(rest) > 1 else 0)
     if command == "cancel" and rest:

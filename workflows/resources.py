@@ -215,14 +215,29 @@ def is_local(resource: str) -> bool:
     return resource.startswith("local.")
 
 
-def resource_description(resource, walltime, cpus, queue=None, project=None) -> dict:
-    """The pilot description EnTK's AppManager takes."""
+def resource_description(resource, walltime, cpus, queue=None, project=None,
+                         access_schema=None) -> dict:
+    """The pilot description EnTK's AppManager takes. `access_schema`: one of the
+    resource config's schemas (default: its default_schema); "batch" starts the
+    pilot inside the batch job this client runs in, on that job's allocation."""
     desc = {"resource": resource, "walltime": int(walltime), "cpus": int(cpus)}
     if queue:
         desc["queue"] = queue
     if project:
         desc["project"] = project
+    if access_schema:
+        desc["access_schema"] = access_schema
     return desc
+
+
+def check_access_schema(resource, schema):
+    """ValueError unless the resource's config has that access schema."""
+    schemas = (merged_config(resource) or {}).get("schemas") or {}
+    if schema not in schemas:
+        raise ValueError(f"resource {resource!r} has no {schema!r} access schema (it has "
+                         f"{', '.join(sorted(schemas)) or 'none'}); add one to its config, as "
+                         "RADICAL-Pilot's own configs do: \"batch\": {\"job_manager_endpoint\": "
+                         "\"fork://localhost/\", \"filesystem_endpoint\": \"file://localhost/\"}")
 
 
 def task_python(resource: str) -> str:
