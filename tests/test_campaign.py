@@ -239,3 +239,30 @@ def test_strategies_are_compared_at_the_same_rank_count_with_the_conversion_coun
         "a rmsd at N = 1: --io shared --mode mpi --gather gatherv 5.00 s (fastest); "
         "--io h5md --mode mpi --gather gatherv 22.80 s (of which 11.80 s split/convert), "
         "4.6x the fastest"]
+
+
+def test_a_remote_resource_is_planned_on_its_machine_not_here(tmp_path):
+    """A resource with `remote` is run by a campaign there: here its experiments are
+    neither planned nor their inputs read (the paths are the cluster's), only listed;
+    the local resource's are planned as before. remote_python needs remote."""
+    from trajflow.workflows.campaign_run import dry_run, plan_experiments
+    text = BASE.replace('[resources."local.slurm"]\nwalltime = 15\nqueue = "debug"',
+                        '[resources."local.slurm"]\nwalltime = 15\nremote = "me@login.hpc.org:2222"'
+                        '\nremote_out = "/scratch/me/c"')
+    campaign = load_campaign(write(tmp_path, text))
+    assert campaign.remote_labels() == ["local.slurm"]
+    todo, _ = plan_experiments(campaign, str(tmp_path / "camp"), resume=False)
+    assert {e.resource for e in todo} == {"local.localhost"} and len(todo) == 12
+    there = campaign.only("local.slurm")
+    assert list(there.resources) == ["local.slurm"] and not there.resources["local.slurm"].remote
+    assert {e.resource for e in there.experiments} == {"local.slurm"}
+    shown = dry_run(campaign, str(tmp_path / "camp"))["text"]
+    assert "local.slurm: by a campaign on me@login.hpc.org:2222" in shown
+    only_remote = text.replace('[resources."local.localhost"]\nwalltime = 10\n', "")
+    only_remote = only_remote.replace('dataset = "adk"', 'topology = "/nowhere/here.psf"\n'
+                                      'trajectory = "/nowhere/here.dcd"').replace("copies = 1\n", "")
+    assert plan_experiments(load_campaign(write(tmp_path, only_remote, "r.toml")),
+                            str(tmp_path / "c2"), False) == ({}, [])  # nothing read here
+    bad = text.replace('remote = "me@login.hpc.org:2222"\n', "")
+    with pytest.raises(InputError, match="remote_python and remote_out go with remote"):
+        load_campaign(write(tmp_path, bad, "bad.toml"))

@@ -262,6 +262,60 @@ def test_remote_batch_run_has_its_client_in_a_slurm_job_then_one_cancelled(clust
     assert ": failed on" in workstation("status", local).stdout
 
 
+REMOTE_CAMPAIGN = """
+[campaign]
+name = "over-ssh"
+analysis = "rmsd"
+retries = 0
+
+[input]
+topology = "{top}"
+trajectory = "{traj}"
+
+[resources."local.localhost"]
+walltime = 20
+remote = "{target}"
+remote_python = "{python}"
+remote_out = "/home/{cluster}/runs/campaign $HOME"
+
+[factors]
+ranks = [1, 2]
+"""
+
+
+def test_a_campaign_resource_runs_on_the_cluster_and_comes_back(cluster, adk):
+    """A campaign file whose resource is `remote`: the workstation cannot read the inputs
+    (the cluster's home); the experiments are planned and run by a campaign there, and
+    each comes back into the local campaign folder with its result (equal to
+    MDAnalysis), profile and outcome, never its split/ or parts/; campaign.csv has them."""
+    import csv
+    path = os.path.join(WORKSTATION, "remote-campaign.toml")
+    with open(path, "w") as fh:
+        fh.write(REMOTE_CAMPAIGN.format(top=cluster["top"], traj=cluster["traj"], target=TARGET,
+                                        python=f"{VENV}/bin/python", cluster=CLUSTER))
+    shutil.chown(path, WORK)
+    cdir = os.path.join(WORKSTATION, "campaign")
+    proc = workstation("campaign", path, "--out", cdir)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    with open(os.path.join(cdir, "campaign.csv"), newline="") as fh:
+        rows = {row["experiment"]: row for row in csv.DictReader(fh)}
+    assert set(rows) == {f"local.localhost/n{n}-shared-mpi-gatherv-k1-r1" for n in (1, 2)}
+    for exp, row in rows.items():
+        assert row["status"] == "done" and float(row["t_total"]) > 0, row
+        local = os.path.join(cdir, "runs", *exp.split("/"))
+        names = set(os.listdir(local))
+        assert {"result.h5", "plan.json", "outcome.json", "profile"} <= names, names
+        assert not names & {"split", "parts", "progress"}, names
+        assert json.load(open(os.path.join(local, "plan.json")))["workdir"] == local
+        with h5py.File(os.path.join(local, "result.h5")) as f:
+            np.testing.assert_allclose(f["rmsd"][()], expected_rmsd(adk), atol=1e-4)
+    log = open(os.path.join(cdir, "logs", "local.localhost.log")).read()
+    assert f"a campaign on {TARGET}" in log and "ended with exit code 0" in log, log[-2000:]
+    assert os.path.isdir(f"/home/{CLUSTER}/runs/campaign $HOME/runs/local.localhost")
+    assert_workstation_side_gone()
+    assert_nothing_left_of_the_run()
+
+
 def test_the_client_job_keeps_every_path_as_it_is(tmp_path):
     """The batch job's options go on sbatch's command line, its command through bash
     exactly as given: spaces, quotes, $ and % in paths."""

@@ -11,7 +11,10 @@ allowed, so a typo ("rank" for "ranks") is not silently a default.
     [input]                    topology + trajectory (a file or a list), or
                                dataset = "adk" with copies and format (DCD, XTC, H5MD)
     [resources."<label>"]      walltime (minutes, required), cpus, queue, project,
-                               client_timeout (s; the pilot's guard, 0: none; default 300)
+                               client_timeout (s; the pilot's guard, 0: none; default 300),
+                               remote ([user@]host[:port]: this resource's experiments run
+                               by a campaign on that machine over SSH, fetched here),
+                               remote_python, remote_out (its folder there)
     [factors]                  ranks (required), io, mode, gather, repeat: lists of levels
     [[experiments]]            design = "list" only: resource, ranks, io, mode, gather, repeat
 
@@ -43,7 +46,8 @@ SCHEMA = {
     "input": {"topology": (str, False), "trajectory": ([str], False), "dataset": (str, False),
               "copies": (int, False), "format": (str, False)},
     "resource": {"walltime": (int, True), "cpus": (int, False), "queue": (str, False),
-                 "project": (str, False), "client_timeout": (int, False)},
+                 "project": (str, False), "client_timeout": (int, False), "remote": (str, False),
+                 "remote_python": (str, False), "remote_out": (str, False)},
     "factors": {"ranks": ([int], True), "io": ([str], False), "mode": ([str], False),
                 "gather": ([str], False), "repeat": ([int], False)},
     "experiment": {"resource": (str, True), "ranks": (int, False), "io": (str, False),
@@ -86,6 +90,9 @@ class ResourceSpec:
     queue: str = ""
     project: str = ""
     client_timeout: int = 300  # s without the campaign process before the pilot's guard ends it
+    remote: str = ""         # [user@]host[:port]: run by a campaign there, over SSH
+    remote_python: str = ""  # the python of trajflow's virtualenv there
+    remote_out: str = ""     # the campaign folder there
 
 
 @dataclasses.dataclass
@@ -148,6 +155,18 @@ class Campaign:
 
     def _folder(self, out):
         return os.path.abspath(out or os.path.join(os.getcwd(), self.name))
+
+    def only(self, resource: str) -> "Campaign":
+        """This campaign with one resource's experiments only, run on this machine
+        (how the cluster side of a remote resource runs it)."""
+        spec = dataclasses.replace(self.resources[resource], remote="", remote_python="",
+                                   remote_out="")
+        return dataclasses.replace(self, resources={resource: spec},
+                                   experiments=self.on(resource))
+
+    def remote_labels(self) -> List[str]:
+        """The resources whose experiments run by a campaign on another machine."""
+        return [label for label, spec in self.resources.items() if spec.remote]
 
     def on(self, resource: str) -> List[Experiment]:
         return [e for e in self.experiments if e.resource == resource]
@@ -333,9 +352,13 @@ def _check_resources(values):
         if spec.get("client_timeout", 0) < 0:
             raise InputError(f"{where} client_timeout = {spec['client_timeout']}: seconds, "
                              ">= 0 (0: no guard)")
+        if ("remote_python" in spec or "remote_out" in spec) and "remote" not in spec:
+            raise InputError(f"{where}: remote_python and remote_out go with remote = "
+                             "\"[user@]host[:port]\"")
         out[label] = ResourceSpec(label, spec["walltime"], spec.get("cpus", 0),
                                   spec.get("queue", ""), spec.get("project", ""),
-                                  spec.get("client_timeout", 300))
+                                  spec.get("client_timeout", 300), spec.get("remote", ""),
+                                  spec.get("remote_python", ""), spec.get("remote_out", ""))
     return out
 
 

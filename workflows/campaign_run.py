@@ -13,6 +13,7 @@ experiment's RUNDIR gets outcome.json when it ends, which is what the
 progress lines and `--resume` read: a failed experiment is recorded and the
 others go on.
 """
+import contextlib
 import dataclasses
 import json
 import multiprocessing
@@ -51,8 +52,11 @@ def input_files(campaign: Campaign):
 
 
 def check_resources(campaign: Campaign):
+    """Each local resource known and valid (a remote one is checked on its machine)."""
     from . import resources
     for label in campaign.resources:
+        if campaign.resources[label].remote:
+            continue
         try:
             resources.check_resource(label)
         except ValueError as exc:
@@ -67,11 +71,14 @@ def plan_experiments(campaign: Campaign, cdir: str, resume: bool):
     analysis; the others will be run again from the start (a timing
     experiment half from one pilot and half from another measures nothing).
     """
+    local = [e for e in campaign.experiments if not campaign.resources[e.resource].remote]
+    if not local:  # every experiment is planned on its own machine
+        return {}, []
     top, trajs = input_files(campaign)
     inputs = read_inputs(top, trajs, campaign.analysis, campaign.select or None,
                          campaign.analysis_args)  # once for all
     todo, kept = {}, []
-    for e in campaign.experiments:
+    for e in local:
         d = rundir(cdir, e)
         if resume and os.path.exists(os.path.join(d, PLAN_FILE)):
             outcome = read_outcome(d)
@@ -123,6 +130,12 @@ def describe(campaign: Campaign, cdir: str, kept=()) -> str:
     for label in campaign.resources:
         cfg = resources.resource_config(label) or {}
         lm = cfg.get("launch_methods", {}).get("order", [])
+        remote = campaign.resources[label].remote
+        if remote:
+            lines.append(f"\n{label}: by a campaign on {remote} over SSH (planned and checked "
+                         "there), fetched into runs/ here")
+            lines += [f"  {e.id:55s} to run there" for e in campaign.on(label)]
+            continue
         lines.append(f"\n{label}: pilot {json.dumps(campaign.pilot(label))}")
         lines.append(f"  batch system {cfg.get('resource_manager', '?')}, default queue "
                      f"{cfg.get('default_queue') or '-'}, launch methods {', '.join(lm) or '?'}; "
@@ -218,10 +231,16 @@ def run_campaign(campaign: Campaign, out: str, resume=False, progress=True) -> C
     ctx = multiprocessing.get_context("fork")
     for label in campaign.resources:
         mine = [(e, *plans[e]) for e in campaign.on(label) if e in plans]
-        if mine:
+        if campaign.resources[label].remote:
+            from .campaign_remote import run_remote_resource
+            procs[label] = ctx.Process(target=run_remote_resource, name=f"trajflow-{label}",
+                                       args=(campaign, label, cdir, resume))
+        elif mine:
             procs[label] = ctx.Process(target=_run_resource, name=f"trajflow-{label}",
                                        args=(campaign, label, mine, cdir))
-            procs[label].start()
+        else:
+            continue
+        procs[label].start()
     interrupted = _follow(campaign, cdir, procs, kept, progress)
     from .campaign_table import TABLE_FILE, experiment_rows, write_table
     rows = experiment_rows(cdir)
@@ -274,16 +293,23 @@ def _follow(campaign, cdir, procs, kept, progress=True) -> bool:
     return interrupted or any(p.exitcode == EXIT_INTERRUPTED for p in procs.values())
 
 
-def _run_resource(campaign, label, runs, cdir):
-    """One resource's process: its pilot, its experiments; output to logs/<label>.log."""
-    os.setpgid(0, 0)  # out of the terminal's foreground group: Ctrl-C comes from the parent
-    from .execute import run_plans
-    log_dir = os.path.join(cdir, "logs")
-    os.makedirs(log_dir, exist_ok=True)
-    with open(os.path.join(log_dir, f"{label}.log"), "a", buffering=1, encoding="utf-8") as log:
+@contextlib.contextmanager
+def resource_log(cdir, label):
+    """A resource process' output into logs/<label>.log, out of the terminal's
+    foreground group (Ctrl-C comes from the campaign process, once)."""
+    os.setpgid(0, 0)
+    os.makedirs(os.path.join(cdir, "logs"), exist_ok=True)
+    with open(os.path.join(cdir, "logs", f"{label}.log"), "a", buffering=1, encoding="utf-8") as log:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
         sys.stdout, sys.stderr = log, log
+        yield
+
+
+def _run_resource(campaign, label, runs, cdir):
+    """One resource's process: its pilot, its experiments; output to logs/<label>.log."""
+    from .execute import run_plans
+    with resource_log(cdir, label):
         pilot = campaign.pilot(label)
         code, error = EXIT_OK, None
         try:

@@ -143,6 +143,9 @@ def build_parser():
                            "nothing")
     camp.add_argument("--resume", action="store_true",
                       help="keep the experiments of CAMPAIGN_DIR that completed, run the rest")
+    camp.add_argument("--only-resource", default=None, metavar="LABEL",
+                      help="run only this resource's experiments, on this machine even where "
+                           "the file says remote (how a remote resource's campaign runs there)")
     res = sub.add_parser("resources", help="list the resources trajflow can use, or show one",
                          description="List every RADICAL-Pilot resource label (RADICAL's own, "
                                      "trajflow's shipped configs, your ~/.radical), or show the "
@@ -343,6 +346,11 @@ def cmd_demo(args):
 def cmd_campaign(args):
     from .campaign import Campaign
     campaign = Campaign.load(args.file)
+    if args.only_resource:
+        if args.only_resource not in campaign.resources:
+            raise InputError(f"--only-resource {args.only_resource!r}: the file's resources are "
+                             f"{', '.join(campaign.resources)}")
+        campaign = campaign.only(args.only_resource)
     if args.dry_run:
         print(campaign.dry_run(args.out, args.resume)["text"])
         print("\n--dry-run: nothing submitted, no campaign folder written")

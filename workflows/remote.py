@@ -87,11 +87,14 @@ class Connection:
         subprocess.run(self.ssh_command() + ["-O", "exit", self.destination],
                        capture_output=True)
 
-    def fetch(self, remote_dir, local_dir):
-        """rsync the run's own files (FETCHED) here; the bytes that came."""
-        filters = []
+    def fetch(self, remote_dir, local_dir, depth=0):
+        """rsync the run's own files (FETCHED) here; the bytes that came. `depth` 1: of
+        every run folder in `remote_dir` (a campaign's runs of one resource)."""
+        runs = "/*" * depth
+        filters = [f"--include={runs}/"] if depth else []
         for item in FETCHED:
-            filters += [f"--include=/{item}***" if item.endswith("/") else f"--include=/{item}"]
+            filters += [f"--include={runs}/{item}***" if item.endswith("/")
+                        else f"--include={runs}/{item}"]
         proc = subprocess.run(
             ["rsync", "-a", "--protect-args", "-e", shlex.join(self.ssh_command()),
              "--out-format=%i %l", *filters, "--exclude=*",
@@ -294,19 +297,26 @@ class RemoteRun:
         """Bring the run's own files here; the Run, and the bytes fetched."""
         from .runs import Run
         fetched = self.conn.fetch(self.remote_dir, self.local)
-        plan_file = os.path.join(self.local, "plan.json")
-        if os.path.exists(plan_file):  # paths in the local copy point here
-            with open(plan_file, encoding="utf-8") as fh:
-                plan = json.load(fh)
-            plan["workdir"] = self.local
-            with open(plan_file, "w", encoding="utf-8") as fh:
-                json.dump(plan, fh, indent=1)
+        localise_plan(self.local)
         return Run(self.local), fetched
 
     def cancel(self):
         """End the run there: its client cancels the pilot and its batch job."""
         proc = self.conn.remote_side("cancel", self.remote_dir, timeout=600)
         return _answer(proc)
+
+
+def localise_plan(local_dir):
+    """A fetched run's plan.json, its workdir made this folder (inspect and open_run read it)."""
+    plan_file = os.path.join(local_dir, "plan.json")
+    if not os.path.exists(plan_file):
+        return
+    with open(plan_file, encoding="utf-8") as fh:
+        plan = json.load(fh)
+    if plan["workdir"] != local_dir:
+        plan["workdir"] = local_dir
+        with open(plan_file, "w", encoding="utf-8") as fh:
+            json.dump(plan, fh, indent=1)
 
 
 def submit_remote(remote, topology, trajectory, analysis, *, out, remote_python=None,

@@ -3,6 +3,9 @@
     python -m trajflow.workflows.remote_side version
     python -m trajflow.workflows.remote_side start [--batch] RUN-ARGS...   (trajflow run's options)
     python -m trajflow.workflows.remote_side job RUNDIR RUN-ARGS...   (inside the batch job)
+    python -m trajflow.workflows.remote_side campaign-start OUT LABEL TOML-TEXT [--resume]
+    python -m trajflow.workflows.remote_side campaign-status OUT LABEL [LOG_OFFSET]
+    python -m trajflow.workflows.remote_side campaign-cancel OUT
     python -m trajflow.workflows.remote_side status RUNDIR [LOG_OFFSET]
     python -m trajflow.workflows.remote_side cancel RUNDIR
 
@@ -180,11 +183,11 @@ def _read_json(path):
         return None
 
 
-def client_alive(rundir):
+def client_alive(rundir, client_file=CLIENT_FILE):
     """Whether the run's client (client.json) still runs: same pid, same start time;
     or its batch job is still in the queue."""
     from trajflow.tasks.client_guard import _alive
-    client = _read_json(os.path.join(rundir, CLIENT_FILE))
+    client = _read_json(os.path.join(rundir, client_file))
     if client and client.get("batch_job"):
         return job_state(client["batch_job"]) in LIVE_JOB_STATES
     return bool(client) and _alive(client["pid"], client["start_time"])
@@ -257,6 +260,82 @@ def cancel(rundir, wait_s=300):
     return 0 if not alive else 1
 
 
+# --- a campaign resource run here for a campaign on the workstation -----------
+def campaign_files(out):
+    """The campaign file as sent, its client's record and log: beside OUT (which the
+    campaign itself creates), so relative paths in the file resolve against OUT's parent."""
+    out = os.path.abspath(out)
+    stem = os.path.join(os.path.dirname(out), "." + os.path.basename(out))
+    return out, stem + ".campaign.toml", stem + ".client.json", stem + ".client.log"
+
+
+def campaign_start(out, label, text, resume=False):
+    """Check the resource's experiments here (bad input: exit 2, nothing started), then
+    run `trajflow campaign FILE --only-resource LABEL` detached from the SSH session."""
+    from . import cli
+    from .campaign import Campaign
+    from trajflow.tasks.client_guard import _record, start_time
+    out, path, record, log = campaign_files(out)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    from .campaign_run import is_campaign_dir
+    resume = resume and is_campaign_dir(out)  # resumed here, or never started here
+    try:
+        campaign = Campaign.load(path)
+        if label not in campaign.resources:
+            raise cli.InputError(f"the campaign file has no resource {label!r}")
+        campaign.only(label).dry_run(out, resume)
+    except cli.InputError as exc:
+        print(f"trajflow: error: {exc}", file=sys.stderr)
+        return cli.EXIT_INPUT
+    argv = [sys.executable, "-m", "trajflow.workflows.cli", "campaign", path, "--out", out,
+            "--only-resource", label] + (["--resume"] if resume else [])
+    with open(log, "ab") as fh:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=fh,
+                                start_new_session=True)  # the SSH session's end does not reach it
+    _record(record, pid=proc.pid, start_time=start_time(proc.pid), host=socket.gethostname())
+    _answer({"out": out, "pid": proc.pid, "host": socket.gethostname()})
+    return 0
+
+
+def campaign_status(out, label, log_offset=0):
+    """Whether the resource's campaign still runs, and its log (logs/LABEL.log) from the offset."""
+    out, _, record, client_log = campaign_files(out)
+    alive = client_alive(os.path.dirname(record), os.path.basename(record))
+    log = ""
+    try:
+        with open(os.path.join(out, "logs", f"{label}.log"), "rb") as fh:
+            fh.seek(log_offset)
+            data = fh.read(1 << 20)
+            log, log_offset = data.decode("utf-8", "replace"), log_offset + len(data)
+    except OSError:
+        pass
+    tail = ""
+    if not alive:  # how it ended: the campaign's own summary or error
+        try:
+            with open(client_log, "rb") as fh:
+                tail = fh.read()[-3000:].decode("utf-8", "replace")
+        except OSError:
+            pass
+    _answer({"alive": alive, "log": log, "log_offset": log_offset, "ended": tail,
+             "runs": os.path.isdir(os.path.join(out, "runs", label))})
+    return 0
+
+
+def campaign_cancel(out, wait_s=300):
+    """Ctrl-C to the resource's campaign: it cancels its pilot; wait for it to end."""
+    _, _, record, _ = campaign_files(out)
+    folder, name = os.path.dirname(record), os.path.basename(record)
+    if client_alive(folder, name):
+        os.kill(_read_json(record)["pid"], signal.SIGINT)
+    t0 = time.time()
+    while client_alive(folder, name) and time.time() - t0 < wait_s:
+        time.sleep(0.5)
+    _answer({"cancelled": not client_alive(folder, name)})
+    return 0
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     command, rest = (argv[0], argv[1:]) if argv else ("", [])
@@ -267,6 +346,12 @@ def main(argv=None):
         return start(rest[1:] if batch else rest, batch)
     if command == "job" and rest:
         return job(rest[0], rest[1:])
+    if command == "campaign-start" and len(rest) >= 3:
+        return campaign_start(rest[0], rest[1], rest[2], rest[3:] == ["--resume"])
+    if command == "campaign-status" and len(rest) >= 2:
+        return campaign_status(rest[0], rest[1], int(rest[2]) if len(rest) > 2 else 0)
+    if command == "campaign-cancel" and rest:
+        return campaign_cancel(rest[0])
     if command == "status" and rest:
         return status(rest[0], int(rest[1]) if len(rest) > 1 else 0)
     if command == "cancel" and rest:
