@@ -13,6 +13,7 @@ local pilot against the same stage under plain mpiexec.
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -73,20 +74,45 @@ def build_large(gb, say=print):
     return out
 
 
-def mda_rmsd(top, path, n_workers):
-    """(seconds, rmsd) of MDAnalysis' RMSD of CA over the file, serial or multiprocessing."""
-    import MDAnalysis as mda
-    from MDAnalysis.analysis import rms
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        u = mda.Universe(top, path)
-        t0 = time.perf_counter()
-        r = rms.RMSD(u, select="name CA")
-        if n_workers == 1:
-            r.run()
-        else:
-            r.run(backend="multiprocessing", n_workers=n_workers)
-        return time.perf_counter() - t0, r.results.rmsd[:, 2]
+MDA_RMSD = """
+import json, sys, time, warnings
+import numpy as np
+warnings.simplefilter("ignore")
+import MDAnalysis as mda
+from MDAnalysis.analysis import rms
+top, path, n_workers, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+u = mda.Universe(top, path)
+t0 = time.perf_counter()
+r = rms.RMSD(u, select="name CA")
+if n_workers == 1:
+    r.run()
+else:
+    r.run(backend="multiprocessing", n_workers=n_workers)
+seconds = time.perf_counter() - t0
+np.save(out, r.results.rmsd[:, 2])
+print(json.dumps(seconds))
+"""
+
+
+def mda_rmsd(top, path, n_workers, workdir, timeout=3600):
+    """(seconds, rmsd) of MDAnalysis' RMSD of CA over the file, serial or multiprocessing,
+    timed inside a Python of its own, as a user runs it (its worker pool once hung for
+    good when forked from this process, which holds RADICAL's fork hooks and threads)."""
+    import json
+    out = os.path.join(workdir, f"mda_{n_workers}.npy")
+    proc = subprocess.Popen([sys.executable, "-c", MDA_RMSD, top, path, str(n_workers), out],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # its pool's workers with it
+        proc.communicate()
+        raise RuntimeError(f"MDAnalysis' RMSD over {path} ({n_workers} workers) did not end "
+                           f"within {timeout} s; stopped")
+    if proc.returncode != 0:
+        raise RuntimeError(f"MDAnalysis' RMSD over {path} failed: {stderr[-1000:]}")
+    return json.loads(stdout.strip().splitlines()[-1]), np.load(out)
 
 
 def our_plan(files, fmt, n, workdir):
@@ -130,8 +156,8 @@ def bench_format(files, fmt, workdir, launches):
         read = sum(r.get("read_bytes") or 0 for r in analyze_records(plan))
         result = our_result(plan, path)
     mda_path = files[fmt]
-    serial_s, serial = mda_rmsd(files["top"], mda_path, 1)
-    mp2_s, mp2 = mda_rmsd(files["top"], mda_path, 2)
+    serial_s, serial = mda_rmsd(files["top"], mda_path, 1, workdir)
+    mp2_s, mp2 = mda_rmsd(files["top"], mda_path, 2, workdir)
     check_equal(result, serial, f"{fmt}, 2 ranks")
     check_equal(mp2, serial, f"{fmt}, MDAnalysis' 2 workers")
     us = lambda s: s / n_frames * 1e6  # noqa: E731
