@@ -97,12 +97,17 @@ class DCDFile:
             return self._read_rows(idx, lo, hi, rows)
         return self._read_frames(idx, lo, hi)
 
+    def _records(self):
+        """Where the x, y and z records start in a frame (their markers), in 4-byte words."""
+        first = (_CELL_RECORD if self.has_cell else 0) // 4
+        return [first + k * (self.n_atoms + 2) for k in range(3)]
+
     def _read_frames(self, idx, lo, hi):
-        size, n_atoms = self.frame_size, self.n_atoms
+        size = self.frame_size
         if self._buf is None:
             self._buf = np.empty((self.BATCH, size // 4), dtype="<f4")
-        marker = (_CELL_RECORD if self.has_cell else 0) // 4
-        cols = np.concatenate([marker + 1 + k * (n_atoms + 2) + idx for k in range(3)])
+        markers = self._records()
+        cols = np.concatenate([m + 1 + idx for m in markers])
         out = np.empty((hi - lo, 3, idx.size), dtype=np.float32)
         with open(self.filename, "rb", buffering=0) as fh:
             for i in range(lo, hi, self.BATCH):
@@ -111,14 +116,14 @@ class DCDFile:
                 fh.seek(self.header_size + i * size)
                 if fh.readinto(memoryview(buf).cast("B")) != m * size:
                     self._short(i, m)
-                self._check_markers(buf[:, [marker + k * (n_atoms + 2) for k in range(3)]], i, m)
+                self._check_markers(buf[:, markers], i, m)
                 out[i - lo:i - lo + m] = np.take(buf, cols, axis=1).reshape(m, 3, idx.size)
         return out.transpose(0, 2, 1)
 
     def _read_rows(self, idx, lo, hi, rows):
         """Three reads a frame: each coordinate record from its marker to the last atom."""
-        records = [(_CELL_RECORD if self.has_cell else 0) + k * (4 * self.n_atoms + 8)
-                   for k in range(3)]
+        records = [4 * m for m in self._records()]
+        cols = 1 + idx  # past the marker
         buf = np.empty((self.BATCH, 3, rows // 4), dtype="<f4")
         out = np.empty((hi - lo, 3, idx.size), dtype=np.float32)
         fd = os.open(self.filename, os.O_RDONLY)
@@ -131,7 +136,7 @@ class DCDFile:
                         if os.preadv(fd, [buf[j, k]], frame + records[k]) != rows:
                             self._short(i, m)
                 self._check_markers(buf[:m, :, 0], i, m)
-                out[i - lo:i - lo + m] = buf[:m, :, 1 + idx]
+                out[i - lo:i - lo + m] = buf[:m, :, cols]
         finally:
             os.close(fd)
         return out.transpose(0, 2, 1)

@@ -13,7 +13,6 @@ import os
 import signal
 import sys
 import time
-import types
 
 from .execute import read_outcome, record_outcome
 
@@ -27,7 +26,7 @@ def remote_out(campaign, label):
 
 def run_remote_resource(campaign, label, cdir, resume):
     """The resource's process (as campaign_run._run_resource): output to logs/<label>.log."""
-    from .campaign_run import resource_log
+    from .campaign_run import resource_log, rundir
     from .cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
     with resource_log(cdir, label):
         interrupted = []
@@ -37,11 +36,10 @@ def run_remote_resource(campaign, label, cdir, resume):
         except Exception as exc:  # the connection failed for good: recorded, others go on
             error = f"{type(exc).__name__}: {exc}"
         for e in campaign.on(label):
-            d = os.path.join(cdir, "runs", *e.id.split("/"))
+            d = rundir(cdir, e)
             if read_outcome(d) is None:
                 os.makedirs(d, exist_ok=True)
-                record_outcome(types.SimpleNamespace(workdir=d, path=lambda *p, d=d: os.path.join(d, *p)),
-                               "failed", error or "did not run on the remote machine")
+                record_outcome(d, "failed", error or "did not run on the remote machine")
         code = EXIT_INTERRUPTED if interrupted else EXIT_OK if not error else EXIT_FAILED
         print(f"{label}: ended with exit code {code}" + (f": {error}" if error else ""))
     os._exit(code)

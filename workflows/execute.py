@@ -660,16 +660,18 @@ def _write_outcome(plan, outcomes, stopped_at, error, disk_note=""):
 def record_outcome(plan, status, error=None, stopped_at=None, failed_tasks=(), retried_tasks=(),
                    note=None):
     """Write RUNDIR/outcome.json atomically: status "done" or "failed", and why;
-    the tasks that failed for good and those that failed once and were run again."""
-    record = {"run": os.path.basename(plan.workdir), "status": status, "ended": time.time(),
+    the tasks that failed for good and those that failed once and were run again.
+    `plan`: the run's plan, or its RUNDIR (a run planned on another machine)."""
+    rundir = plan if isinstance(plan, str) else plan.workdir
+    record = {"run": os.path.basename(rundir), "status": status, "ended": time.time(),
               "stopped_at": stopped_at, "error": error, "failed_tasks": list(failed_tasks),
               "retried_tasks": list(retried_tasks)}
     if note:
         record["note"] = note
-    tmp = plan.path(OUTCOME_FILE + ".tmp")
+    tmp = os.path.join(rundir, OUTCOME_FILE + ".tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(record, fh, indent=1)
-    os.replace(tmp, plan.path(OUTCOME_FILE))
+    os.replace(tmp, os.path.join(rundir, OUTCOME_FILE))
 
 
 def read_outcome(rundir):

@@ -83,8 +83,7 @@ def start(run_argv, batch=False):
     os.dup2(log, 2)
     sys.stdout = os.fdopen(1, "w", buffering=1)
     sys.stderr = os.fdopen(2, "w", buffering=1)
-    code = cli.run_guarded(lambda a: cli.run_planned(plan, a), args)
-    _record(os.path.join(rundir, "client_exit.json"), code=code)
+    code = run_client(rundir, lambda a: cli.run_planned(plan, a), args)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -161,8 +160,15 @@ def job(rundir, run_argv):
                                                                "--access-schema", "batch"])
     print(f"trajflow: the run's client in batch job {os.environ.get('SLURM_JOB_ID')} on "
           f"{socket.gethostname()}", flush=True)
-    code = cli.run_guarded(lambda a: cli.run_planned(cli.plan_from_args(a), a), args)
+    return run_client(rundir, lambda a: cli.run_planned(cli.plan_from_args(a), a), args)
+
+
+def run_client(rundir, command, args):
+    """The run's client (`command(args)` with trajflow's signals and exit codes); its
+    exit code recorded in RUNDIR/client_exit.json."""
+    from . import cli
     from trajflow.tasks.client_guard import _record
+    code = cli.run_guarded(command, args)
     _record(os.path.join(rundir, "client_exit.json"), code=code)
     return code
 
@@ -183,30 +189,51 @@ def _read_json(path):
         return None
 
 
-def client_alive(rundir, client_file=CLIENT_FILE):
-    """Whether the run's client (client.json) still runs: same pid, same start time;
-    or its batch job is still in the queue."""
+def client_state(record):
+    """The client a record (client.json) names: its batch job's SLURM state (PENDING,
+    RUNNING, ...), RUNNING for a live process (same pid, same start time), or None
+    once it has ended."""
     from trajflow.tasks.client_guard import _alive
-    client = _read_json(os.path.join(rundir, client_file))
-    if client and client.get("batch_job"):
-        return job_state(client["batch_job"]) in LIVE_JOB_STATES
-    return bool(client) and _alive(client["pid"], client["start_time"])
+    client = _read_json(record)
+    if not client:
+        return None
+    if client.get("batch_job"):
+        state = job_state(client["batch_job"])
+        return state if state in LIVE_JOB_STATES else None
+    return "RUNNING" if _alive(client["pid"], client["start_time"]) else None
 
 
-def waiting_job(rundir):
-    """The client's batch job while it waits in the queue, else None."""
-    client = _read_json(os.path.join(rundir, CLIENT_FILE)) or {}
-    job_id = client.get("batch_job")
-    return job_id if job_id and job_state(job_id) == "PENDING" else None
+def client_alive(record):
+    return client_state(record) is not None
 
 
-def run_state(rundir):
+def wait_gone(record, wait_s):
+    """Wait up to `wait_s` for the client to end; whether it still runs."""
+    t0 = time.time()
+    while client_alive(record) and time.time() - t0 < wait_s:
+        time.sleep(0.5)
+    return client_alive(record)
+
+
+def read_log(path, offset):
+    """(text, next offset) of a log from `offset`, at most 1 MiB; ("", offset) if absent."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read(1 << 20)
+    except OSError:
+        return "", offset
+    return data.decode("utf-8", "replace"), offset + len(data)
+
+
+def run_state(rundir, alive=None):
     """queued (no task has started), running, done or failed. A run whose outcome
     is written is running until its client has ended too: it still writes the
     report and ends the pilot (a fetch at "done" once came before report.html)."""
     from .execute import read_outcome
     outcome = read_outcome(rundir)
-    alive = client_alive(rundir)
+    if alive is None:
+        alive = client_alive(os.path.join(rundir, CLIENT_FILE))
     if outcome and not alive:
         return outcome["status"], outcome
     if outcome:
@@ -222,19 +249,14 @@ def run_state(rundir):
 def status(rundir, log_offset=0):
     from trajflow.tasks.plan import RunPlan
     from .progress import frames_done
-    state, outcome = run_state(rundir)
+    record = os.path.join(rundir, CLIENT_FILE)
+    client = client_state(record)
+    state, outcome = run_state(rundir, client is not None)
     plan = RunPlan.load(os.path.join(rundir, "plan.json"))
-    log = ""
-    try:
-        with open(os.path.join(rundir, CLIENT_LOG), "rb") as fh:
-            fh.seek(log_offset)
-            data = fh.read(1 << 20)
-            log, log_offset = data.decode("utf-8", "replace"), log_offset + len(data)
-    except OSError:
-        pass
-    _answer({"state": state, "outcome": outcome, "client_alive": client_alive(rundir),
-             "batch_job_pending": waiting_job(rundir),
-             "frames_done": frames_done(plan),
+    log, log_offset = read_log(os.path.join(rundir, CLIENT_LOG), log_offset)
+    pending = (_read_json(record) or {}).get("batch_job") if client == "PENDING" else None
+    _answer({"state": state, "outcome": outcome, "client_alive": client is not None,
+             "batch_job_pending": pending, "frames_done": frames_done(plan),
              "frames_total": plan.n_frames, "log": log, "log_offset": log_offset})
     return 0
 
@@ -242,19 +264,17 @@ def status(rundir, log_offset=0):
 def cancel(rundir, wait_s=300):
     """SIGTERM to the run's client, as a local run's SIGTERM: it cancels the pilot
     (and its batch job) and records the outcome; then wait for it to end."""
-    if not client_alive(rundir):
-        state, _ = run_state(rundir)
+    record = os.path.join(rundir, CLIENT_FILE)
+    if not client_alive(record):
+        state, _ = run_state(rundir, False)
         _answer({"cancelled": False, "state": state, "why": "its client is not running"})
         return 0
-    client = _read_json(os.path.join(rundir, CLIENT_FILE))
+    client = _read_json(record)
     if client.get("batch_job"):  # SLURM signals the client (it cancels its pilot), then ends the job
         subprocess.run(["scancel", str(client["batch_job"])], capture_output=True)
     else:
         os.kill(client["pid"], signal.SIGTERM)
-    t0 = time.time()
-    while client_alive(rundir) and time.time() - t0 < wait_s:
-        time.sleep(0.5)
-    alive = client_alive(rundir)
+    alive = wait_gone(record, wait_s)
     _answer({"cancelled": not alive, "state": run_state(rundir)[0],
              "why": f"the client did not end within {wait_s} s" if alive else ""})
     return 0 if not alive else 1
@@ -275,11 +295,11 @@ def campaign_start(out, label, text, resume=False):
     from . import cli
     from .campaign import Campaign
     from trajflow.tasks.client_guard import _record, start_time
+    from .campaign_run import is_campaign_dir
     out, path, record, log = campaign_files(out)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(text)
-    from .campaign_run import is_campaign_dir
     resume = resume and is_campaign_dir(out)  # resumed here, or never started here
     try:
         campaign = Campaign.load(path)
@@ -287,6 +307,7 @@ def campaign_start(out, label, text, resume=False):
             raise cli.InputError(f"the campaign file has no resource {label!r}")
         campaign.only(label).dry_run(out, resume)
     except cli.InputError as exc:
+        os.remove(path)  # refused: nothing of it left here
         print(f"trajflow: error: {exc}", file=sys.stderr)
         return cli.EXIT_INPUT
     argv = [sys.executable, "-m", "trajflow.workflows.cli", "campaign", path, "--out", out,
@@ -302,22 +323,12 @@ def campaign_start(out, label, text, resume=False):
 def campaign_status(out, label, log_offset=0):
     """Whether the resource's campaign still runs, and its log (logs/LABEL.log) from the offset."""
     out, _, record, client_log = campaign_files(out)
-    alive = client_alive(os.path.dirname(record), os.path.basename(record))
-    log = ""
-    try:
-        with open(os.path.join(out, "logs", f"{label}.log"), "rb") as fh:
-            fh.seek(log_offset)
-            data = fh.read(1 << 20)
-            log, log_offset = data.decode("utf-8", "replace"), log_offset + len(data)
-    except OSError:
-        pass
+    alive = client_alive(record)
+    log, log_offset = read_log(os.path.join(out, "logs", f"{label}.log"), log_offset)
     tail = ""
     if not alive:  # how it ended: the campaign's own summary or error
-        try:
-            with open(client_log, "rb") as fh:
-                tail = fh.read()[-3000:].decode("utf-8", "replace")
-        except OSError:
-            pass
+        size = os.path.getsize(client_log) if os.path.exists(client_log) else 0
+        tail, _ = read_log(client_log, max(0, size - 3000))
     _answer({"alive": alive, "log": log, "log_offset": log_offset, "ended": tail,
              "runs": os.path.isdir(os.path.join(out, "runs", label))})
     return 0
@@ -326,13 +337,9 @@ def campaign_status(out, label, log_offset=0):
 def campaign_cancel(out, wait_s=300):
     """Ctrl-C to the resource's campaign: it cancels its pilot; wait for it to end."""
     _, _, record, _ = campaign_files(out)
-    folder, name = os.path.dirname(record), os.path.basename(record)
-    if client_alive(folder, name):
+    if client_alive(record):
         os.kill(_read_json(record)["pid"], signal.SIGINT)
-    t0 = time.time()
-    while client_alive(folder, name) and time.time() - t0 < wait_s:
-        time.sleep(0.5)
-    _answer({"cancelled": not client_alive(folder, name)})
+    _answer({"cancelled": not wait_gone(record, wait_s)})
     return 0
 
 
