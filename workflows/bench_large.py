@@ -96,23 +96,31 @@ print(json.dumps(seconds))
 
 def mda_rmsd(top, path, n_workers, workdir, timeout=3600):
     """(seconds, rmsd) of MDAnalysis' RMSD of CA over the file, serial or multiprocessing,
-    timed inside a Python of its own, as a user runs it (its worker pool once hung for
-    good when forked from this process, which holds RADICAL's fork hooks and threads)."""
-    import json
+    timed inside a Python of its own (see run_isolated)."""
     out = os.path.join(workdir, f"mda_{n_workers}.npy")
-    proc = subprocess.Popen([sys.executable, "-c", MDA_RMSD, top, path, str(n_workers), out],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    seconds = run_isolated(MDA_RMSD, top, path, str(n_workers), out, timeout=timeout)
+    return seconds, np.load(out)
+
+
+def run_isolated(script, *args, timeout=3600):
+    """The last JSON line `python -c script args` prints, run as a user runs MDAnalysis:
+    a Python of its own, in a session of its own, killed with its pool if it hangs.
+    (MDAnalysis' 2-worker pool forked from the trajflow process, which holds
+    radical.utils' fork hooks and threads, hung for good twice in CI: a worker blocked
+    on the pool's queue lock outlived the pool's SIGTERM.)"""
+    import json
+    proc = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # its pool's workers with it
         proc.communicate()
-        raise RuntimeError(f"MDAnalysis' RMSD over {path} ({n_workers} workers) did not end "
-                           f"within {timeout} s; stopped")
+        raise RuntimeError(f"MDAnalysis ({' '.join(args[:3])}) did not end within {timeout} s; "
+                           "stopped")
     if proc.returncode != 0:
-        raise RuntimeError(f"MDAnalysis' RMSD over {path} failed: {stderr[-1000:]}")
-    return json.loads(stdout.strip().splitlines()[-1]), np.load(out)
+        raise RuntimeError(f"MDAnalysis ({' '.join(args[:3])}) failed: {stderr[-1000:]}")
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def our_plan(files, fmt, n, workdir):
