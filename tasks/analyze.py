@@ -21,7 +21,8 @@ from .analyses import ANALYSIS_CLASSES
 from .plan import RunPlan, chunk_size, decode_path_arg
 from .dcd import open_dcd
 from .xtc import xtc_readable
-from .readers import H5MDChunkReader, TrajectoryBlockReader, open_trajectory
+from .h5md import is_h5md
+from .readers import open_block_reader
 from .timing import RankTimer
 
 
@@ -33,25 +34,15 @@ def open_block_source(plan, analysis, block, timer, comm=None):
     """
     b_start, b_stop = plan.blocks[block]
     idx, boxes = analysis.atom_indices, analysis.need_boxes
-    if plan.io == "shared":
-        source = TrajectoryBlockReader(open_trajectory(plan.trajectories, timer, boxes), idx, boxes)
-        return source, b_start, b_stop, source
-    if plan.io == "split":
-        # frame 0 lives in block 0's segment
-        reference = TrajectoryBlockReader(open_trajectory([plan.segment_path(0)], timer, boxes),
-                                          idx, boxes)
-        traj = reference.traj if block == 0 else open_trajectory([plan.segment_path(block)],
-                                                                 timer, boxes)
-        with timer.phase("open_trajectory"):
-            frames = plan.load_segment_frames(block)
-        source = TrajectoryBlockReader(traj, idx, boxes, frame_offset=b_start, times=frames["time"],
-                                       dimensions=frames.get("dimensions"))
+    if plan.io == "split":  # frame 0 lives in block 0's segment
+        source = open_block_reader([plan.segment_path(block)], idx, boxes, timer,
+                                   frame_offset=b_start)
+        reference = source if block == 0 else open_block_reader([plan.segment_path(0)], idx,
+                                                                 boxes, timer)
         return source, 0, b_stop - b_start, reference
-    if plan.io == "h5md":
-        with timer.phase("open_trajectory"):
-            source = H5MDChunkReader(plan.h5md_path(), idx, boxes, comm)
-        return source, b_start, b_stop, source
-    raise ValueError(f"unknown io strategy {plan.io!r}")
+    files = [plan.h5md_path()] if plan.io == "h5md" else plan.trajectories
+    source = open_block_reader(files, idx, boxes, timer, comm)
+    return source, b_start, b_stop, source
 
 
 def analyze_block(plan, block, timer, comm=None):
@@ -68,7 +59,7 @@ def analyze_block(plan, block, timer, comm=None):
     frames_per_chunk = chunk_size(plan.chunk_frames, len(analysis.atom_indices))
     arrays = analysis.run_block(source, start, stop, frames_per_chunk, timer)
     source.close()
-    if reference is not source and reference.traj is not source.traj:
+    if reference is not source:
         reference.close()  # split io: block 0's segment, opened for frame 0 only
     return arrays, analysis.attrs()
 
@@ -171,15 +162,17 @@ def gather_rma(comm, value, plan):
 
 def needs_mdanalysis(plan):
     """Whether this task's path uses MDAnalysis (its trajectory readers, a user's
-    analysis, the box conversion of H5MD). The built-in analyses over H5MD
-    without boxes and over plain DCD or one XTC file do not, and skip its import: 0.65 s of
-    every rank's start-up."""
+    analysis, the box conversion of an H5MD file that is not trajflow's copy).
+    The built-in analyses over H5MD and over plain DCD or one XTC file mostly do
+    not, and skip its import: 0.65 s of every rank's start-up."""
     if not plan.builtin:
         return True
     need_boxes = ANALYSIS_CLASSES[plan.analysis].need_boxes
-    if plan.io == "h5md":
-        return need_boxes
-    files = plan.trajectories if plan.io == "shared" else [plan.segment_path(0)]
+    files = {"shared": plan.trajectories, "split": [plan.segment_path(0)],
+             "h5md": [plan.h5md_path()]}[plan.io]
+    if len(files) == 1 and is_h5md(files[0]):
+        users_own_file = plan.io == "shared" or plan.reads_h5md_input  # boxes from edges
+        return need_boxes and users_own_file
     return open_dcd(files, need_boxes) is None and not xtc_readable(files, need_boxes)
 
 

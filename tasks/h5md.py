@@ -12,8 +12,18 @@ frames instead of MDAnalysis' per-frame path (about 9x slower per frame on AdK).
 import numpy as np
 import h5py
 
-LENGTH_TO_ANGSTROM = {"angstrom": 1.0, "a": 1.0, "nm": 10.0, "pm": 0.01}
-TIME_TO_PS = {"ps": 1.0, "fs": 1e-3, "ns": 1e3}
+from . import units
+
+# Every frame's box as MDAnalysis gives it (a, b, c, alpha, beta, gamma; float32,
+# zeros for a frame without one), beside the standard box/edges vectors: the
+# vectors do not give the same dimensions back to the last bit, and a copy must.
+DIMENSIONS = "trajflow/dimensions"
+SUFFIX = ".h5md"
+
+
+def is_h5md(path) -> bool:
+    """Whether MDAnalysis would read `path` as H5MD (it goes by the extension)."""
+    return str(path).lower().endswith(SUFFIX)
 
 
 def parse_compression(spec):
@@ -29,23 +39,18 @@ def parse_compression(spec):
     return "gzip", level
 
 
-def _time_and_step(group, n_frames):
-    time = group.create_dataset("time", shape=(n_frames,), dtype=np.float64)
-    time.attrs["unit"] = "ps"
-    step = group.create_dataset("step", shape=(n_frames,), dtype=np.int64)
-    return time, step
-
-
 class H5MDWriter:
     """Append chunks of frames to a new H5MD file (positions and box in Å, time in ps).
 
-    `periodic`: the system has a unit cell, so every frame's box is written
-    (`write(..., boxes=...)` then takes the (F, 6) MDAnalysis dimensions);
-    otherwise the box group says `boundary = none`, as the standard asks.
+    Every frame's box is written as it comes (zeros where a frame has none);
+    whether the file declares a periodic system is decided at `close()` from
+    all the frames written, never from the first: a trajectory whose first
+    frame has no cell loses none of the later ones. Velocities and forces,
+    where the input has them, go in as MDAnalysis' H5MDWriter writes them.
     """
 
     def __init__(self, path, n_atoms, n_frames, compression=None, group="trajectory",
-                 periodic=False):
+                 velocities=False, forces=False):
         comp, level = parse_compression(compression)
         self.file = h5py.File(path, "w")
         h5 = self.file.create_group("h5md")
@@ -54,41 +59,52 @@ class H5MDWriter:
         creator = h5.create_group("creator")
         creator.attrs["name"] = "trajflow"
         creator.attrs["version"] = "0.1"
-        particles = self.file.create_group(f"particles/{group}")
-        pos = particles.create_group("position")
-        self.value = pos.create_dataset(
-            "value", shape=(n_frames, n_atoms, 3), dtype=np.float32,
-            chunks=(1, n_atoms, 3), compression=comp, compression_opts=level)
-        self.value.attrs["unit"] = "Angstrom"
-        self.time, self.step = _time_and_step(pos, n_frames)
-        box = particles.create_group("box")
+        self.particles = self.file.create_group(f"particles/{group}")
+        self.data = {}
+        for name, unit, wanted in (("position", "Angstrom", True),
+                                   ("velocity", "Angstrom ps-1", velocities),
+                                   ("force", "kJ mol-1 Angstrom-1", forces)):
+            if wanted:
+                self.data[name] = self._element(name, (n_frames, n_atoms, 3), unit,
+                                                chunks=(1, n_atoms, 3), compression=comp,
+                                                compression_opts=level)
+        box = self.particles.create_group("box")
         box.attrs["dimension"] = 3
-        box.attrs["boundary"] = np.array([b"periodic" if periodic else b"none"] * 3)
-        self.edges = None
-        if periodic:
-            edges = box.create_group("edges")
-            self.edges = edges.create_dataset("value", shape=(n_frames, 3, 3), dtype=np.float32)
-            self.edges.attrs["unit"] = "Angstrom"
-            self.edges_time, self.edges_step = _time_and_step(edges, n_frames)
-        self.n = 0
+        self.edges = self._element("box/edges", (n_frames, 3, 3), "Angstrom")
+        self.dimensions = self.file.create_dataset(DIMENSIONS, shape=(n_frames, 6), dtype=np.float32)
+        pos = self.particles["position"]
+        self.time, self.step = pos["time"], pos["step"]
+        self.n, self.any_box = 0, False
         self._step_offset, self._last_step, self._last_delta = 0, None, 1
 
-    def write(self, times, coords, boxes=None, steps=None):
-        """Frames in order: times (F,) ps, coords (F, A, 3) Å, boxes (F, 6) when
-        periodic, the inputs' MD steps (default: the frame index)."""
+    def _element(self, name, shape, unit, **layout):
+        """An H5MD time-dependent element: value, and time and step (shared by all)."""
+        group = self.particles.create_group(name)
+        value = group.create_dataset("value", shape=shape, dtype=np.float32, **layout)
+        value.attrs["unit"] = unit
+        if name == "position":
+            time = group.create_dataset("time", shape=(shape[0],), dtype=np.float64)
+            time.attrs["unit"] = "ps"
+            group.create_dataset("step", shape=(shape[0],), dtype=np.int64)
+        else:  # hard links: one time and one step for every element
+            group["time"], group["step"] = self.particles["position/time"], self.particles["position/step"]
+        return value
+
+    def write(self, times, coords, boxes=None, steps=None, velocities=None, forces=None):
+        """Frames in order: times (F,) ps, coords (F, A, 3) Å, boxes (F, 6) MDAnalysis
+        dimensions (zeros or None: no box), the inputs' MD steps (default: the frame index)."""
+        from MDAnalysis.lib.mdamath import triclinic_vectors  # as its H5MDWriter writes them
         k = len(times)
         span = slice(self.n, self.n + k)
-        steps = self._monotonic(np.arange(self.n, self.n + k) if steps is None else steps)
-        self.value[span] = coords
+        self.step[span] = self._monotonic(np.arange(self.n, self.n + k) if steps is None else steps)
         self.time[span] = times
-        self.step[span] = steps
-        if self.edges is not None:
-            if boxes is None:
-                raise ValueError("a periodic H5MD file needs every frame's box")
-            from MDAnalysis.lib.mdamath import triclinic_vectors  # as its H5MDWriter writes them
-            self.edges[span] = np.stack([triclinic_vectors(b) for b in boxes])
-            self.edges_time[span] = times
-            self.edges_step[span] = steps
+        for name, values in (("position", coords), ("velocity", velocities), ("force", forces)):
+            if name in self.data:
+                self.data[name][span] = values
+        boxes = np.zeros((k, 6), np.float32) if boxes is None else np.asarray(boxes, np.float32)
+        self.dimensions[span] = boxes
+        self.edges[span] = np.stack([triclinic_vectors(b) for b in boxes])
+        self.any_box |= bool(np.any(boxes[:, :3] != 0))
         self.n += k
 
     def _monotonic(self, steps):
@@ -107,6 +123,12 @@ class H5MDWriter:
         return out
 
     def close(self):
+        """The box's boundary from every frame written: periodic if any had a cell;
+        otherwise no edges at all and boundary `none`, as the standard asks."""
+        box = self.particles["box"]
+        if not self.any_box:
+            del box["edges"]
+        box.attrs["boundary"] = np.array([b"periodic" if self.any_box else b"none"] * 3)
         self.file.close()
 
 
@@ -139,8 +161,21 @@ def missing_box(path):
                 "non-periodic system (box attribute boundary = none)")
 
 
+class H5MDError(ValueError):
+    """An H5MD file trajflow cannot read as MDAnalysis would: the message names
+    the file, the dataset and the fix."""
+
+
 class H5MDBlockReader:
-    """Reads [start, stop) of chosen atoms from an H5MD file in chunks."""
+    """Reads [start, stop) of chosen atoms from an H5MD file in chunks, as
+    MDAnalysis' H5MDReader gives them: positions float32 in Å (float64 data cast
+    first, then converted from its unit), time in ps from the position's `time`
+    in its unit, each frame's box from its own edges. Units are required, as
+    MDAnalysis requires them; a box whose unit differs from the positions' is
+    converted from its own (MDAnalysis converts it from the positions' unit,
+    which is wrong; the data written is the truth). A trajflow copy's boxes are
+    read exact from its DIMENSIONS dataset.
+    """
 
     def __init__(self, path, atom_indices, comm=None):
         # With an MPI build of h5py, the ranks of an MPI task open the file
@@ -149,77 +184,91 @@ class H5MDBlockReader:
             self.file = h5py.File(path, "r", driver="mpio", comm=comm)
         else:
             self.file = h5py.File(path, "r")
+        self.path = path
         group = particle_group(self.file)
-        pos = group["position"]
+        pos = group.get("position")
+        if not isinstance(pos, h5py.Group) or "value" not in pos:
+            raise H5MDError(f"{path}: {group.name} has no position/value: trajflow analyses "
+                            "positions; write them into the file (MDAnalysis' H5MDWriter does)")
         self.value = pos["value"]
         self.n_frames, self.n_atoms = self.value.shape[:2]
-        self.scale = _length_scale(self.value, path)
+        self.scale = units.to_angstrom(_unit(self.value, units.H5MD_LENGTH, path))
         self.times = self._times(pos)
         self.idx = np.asarray(atom_indices, dtype=np.intp)
         self.lo = int(self.idx.min()) if self.idx.size else 0
         self.hi = int(self.idx.max()) + 1 if self.idx.size else 0
+        self.dimensions = self.file.get(DIMENSIONS)
         box = group.get("box")
-        self.edges = box["edges"] if isinstance(box, h5py.Group) and "edges" in box else None
+        edges = box.get("edges") if isinstance(box, h5py.Group) else None
         # time-dependent (edges/value, one box per frame) or one box for all frames
-        self.edges_per_frame = isinstance(self.edges, h5py.Group)
-        if self.edges_per_frame:
-            self.edges = self.edges["value"]
-            if self.edges.shape[0] != self.n_frames:
-                raise ValueError(f"{path}: {self.edges.shape[0]} boxes for {self.n_frames} "
-                                 "frames; trajflow reads boxes sampled with every frame only")
+        self.edges_per_frame = isinstance(edges, h5py.Group)
+        self.edges = edges["value"] if self.edges_per_frame else edges
+        if self.edges_per_frame and self.edges.shape[0] != self.n_frames:
+            raise H5MDError(f"{path}: {self.edges.shape[0]} boxes for {self.n_frames} frames; "
+                            "trajflow reads boxes sampled with every frame only")
         if self.edges is not None:
-            self.edges_scale = _length_scale(self.edges, path, default=self.scale)
+            unit = (_unit(self.edges, units.H5MD_LENGTH, path) if "unit" in self.edges.attrs
+                    else _unit(self.value, units.H5MD_LENGTH, path))
+            self.edges_scale = units.to_angstrom(unit)
 
     def _times(self, pos):
-        t = pos["time"]
+        """Each frame's time in ps, computed as MDAnalysis computes it: the stored
+        value (float32 stays float32) times the unit's factor, unless that is 1."""
+        t = pos.get("time")
+        if t is None:
+            raise H5MDError(f"{self.path}: {pos.name} has no time dataset; MDAnalysis cannot "
+                            "read such a file either: write the frames' times with a unit")
+        factor = units.to_ps(_unit(t, units.H5MD_TIME, self.path))
         if t.shape == ():  # time-independent step: time = frame index x dt
-            return np.arange(self.n_frames) * float(t[()])
-        scale = TIME_TO_PS.get(_attr(t, "unit", "ps").lower(), 1.0)
-        return np.asarray(t[:], dtype=np.float64) * scale
+            return np.arange(self.n_frames) * (float(t[()]) * factor)
+        values = np.asarray(t[:])
+        if len(values) != self.n_frames:
+            raise H5MDError(f"{self.path}: {t.name} has {len(values)} times for "
+                            f"{self.n_frames} frames (a damaged file?)")
+        if factor != 1.0:
+            values = values * (np.float32(factor) if values.dtype == np.float32 else factor)
+        return values.astype(np.float64)
 
     def read(self, start, stop, with_boxes=True):
         """(times, coords (F, A, 3) float32, boxes (F, 6) or None) for frames [start, stop)."""
         # One hyperslab over the span of wanted atoms; chunks are whole frames,
         # so HDF5 reads the same bytes either way and numpy picks the atoms.
         span = self.value[start:stop, self.lo:self.hi]
-        coords = span[:, self.idx - self.lo]
+        coords = span[:, self.idx - self.lo].astype(np.float32, copy=False)
         if self.scale != 1.0:
-            coords = coords * np.float32(self.scale)
+            coords *= np.float32(self.scale)
         return self.times[start:stop], coords, self.boxes(start, stop) if with_boxes else None
 
     def boxes(self, start, stop):
         """(F, 6) MDAnalysis dimensions of frames [start, stop), or None without a box."""
-        if self.edges is None:
+        if self.edges is None:  # a non-periodic system
             return None
+        if self.dimensions is not None:
+            return np.asarray(self.dimensions[start:stop], dtype=np.float32)
         from MDAnalysis.lib.mdamath import triclinic_box
-        if self.edges_per_frame:
-            edges = np.asarray(self.edges[start:stop], dtype=np.float32)
-        else:
-            edges = np.repeat(np.asarray(self.edges[()], dtype=np.float32)[None], stop - start, 0)
-        if self.edges_scale != 1.0:
-            edges = edges * np.float32(self.edges_scale)
+        edges = self.edges[start:stop] if self.edges_per_frame else np.repeat(
+            self.edges[()][None], stop - start, 0)
         if edges.ndim == 2:  # a rectangular box: edge lengths only
-            return np.concatenate([edges, np.full_like(edges, 90.0)], axis=1)
-        # as MDAnalysis' H5MDReader: core.triclinic_box of the float32 vectors
-        return np.stack([triclinic_box(*e) for e in edges]).astype(np.float32)
+            dims = np.concatenate([edges, np.full((len(edges), 3), 90.0)], axis=1).astype(np.float32)
+        else:  # as MDAnalysis' H5MDReader: triclinic_box of the stored vectors
+            dims = np.stack([triclinic_box(*e) for e in edges]).astype(np.float32)
+        if self.edges_scale != 1.0:
+            dims[:, :3] *= np.float32(self.edges_scale)
+        return dims
 
     def close(self):
         self.file.close()
 
 
-def _length_scale(dataset, path, default=None):
+def _unit(dataset, known, path):
+    """The dataset's `unit` in MDAnalysis' spelling; refused as MDAnalysis refuses it."""
     unit = dataset.attrs.get("unit")
     if unit is None:
-        if default is not None:
-            return default
-        unit = "nm"  # the H5MD default
+        raise H5MDError(f"{path}: {dataset.name} has no unit attribute; MDAnalysis refuses such a "
+                        f"file too. Add one (e.g. h5py: f[{dataset.name!r}].attrs['unit'] = "
+                        f"{next(iter(known))!r}) naming the unit it was written in")
     unit = unit.decode() if isinstance(unit, bytes) else str(unit)
-    scale = LENGTH_TO_ANGSTROM.get(unit.lower())
-    if scale is None:
-        raise ValueError(f"{path}: unknown length unit {unit!r} of {dataset.name}")
-    return scale
-
-
-def _attr(obj, name, default):
-    v = obj.attrs.get(name, default)
-    return v.decode() if isinstance(v, bytes) else str(v)
+    if unit not in known:
+        raise H5MDError(f"{path}: {dataset.name} has unit {unit!r}, which MDAnalysis does not "
+                        f"know; use one of {', '.join(sorted(known))}")
+    return known[unit]

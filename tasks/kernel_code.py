@@ -301,11 +301,14 @@ def _xtc_frame(buf, start, nbytes, precision, minint, maxint, smallidx, n_wanted
         bitsize = 0
     else:
         bitsize = _sizeofints(sizeint)
-    if smallidx < _FIRSTIDX or smallidx >= _MAGICINTS.size:
+    # xdrfile's compressor sets or steps the index one past its table's end on
+    # large coordinates (its LASTIDX); valid as long as no run of atoms uses it
+    if smallidx < _FIRSTIDX or smallidx > _MAGICINTS.size:
         return -1
+    damaged = -2 if smallidx == _MAGICINTS.size else -1  # -2: the writer used junk
     smaller = _MAGICINTS[max(_FIRSTIDX, smallidx - 1)] // 2
-    smallnum = _MAGICINTS[smallidx] // 2
-    sizesmall = _MAGICINTS[smallidx]  # the same for x, y and z
+    smallnum = _MAGICINTS[smallidx] // 2 if smallidx < _MAGICINTS.size else -1
+    sizesmall = _MAGICINTS[smallidx] if smallidx < _MAGICINTS.size else -1  # for x, y and z
     inv = np.float32(1.0) / np.float32(precision)
     cnt, lastbits, lastbyte = start, 0, 0  # the bit reader: bytes from buf[start]
     work = np.zeros(32, dtype=np.int64)
@@ -314,7 +317,7 @@ def _xtc_frame(buf, start, nbytes, precision, minint, maxint, smallidx, n_wanted
     i = 0  # atoms decoded
     while i < n_wanted:
         if cnt - start > nbytes:  # an atom's bits (at most ~45 bytes) may run into the padding
-            return -1
+            return damaged
         if bitsize == 0:
             t0, cnt, lastbits, lastbyte = _receivebits(buf, cnt, lastbits, lastbyte, bitsizeint[0])
             t1, cnt, lastbits, lastbyte = _receivebits(buf, cnt, lastbits, lastbyte, bitsizeint[1])
@@ -331,6 +334,8 @@ def _xtc_frame(buf, start, nbytes, precision, minint, maxint, smallidx, n_wanted
             run -= is_smaller
             is_smaller -= 1
         if run > 0:
+            if sizesmall < 0:  # xdrfile would read past its table: no defined value
+                return -2
             for j in range(0, run, 3):
                 t0, t1, t2, cnt, lastbits, lastbyte = _receiveints(
                     buf, cnt, lastbits, lastbyte, smallidx, sizesmall, sizesmall, sizesmall, work)
@@ -346,25 +351,29 @@ def _xtc_frame(buf, start, nbytes, precision, minint, maxint, smallidx, n_wanted
         else:
             i = _put(out, i, n_wanted, p0, p1, p2, inv)
         smallidx += is_smaller
-        if smallidx < _FIRSTIDX or smallidx >= _MAGICINTS.size:  # damaged bits
-            return -1
+        if smallidx < _FIRSTIDX or smallidx > _MAGICINTS.size:  # damaged bits
+            return damaged
+        if smallidx == _MAGICINTS.size:
+            damaged = -2
         if is_smaller < 0:
             smallnum = smaller
             smaller = _MAGICINTS[smallidx - 1] // 2 if smallidx > _FIRSTIDX else 0
         elif is_smaller > 0:
             smaller = smallnum
-            smallnum = _MAGICINTS[smallidx] // 2
-        sizesmall = _MAGICINTS[smallidx]
+            smallnum = _MAGICINTS[smallidx] // 2 if smallidx < _MAGICINTS.size else -1
+        sizesmall = _MAGICINTS[smallidx] if smallidx < _MAGICINTS.size else -1
     return 0
 
 
 def xtc_decode(buf, starts, nbytes, precision, minint, maxint, smallidx, out):
     """Frames of `buf` (their compressed bytes at `starts`) into out (F, n_wanted, 3);
-    the index of the first damaged frame, or -1."""
+    -1, or 2 * the first bad frame (+ 1 where it uses xdrfile's small index past
+    its table, which has no defined value; else its bits are damaged)."""
     for f in range(starts.size):
-        if _xtc_frame(buf, starts[f], nbytes[f], precision[f], minint[f], maxint[f],
-                      smallidx[f], out.shape[1], out[f]) != 0:
-            return f
+        code = _xtc_frame(buf, starts[f], nbytes[f], precision[f], minint[f], maxint[f],
+                          smallidx[f], out.shape[1], out[f])
+        if code != 0:
+            return 2 * f + (1 if code == -2 else 0)
     return -1
 
 

@@ -185,44 +185,46 @@ class TimedFrames:
         return span_start + t_io + t_compute, 0.0, 0.0
 
 
-class SegmentFrames:
-    """A block's frames read from its split segment, seen as the whole trajectory's frames.
+class CopiedFrames:
+    """A block's frames read from trajflow's own H5MD (a split segment or the H5MD
+    copy), seen as the whole trajectory's frames.
 
     The analysis was built and prepared on the whole trajectory, as in a serial
     run, so positions taken when it was built and reference frames are a
-    serial run's. Each frame it then iterates is read from the block's own
-    segment file and copied into the Universe's Timestep: global frame number,
-    the split sidecar's time and exact box, the Universe's transformations
-    applied as its own reader would.
+    serial run's. Each frame it then iterates is read from the H5MD file (rows
+    `first_row`...) and copied into the Universe's Timestep: the input's own
+    float32 positions (velocities and forces where it had them), global frame
+    number, time and exact box, the Universe's transformations applied as its
+    own reader would.
     """
 
-    def __init__(self, plan, block, trajectory):
-        self.plan, self.block, self.trajectory = plan, block, trajectory
-        self.first, stop = plan.blocks[block]
-        self.n = stop - self.first
+    def __init__(self, path, first_row, first_frame, n_frames, trajectory):
+        self.path, self.first_row, self.first_frame, self.n = path, first_row, first_frame, n_frames
+        self.trajectory = trajectory
 
     def __len__(self):
         return self.n
 
     def __iter__(self):
-        from MDAnalysis.coordinates.core import reader as mda_reader
-        sidecar = self.plan.load_segment_frames(self.block)
-        times, boxes = sidecar["time"], sidecar.get("dimensions")
-        segment = mda_reader(self.plan.segment_path(self.block))
-        try:
-            for i, frame in enumerate(segment):
+        import h5py
+        from .h5md import DIMENSIONS, particle_group
+        with h5py.File(self.path, "r") as f:
+            group = particle_group(f)
+            data = {name: group[name]["value"] for name in ("position", "velocity", "force")
+                    if name in group}
+            times, boxes = group["position/time"], f[DIMENSIONS]
+            for i in range(self.n):
+                row = self.first_row + i
                 ts = self.trajectory.ts  # a ChainReader swaps its Timestep between files
-                ts.positions = frame.positions
-                if frame.has_velocities:
-                    ts.velocities = frame.velocities
-                if frame.has_forces:
-                    ts.forces = frame.forces
-                ts.dimensions = boxes[i] if boxes is not None else frame.dimensions
-                ts.frame = self.first + i
-                ts.time = times[i]
+                ts.positions = data["position"][row]
+                if "velocity" in data:
+                    ts.velocities = data["velocity"][row]
+                if "force" in data:
+                    ts.forces = data["force"][row]
+                ts.dimensions = boxes[row]
+                ts.frame = self.first_frame + i
+                ts.time = float(times[row])
                 yield self.trajectory._apply_transformations(ts)
-        finally:
-            segment.close()
 
 
 def time_frame_loop(analysis, timer, block, block_frames=None):
@@ -266,17 +268,22 @@ def analyze_block(plan, block, timer):
     `results_pickle_size` (one per block), so the gathers move it like any array.
     """
     b_start, b_stop = plan.blocks[block]
-    # the whole trajectory (shared, or its H5MD copy): the factory sees frame 0
-    # and the frame numbers of a serial run; with split io only the block's
-    # frames come from its segment (SegmentFrames)
-    files = [plan.h5md_path()] if plan.io == "h5md" else plan.trajectories
+    # the whole trajectory: the factory sees frame 0 and the frame numbers of a
+    # serial run; with split or h5md io the block's frames then come from
+    # trajflow's own H5MD (CopiedFrames)
+    files = [plan.h5md_path()] if plan.reads_h5md_input else plan.trajectories
     frames = np.arange(b_start, b_stop)
     u, analysis = open_analysis(plan, (plan.topology, files), timer)
     # the whole run's frames, as run() does (the whole frames of a truncated input)
     analysis._setup_frames(analysis._trajectory, stop=plan.n_frames)
 
-    time_frame_loop(analysis, timer, block,
-                    (lambda: SegmentFrames(plan, block, u.trajectory)) if plan.io == "split" else None)
+    copied = None
+    if plan.io == "split":
+        copied = (plan.segment_path(block), 0)
+    elif plan.io == "h5md" and not plan.reads_h5md_input:
+        copied = (plan.h5md_path(), b_start)
+    time_frame_loop(analysis, timer, block, None if copied is None else (
+        lambda: CopiedFrames(*copied, b_start, b_stop - b_start, u.trajectory)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         analysis._compute(np.stack([np.arange(len(frames)), frames], axis=1))

@@ -92,21 +92,22 @@ class RunPlan:
         return os.path.join(self.workdir, *parts)
 
     def segment_path(self, block: int) -> str:
-        """The split stage's trajectory segment for one block."""
-        ext = segment_format(self.trajectories[0])
-        return self.path("split", f"block_{block:05d}.{ext.lower()}")
+        """The split stage's segment for one block: H5MD holding the input's own
+        float32 positions, boxes and the whole trajectory's times (re-encoding XTC
+        at another precision, or TRR through nm, changed the answers)."""
+        return self.path("split", f"block_{block:05d}.h5md")
 
-    def segment_frames_path(self, block: int) -> str:
-        """A segment's sidecar: the whole trajectory's `time` of its frames and, for a
-        periodic system, their exact `dimensions` (a segment format may round the box)."""
-        return self.path("split", f"block_{block:05d}.frames.npz")
-
-    def load_segment_frames(self, block: int) -> dict:
-        with np.load(self.segment_frames_path(block)) as data:
-            return {k: data[k] for k in data.files}
+    @property
+    def reads_h5md_input(self) -> bool:
+        """io h5md over one H5MD input: the input is read as it is, never copied."""
+        return self.io == "h5md" and len(self.trajectories) == 1 and \
+            self.trajectories[0].lower().endswith(".h5md")
 
     def h5md_path(self) -> str:
-        """io h5md: the run's own copy in split/, or the campaign's shared one."""
+        """io h5md: the input itself when it is H5MD, else the run's own copy in
+        split/, or the campaign's shared one."""
+        if self.reads_h5md_input:
+            return self.trajectories[0]
         return self.shared_h5md or self.path("split", "trajectory.h5md")
 
     def part_path(self, name: str) -> str:
@@ -183,12 +184,6 @@ def chunk_size(chunk_frames: int, n_atoms: int) -> int:
     if chunk_frames > 0:
         return chunk_frames
     return int(min(4096, max(16, CHUNK_BYTES // (12 * max(1, n_atoms)))))
-
-
-def segment_format(trajectory: str) -> str:
-    """Segments keep the input's format where MDAnalysis writes it, else DCD."""
-    ext = os.path.splitext(trajectory)[1].lstrip(".").upper()
-    return ext if ext in ("DCD", "XTC", "TRR") else "DCD"
 
 
 # RADICAL-Pilot wraps each argument in double quotes in the task's shell

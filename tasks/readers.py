@@ -6,9 +6,8 @@ memory is bounded by the chunk whatever the trajectory's length. Three paths:
   and single XTC files read by trajflow itself (dcd.py, xtc.py), any other
   format MDAnalysis reads (and those where boxes are needed) through its
   readers, frame by frame, copying only the wanted atoms;
-- split segments: the same, shifted to global frame numbers, times from the
-  split stage's sidecar;
-- H5MD: h5py hyperslabs (see h5md.py).
+- H5MD (a user's own file, trajflow's copy, or a split segment shifted to
+  global frame numbers): h5py hyperslabs (see h5md.py).
 """
 import contextlib
 import dataclasses
@@ -21,7 +20,7 @@ import numpy as np
 
 from .dcd import DCDFile, open_dcd
 from .xtc import XTCFile, open_xtc
-from .h5md import H5MDBlockReader
+from .h5md import H5MDBlockReader, is_h5md
 
 
 @dataclasses.dataclass
@@ -67,6 +66,18 @@ def open_universe(topology, trajectories, timer=None):
     return u
 
 
+def open_block_reader(trajectories, atom_indices, need_boxes, timer=None, comm=None,
+                      frame_offset=0) -> "BlockReader":
+    """The block reader for these files: one H5MD file through h5py, anything
+    else as a trajectory (open_trajectory)."""
+    trajectories = list(trajectories)
+    if len(trajectories) == 1 and is_h5md(trajectories[0]):
+        with _phase(timer, "open_trajectory"):
+            return H5MDChunkReader(trajectories[0], atom_indices, need_boxes, comm, frame_offset)
+    return TrajectoryBlockReader(open_trajectory(trajectories, timer, need_boxes), atom_indices,
+                                 need_boxes, frame_offset)
+
+
 def open_trajectory(trajectories, timer=None, need_boxes=False):
     """The trajectory alone, no topology: several files become one ChainReader,
     plain DCD files a DCDTrajectory (dcd.py: no MDAnalysis import, no decoding),
@@ -99,14 +110,11 @@ class _Atoms:
 class TrajectoryBlockReader:
     """Chunks of an MDAnalysis trajectory reader, one sub-reader at a time for chained files."""
 
-    def __init__(self, trajectory, atom_indices, need_boxes=False, frame_offset=0, times=None,
-                 dimensions=None):
+    def __init__(self, trajectory, atom_indices, need_boxes=False, frame_offset=0):
         self.traj = trajectory
         self.idx = np.asarray(atom_indices, dtype=np.intp)
         self.need_boxes = need_boxes
         self.frame_offset = frame_offset  # global number of this trajectory's frame 0
-        self.times = times                # overrides readers' times (split segments)
-        self.dimensions = dimensions      # overrides readers' boxes (split segments)
         self.parts = list(trajectory.readers) if hasattr(trajectory, "readers") else [trajectory]
         sizes = [r.n_frames for r in self.parts]
         self.part_starts = np.concatenate([[0], np.cumsum(sizes)])
@@ -128,12 +136,8 @@ class TrajectoryBlockReader:
             boxes = None if all(c.boxes is None for c in pieces) else np.concatenate(
                 [np.zeros((len(c.times), 6), np.float32) if c.boxes is None else c.boxes
                  for c in pieces])
-            if self.times is not None:
-                times = np.asarray(self.times[pos:end], dtype=np.float64)
-            elif len(self.parts) > 1:
+            if len(self.parts) > 1:
                 times = self._chain_times(pos, end)
-            if boxes is not None and self.dimensions is not None:
-                boxes = np.asarray(self.dimensions[pos:end], dtype=np.float32)
             frames = np.arange(pos, end, dtype=np.int64) + self.frame_offset
             yield Chunk(frames, times, coords, boxes, steps)
 
@@ -168,7 +172,9 @@ class TrajectoryBlockReader:
         return Chunk(None, times, coords, boxes, steps)
 
     def _has_boxes(self, reader):
-        return self.need_boxes and reader.ts.dimensions is not None
+        """Whether boxes must be read frame by frame: the file's header says it has
+        a cell (any frame may: the frame read last says nothing of the others)."""
+        return self.need_boxes and bool(reader._file.header["is_periodic"])
 
     def _read_dcd(self, reader, lo, hi):
         """DCD in bulk (no box), times linear in the frame as DCD defines them,
@@ -178,7 +184,8 @@ class TrajectoryBlockReader:
         if isinstance(reader, DCDFile):
             return Chunk(None, reader.times(lo, hi), reader.read_atoms(self.idx, lo, hi), None,
                          steps)
-        times = reader[lo].time + np.arange(hi - lo) * reader.ts.dt
+        header = reader._file.header  # each frame's time as DCDReader computes it
+        times = (np.arange(lo, hi) + header["istart"] / header["nsavc"]) * reader.ts.dt
         coords = np.ascontiguousarray(reader.timeseries(
             atomgroup=_Atoms(self.idx), start=lo, stop=hi, order="fac"), dtype=np.float32)
         return Chunk(None, times, coords, None, steps)
@@ -190,9 +197,10 @@ class TrajectoryBlockReader:
 class H5MDChunkReader:
     """Chunks of an H5MD file through h5py."""
 
-    def __init__(self, path, atom_indices, need_boxes=False, comm=None):
+    def __init__(self, path, atom_indices, need_boxes=False, comm=None, frame_offset=0):
         self.h5 = H5MDBlockReader(path, atom_indices, comm)
         self.need_boxes = need_boxes
+        self.frame_offset = frame_offset  # global number of this file's frame 0 (a segment's)
 
     @property
     def n_frames(self):
@@ -202,7 +210,7 @@ class H5MDChunkReader:
         for pos in range(start, stop, chunk_frames):
             end = min(pos + chunk_frames, stop)
             times, coords, boxes = self.h5.read(pos, end, self.need_boxes)
-            yield Chunk(np.arange(pos, end, dtype=np.int64), times, coords, boxes)
+            yield Chunk(np.arange(pos, end, dtype=np.int64) + self.frame_offset, times, coords, boxes)
 
     def close(self):
         self.h5.close()

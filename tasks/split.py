@@ -1,7 +1,7 @@
 """The split task: prepare the trajectory for the analyze stage, per io strategy.
 
   shared: check the inputs still have the frames and atoms the plan counted;
-  split:  write one trajectory segment per block (Khoshlessan et al. 2019, section 6.5.1),
+  split:  write one trajectory segment per block (H5MD: the input's float32 data, exact) (Khoshlessan et al. 2019, section 6.5.1),
           blocks shared round-robin over the MPI ranks or one block per task;
   h5md:   convert to one H5MD file with chunks of one frame (Jakupovic and Beckstein 2021).
 Every output is written under a temporary name and renamed when whole.
@@ -16,8 +16,8 @@ import time
 import numpy as np
 
 from .h5md import H5MDWriter
-from .plan import RunPlan, chunk_size, decode_path_arg, segment_format
-from .readers import TrajectoryBlockReader, open_universe
+from .plan import RunPlan, chunk_size, decode_path_arg
+from .readers import open_universe
 from .timing import RankTimer
 
 
@@ -32,29 +32,55 @@ def check_inputs(plan, timer):
     return u
 
 
-def write_segment(plan, u, block, timer):
-    """One block's frames, all atoms, into their own file; times into a sidecar."""
-    import MDAnalysis as mda
-    start, stop = plan.blocks[block]
-    final = plan.segment_path(block)
-    root, ext = os.path.splitext(final)
-    tmp = f"{root}.tmp{os.getpid()}{ext}"
-    times = np.empty(stop - start, dtype=np.float64)
-    boxes = np.zeros((stop - start, 6), dtype=np.float32)
-    with timer.phase("write"):
-        with mda.Writer(tmp, n_atoms=len(u.atoms), format=segment_format(plan.trajectories[0])) as w:
-            for i, ts in enumerate(u.trajectory[start:stop]):
-                times[i] = u.trajectory.time  # cumulative over chained files
+def copy_frames(u, start, stop, writer, timer, chunk_frames):
+    """Frames [start, stop) of the Universe's trajectory, every atom, into an
+    H5MDWriter chunk by chunk: the float32 positions, boxes (each frame its own),
+    time (cumulative over chained files, as `trajectory.time`) and step exactly as
+    MDAnalysis gives them, and velocities and forces where the frames have them.
+    No lossy re-encoding: a segment or copy is the input's data, bit for bit."""
+    traj = u.trajectory
+    n_atoms = len(u.atoms)
+    for pos in range(start, stop, chunk_frames):
+        end = min(pos + chunk_frames, stop)
+        n = end - pos
+        coords = np.empty((n, n_atoms, 3), np.float32)
+        boxes = np.zeros((n, 6), np.float32)
+        times = np.empty(n, np.float64)
+        steps = np.empty(n, np.int64)
+        extra = {name: np.empty((n, n_atoms, 3), np.float32) for name in writer.data if name != "position"}
+        with timer.phase("io"):
+            for i, ts in enumerate(traj[pos:end]):
+                coords[i] = ts.positions
+                times[i] = traj.time
+                steps[i] = ts.data.get("step", ts.frame)
                 if ts.dimensions is not None:
                     boxes[i] = ts.dimensions
-                w.write(u.atoms)
-        sidecar = {"time": times}
-        if boxes.any():  # XTC/TRR keep the box as float32 vectors: 1 ulp off after the round trip
-            sidecar["dimensions"] = boxes
-        tmp_frames = plan.segment_frames_path(block) + f".tmp{os.getpid()}.npz"
-        np.savez(tmp_frames, **sidecar)
-        os.replace(tmp_frames, plan.segment_frames_path(block))
-        os.replace(tmp, final)
+                if "velocity" in extra:
+                    extra["velocity"][i] = ts.velocities
+                if "force" in extra:
+                    extra["force"][i] = ts.forces
+        with timer.phase("convert"):
+            writer.write(times, coords, boxes, steps, extra.get("velocity"), extra.get("force"))
+
+
+def new_writer(u, path, n_frames, compression=None):
+    """An H5MDWriter for all the Universe's atoms, with its velocities and forces if it has them."""
+    ts = u.trajectory.ts
+    return H5MDWriter(path, len(u.atoms), n_frames, compression,
+                      velocities=ts.has_velocities, forces=ts.has_forces)
+
+
+def write_segment(plan, u, block, timer):
+    """One block's frames, all atoms, into an H5MD file of their own."""
+    start, stop = plan.blocks[block]
+    final = plan.segment_path(block)
+    tmp = f"{final}.tmp{os.getpid()}"
+    writer = new_writer(u, tmp, stop - start)
+    try:
+        copy_frames(u, start, stop, writer, timer, chunk_size(plan.chunk_frames, len(u.atoms)))
+    finally:
+        writer.close()
+    os.replace(tmp, final)
 
 
 CONVERSION_SECONDS = "trajflow_conversion_s"  # a root attribute of the H5MD copy
@@ -72,20 +98,9 @@ def convert_h5md(plan, u, timer):
             timer.info["conversion_reused_s"] = reuse_h5md(plan, final)
             return
         tmp = f"{final}.tmp{os.getpid()}"
-        # the box of every frame goes with it: an H5MD without it would silently
-        # give analyses that apply the minimum image the wrong answer
-        periodic = u.trajectory.ts.dimensions is not None
-        reader = TrajectoryBlockReader(u.trajectory, np.arange(len(u.atoms)), need_boxes=periodic)
-        writer = H5MDWriter(tmp, len(u.atoms), plan.n_frames, plan.compression, periodic=periodic)
+        writer = new_writer(u, tmp, plan.n_frames, plan.compression)
         try:
-            chunks = reader.chunks(0, plan.n_frames, chunk_size(plan.chunk_frames, len(u.atoms)))
-            while True:
-                with timer.phase("io"):
-                    chunk = next(chunks, None)
-                if chunk is None:
-                    break
-                with timer.phase("convert"):
-                    writer.write(chunk.times, chunk.coords, chunk.boxes, chunk.steps)
+            copy_frames(u, 0, plan.n_frames, writer, timer, chunk_size(plan.chunk_frames, len(u.atoms)))
             writer.file.attrs[CONVERSION_SECONDS] = time.time() - timer.t_start
         finally:
             writer.close()
@@ -145,7 +160,7 @@ def main(argv=None):
     if plan.io == "split":
         for b in my_blocks(plan, args.block, rank, size):
             write_segment(plan, u, b, timer)
-    elif plan.io == "h5md" and rank == 0:
+    elif plan.io == "h5md" and rank == 0 and not plan.reads_h5md_input:
         convert_h5md(plan, u, timer)
     if rank == 0 and args.block in (None, 0):
         manifest = {"io": plan.io, "n_frames": plan.n_frames, "n_atoms": plan.n_atoms}

@@ -76,8 +76,17 @@ class XTCFile:
                      np.array([c[4:7] for c in comp], dtype=np.int64).reshape(n, 3),
                      np.array([c[7] for c in comp], dtype=np.int64), out)
         if bad >= 0:
-            raise OSError(f"{self.filename}: frame {lo + bad} is damaged (its compressed "
-                          "coordinates do not decode within its bytes)")
+            frame, past_table = lo + bad // 2, bad % 2
+            where = f"frame {frame} (byte {int(self.offsets[frame])})"
+            if past_table:
+                raise OSError(
+                    f"{self.filename}: {where} uses a compression index past the end of "
+                    "xdrfile's table, whose value no reader defines (MDAnalysis decodes it "
+                    "with whatever follows the table in its own library); coordinates this "
+                    "large need a lower XTC precision: write the trajectory again with one "
+                    "(or as TRR/DCD/H5MD)")
+            raise OSError(f"{self.filename}: {where} is damaged (its compressed coordinates "
+                          "do not decode within its bytes)")
         coords = out[:, idx] * np.float32(10.0)  # nm -> Å, in float32 as MDAnalysis does
         times = np.array([h[3] for h in heads], dtype=np.float32).astype(np.float64)
         steps = np.array([h[2] for h in heads], dtype=np.int64)

@@ -30,7 +30,7 @@ def test_plan_round_trip(tmp_path):
                    gather="gatherv", n_frames=10, n_atoms=3, blocks=balanced_blocks(10, 3))
     path = plan.save()
     assert RunPlan.load(path) == plan
-    assert plan.segment_path(2).endswith("split/block_00002.dcd")
+    assert plan.segment_path(2).endswith("split/block_00002.h5md")
 
 
 @pytest.mark.parametrize("path", ["/plain/path.json", "/with space/p.json", "/dollar$HOME/p`x`.json",

@@ -268,9 +268,10 @@ def test_h5md_conversion_round_trips_every_frame(tmp_path, adk, solvated, solvat
         if a.dimensions is None:
             assert b.dimensions is None and our_boxes is None
             continue
-        # the box travels as float32 box vectors (as MDAnalysis' H5MDWriter writes it)
+        # the box travels as float32 box vectors (as MDAnalysis' H5MDWriter writes it),
+        # which other readers get within an ulp, and exact for trajflow's reader
         np.testing.assert_allclose(b.dimensions, a.dimensions, rtol=1e-6, atol=1e-4)
-        np.testing.assert_array_equal(our_boxes[i], b.dimensions)
+        np.testing.assert_array_equal(our_boxes[i], a.dimensions)
     if case == "chain":  # the second copy's steps restart: shifted to keep increasing
         assert np.all(np.diff(steps) > 0)
         assert np.all(np.diff(steps) == np.diff(steps)[0])

@@ -55,8 +55,7 @@ def remaining_specs(plan: RunPlan, plan_path: str) -> Dict[str, List[TaskSpec]]:
     reduce (always: it checks and publishes)."""
     specs = stage_specs(plan, plan_path)
     if plan.io == "split":
-        missing = [b for b in range(plan.n_blocks) if not (
-            os.path.exists(plan.segment_path(b)) and os.path.exists(plan.segment_frames_path(b)))]
+        missing = [b for b in range(plan.n_blocks) if not os.path.exists(plan.segment_path(b))]
         if plan.mode == "tasks":
             specs["split"] = [s for s in specs["split"] if int(s.args[-1]) in missing]
         elif not missing:

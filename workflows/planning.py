@@ -381,9 +381,8 @@ def space_needed(plan) -> dict:
         need["the H5MD copy of the trajectory"] = plan.n_frames * (plan.n_atoms * 12 + 80)
     elif plan.io == "split":
         missing = sum(1 for b in range(plan.n_blocks) if not os.path.exists(plan.segment_path(b)))
-        if missing:
-            size = sum(os.path.getsize(t) for t in plan.trajectories)
-            need["the split segments"] = size * missing // plan.n_blocks
+        if missing:  # float32 positions (and velocities, forces) of every frame
+            need["the split segments"] = plan.n_frames * (plan.n_atoms * 12 + 80) * missing // plan.n_blocks
     need["RADICAL's session folder (logs, profiles)"] = RADICAL_SESSION_BYTES
     per_frame = {"rmsd": 8, "dihedrals": 8 * 4 * len((plan.selected or {}).get("resids", ()))}
     if plan.analysis in per_frame and not os.path.exists(plan.result_path()):
