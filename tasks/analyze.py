@@ -168,8 +168,8 @@ def needs_mdanalysis(plan):
     if not plan.builtin:
         return True
     need_boxes = ANALYSIS_CLASSES[plan.analysis].need_boxes
-    files = {"shared": plan.trajectories, "split": [plan.segment_path(0)],
-             "h5md": [plan.h5md_path()]}[plan.io]
+    files = (plan.trajectories if plan.io == "shared" else [plan.segment_path(0)]
+             if plan.io == "split" else [plan.h5md_path()])
     if len(files) == 1 and is_h5md(files[0]):
         users_own_file = plan.io == "shared" or plan.reads_h5md_input  # boxes from edges
         return need_boxes and users_own_file

@@ -128,7 +128,14 @@ def test_rmsd_over_h5md_or_dcd_runs_without_importing_mdanalysis(tmp_path, adk, 
     with h5py.File(plan.part_path("block_00000")) as f:
         np.testing.assert_allclose(f["rmsd"][()], expected[:len(f["rmsd"])], atol=1e-4)
     from types import SimpleNamespace
-    assert needs_mdanalysis(SimpleNamespace(io="h5md", builtin=True, analysis="dihedrals"))
+    import dataclasses
+    # trajflow's own H5MD holds every frame's exact box: no MDAnalysis even for dihedrals;
+    # a user's H5MD gives its box as vectors, turned into dimensions as MDAnalysis does
+    assert not needs_mdanalysis(dataclasses.replace(plan, io="h5md", analysis="dihedrals"))
+    users = dataclasses.replace(plan, io="shared", analysis="dihedrals",
+                                trajectories=[str(tmp_path / "theirs.h5md")])
+    assert needs_mdanalysis(users)
+    assert needs_mdanalysis(dataclasses.replace(users, io="h5md"))
     assert needs_mdanalysis(SimpleNamespace(io="shared", builtin=True, analysis="rmsd",
                                             trajectories=[adk_xtc[1], adk_xtc[1]]))  # a chain
     assert not needs_mdanalysis(SimpleNamespace(io="shared", builtin=True, analysis="rmsd",
