@@ -79,6 +79,25 @@ class DCDFile:
         return cls(path, n_atoms, n_frames, header_size, frame_size, has_cell, istart, nsavc,
                    delta)
 
+    def layout_problem(self):
+        """Why the first frame is not laid out as the header says, or None. A header
+        that promises a unit cell the frames lack makes MDAnalysis read each frame's
+        first coordinates as its cell and everything after shifted, without a word."""
+        with open(self.filename, "rb") as fh:
+            fh.seek(self.header_size)
+            raw = fh.read(4)
+        marker = struct.unpack("<i", raw)[0] if len(raw) == 4 else None
+        expected = _CELL_RECORD - 8 if self.has_cell else 4 * self.n_atoms
+        if marker == expected:
+            return None
+        if self.has_cell and marker == 4 * self.n_atoms:
+            return ("its header says every frame starts with a unit cell record, but the first "
+                    "frame starts with the coordinates (MDAnalysis would read coordinates as the "
+                    "cell and every frame shifted). The file's header is wrong: write the "
+                    "trajectory again with the program that made it")
+        return (f"its first frame starts with a record of {marker} bytes where its header "
+                f"promises {expected} (a damaged DCD, or one written with another layout)")
+
     def times(self, lo, hi):
         """MDAnalysis' DCDReader time of frames [lo, hi): (frame + istart/nsavc) * dt."""
         return (np.arange(lo, hi) + self.istart / self.nsavc) * self.dt

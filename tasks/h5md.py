@@ -203,9 +203,10 @@ class H5MDBlockReader:
         # time-dependent (edges/value, one box per frame) or one box for all frames
         self.edges_per_frame = isinstance(edges, h5py.Group)
         self.edges = edges["value"] if self.edges_per_frame else edges
-        if self.edges_per_frame and self.edges.shape[0] != self.n_frames:
-            raise H5MDError(f"{path}: {self.edges.shape[0]} boxes for {self.n_frames} frames; "
-                            "trajflow reads boxes sampled with every frame only")
+        # whole frames: those every time-dependent dataset has (planning refuses a
+        # file whose lengths differ unless --allow-truncated asks for these)
+        self.n_frames = min(self.n_frames, len(self.times),
+                            self.edges.shape[0] if self.edges_per_frame else self.n_frames)
         if self.edges is not None:
             unit = (_unit(self.edges, units.H5MD_LENGTH, path) if "unit" in self.edges.attrs
                     else _unit(self.value, units.H5MD_LENGTH, path))
@@ -222,9 +223,6 @@ class H5MDBlockReader:
         if t.shape == ():  # time-independent step: time = frame index x dt
             return np.arange(self.n_frames) * (float(t[()]) * factor)
         values = np.asarray(t[:])
-        if len(values) != self.n_frames:
-            raise H5MDError(f"{self.path}: {t.name} has {len(values)} times for "
-                            f"{self.n_frames} frames (a damaged file?)")
         if factor != 1.0:
             values = values * (np.float32(factor) if values.dtype == np.float32 else factor)
         return values.astype(np.float64)

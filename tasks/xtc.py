@@ -47,9 +47,14 @@ class XTCFile:
             head = fh.read(_HEAD.size)
         n_atoms = _HEAD.unpack(head)[1]
         offsets = _mdanalysis_offsets(path, size, n_atoms)
-        if offsets is None:
-            offsets = _scan_offsets(path, size)
-        return cls(path, n_atoms, list(offsets) + [_end_of_last(path, offsets[-1], size)], size)
+        offsets = list(_scan_offsets(path, size) if offsets is None else offsets)
+        # whole frames only, whichever index was used (MDAnalysis' counts a cut last frame)
+        while offsets and _end_of_last(path, offsets[-1], size) > size:
+            offsets.pop()
+        if not offsets:
+            raise OSError(f"{path}: holds no whole frame (its first frame is cut short at byte "
+                          f"{size}); restore the file")
+        return cls(path, n_atoms, offsets + [_end_of_last(path, offsets[-1], size)], size)
 
     def read(self, idx, lo, hi):
         """(coords (F, A, 3) float32 Å of atoms idx, times (F,) ps, steps (F,)) of
@@ -140,9 +145,12 @@ def _scan_offsets(path, size):
 
 
 def _end_of_last(path, last, size):
+    """Where the frame starting at `last` ends (past `size` when it is cut short)."""
     with open(path, "rb") as fh:
         fh.seek(last)
         raw = fh.read(HEADER_BYTES)
+    if len(raw) < HEADER_BYTES:
+        return size + 1
     return last + _frame_bytes(_HEAD.unpack_from(raw), _COMPRESSED.unpack_from(raw, _HEAD.size))
 
 

@@ -361,3 +361,43 @@ def test_user_analysis_on_a_box_missing_in_the_first_frame(tmp_path, solvated):
         _, plan = plan_and_run(tmp_path / io, top, [traj], f"{factories}:dihedral", io=io,
                                mode="tasks", blocks=2, cpus=2, side_by_side=True)
         np.testing.assert_array_equal(open_result(plan.workdir)["angles"], serial)
+
+
+# --- damaged files met by trajflow's own readers ----------------------------------------
+
+def test_xtc_cut_inside_its_first_frame_or_its_last(tmp_path, adk_xtc):
+    """Cut in the first frame: a clear OSError naming the file (was IndexError). Cut
+    in the last: the same whole frames whether MDAnalysis' offsets file lies beside
+    it or not (it counted the cut frame before)."""
+    from trajflow.tasks.xtc import XTCFile
+    data = open(adk_xtc[1], "rb").read()
+    first = tmp_path / "first.xtc"
+    first.write_bytes(data[:200])
+    with pytest.raises(OSError, match="holds no whole frame") as info:
+        XTCFile.open(str(first))
+    assert str(first) in str(info.value)
+    whole = mda.Universe(adk_xtc[1]).trajectory  # its frame starts
+    cut = tmp_path / "last.xtc"
+    cut.write_bytes(data[:int(whole._xdr.offsets[-1]) + 100])
+    without_offsets = XTCFile.open(str(cut)).n_frames
+    mda.coordinates.core.reader(str(cut)).close()  # writes .last.xtc_offsets.npz beside it
+    assert os.path.exists(tmp_path / ".last.xtc_offsets.npz")
+    assert XTCFile.open(str(cut)).n_frames == without_offsets == whole.n_frames - 1
+
+
+def test_dcd_promising_a_cell_it_lacks_is_refused_before_any_pilot(tmp_path, adk):
+    """MDAnalysis reads such a file as garbage (coordinates taken for the cell);
+    trajflow refuses it at planning with the reason, not as a truncation."""
+    import shutil
+    import struct
+    from trajflow.workflows.errors import InputError
+    from trajflow.workflows.planning import make_plan
+    bad = tmp_path / "nocell.dcd"
+    shutil.copy(adk[1], bad)
+    with open(bad, "r+b") as f:
+        f.seek(48)
+        f.write(struct.pack("<i", 1))  # CHARMM's "extra block" flag: a cell per frame
+    with pytest.raises(InputError, match="unit cell record, but the first frame starts with"):
+        make_plan(adk[0], [str(bad)], "rmsd", str(tmp_path / "run"), io="shared", mode="tasks",
+                  blocks=2, cpus=2)
+    assert not os.path.exists(tmp_path / "run")  # nothing written

@@ -29,6 +29,23 @@ class Damage:
                 f"({self.where})")
 
 
+def unreadable(path) -> Optional[str]:
+    """Why the file cannot be analysed as it is, whatever its length (so not a
+    truncation --allow-truncated could pass), or None: a DCD whose frames are not
+    laid out as its header says, an H5MD file trajflow's reader refuses (units)."""
+    from trajflow.tasks.dcd import DCDFile
+    from trajflow.tasks.h5md import H5MDBlockReader, H5MDError, is_h5md
+    if str(path).lower().endswith(".dcd"):
+        layout = DCDFile.from_header(str(path))
+        return None if layout is None else layout.layout_problem()
+    if is_h5md(path):
+        try:
+            H5MDBlockReader(str(path), [0]).close()
+        except H5MDError as exc:
+            return str(exc)
+    return None
+
+
 def whole_frames(reader) -> Optional[Damage]:
     """None if every frame of this (single-file) MDAnalysis reader is whole, else Damage."""
     kind = type(reader).__name__

@@ -61,6 +61,9 @@ def open_inputs(topology, trajectories, damages=None):
             except Exception as exc:
                 raise InputError(f"MDAnalysis cannot read trajectory {t!r} ({exc}); "
                                  "give a format MDAnalysis reads (DCD, XTC, TRR, H5MD, ...)")
+            problem = integrity.unreadable(t)
+            if problem:
+                raise InputError(f"trajectory {t!r} cannot be analysed: {problem}")
             if damages is not None:
                 damage = integrity.whole_frames(u.trajectory)
                 if damage is not None:
