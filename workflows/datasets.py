@@ -52,12 +52,12 @@ def concatenated(top, traj, name, copies, fmt, folder=None):
         boxes = [None if ts.dimensions is None else ts.dimensions.copy() for ts in u.trajectory]
         dt = u.trajectory.dt
     n = len(coords)
-    periodic = boxes[0] is not None
     tmp = os.path.join(folder, f".{name}.tmp{os.getpid()}.{fmt.lower()}")
     if fmt.upper() == "H5MD":
-        w = H5MDWriter(tmp, coords.shape[1], n * copies, periodic=periodic)
+        w = H5MDWriter(tmp, coords.shape[1], n * copies)  # periodic if any frame has a box
+        dims = np.array([np.zeros(6, np.float32) if b is None else b for b in boxes])
         for c in range(copies):
-            w.write((np.arange(n) + c * n) * dt, coords, np.array(boxes) if periodic else None)
+            w.write((np.arange(n) + c * n) * dt, coords, dims)
         w.close()
     else:
         with warnings.catch_warnings():
