@@ -100,8 +100,8 @@ class RunPlan:
     @property
     def reads_h5md_input(self) -> bool:
         """io h5md over one H5MD input: the input is read as it is, never copied."""
-        return self.io == "h5md" and len(self.trajectories) == 1 and \
-            self.trajectories[0].lower().endswith(".h5md")
+        from .h5md import is_h5md  # h5py only where asked
+        return self.io == "h5md" and len(self.trajectories) == 1 and is_h5md(self.trajectories[0])
 
     def h5md_path(self) -> str:
         """io h5md: the input itself when it is H5MD, else the run's own copy in
