@@ -7,8 +7,8 @@ import os
 import subprocess
 import sys
 
-from trajflow.workflows.pipeline import stage_specs, task_environment
-from trajflow.workflows.planning import make_plan, write_plan
+from trajflow.workflows.run.pipeline import stage_specs, task_environment
+from trajflow.workflows.run.planning import make_plan, write_plan
 
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 

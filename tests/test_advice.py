@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from trajflow.tasks.plan import RunPlan
-from trajflow.workflows.advice import REFERENCES, advice, compare_strategies
+from trajflow.workflows.profile.advice import REFERENCES, advice, compare_strategies
 
 
 def plan(tmp_path, io="shared", mode="mpi", gather="gatherv", n=2, name="run"):

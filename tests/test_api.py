@@ -59,7 +59,7 @@ def test_progress_shows_the_frames_the_ranks_report(tmp_path, tty):
     """Two ranks' progress files (what tasks/timing.py writes) summed into lines at
     every quarter, or a tqdm bar on a terminal."""
     from trajflow.tasks.plan import RunPlan
-    from trajflow.workflows.progress import Progress
+    from trajflow.workflows.run.progress import Progress
     plan = RunPlan(workdir=str(tmp_path), topology="t", trajectories=["x"], analysis="rmsd",
                    selection="name CA", io="shared", mode="mpi", gather="gatherv", n_frames=100,
                    n_atoms=1, blocks=[(0, 50), (50, 100)])
@@ -104,7 +104,7 @@ def test_pilot_run_gives_mdanalysis_rmsd_as_arrays(pilot, adk, reference_results
     ranks = sorted(r["rank"] for r in run.profile.records if r["task"] == "analyze")
     assert ranks == [0, 1]
     assert "result:" in run.summary() and str(run.result_path) in run.summary()
-    from trajflow.workflows.progress import frames_done
+    from trajflow.workflows.run.progress import frames_done
     assert frames_done(run.plan) == 98  # the ranks' progress files, final
     html = run.profile.to_html(str(path / "rmsd.html"))
     assert "analyze" in open(html).read()

@@ -10,9 +10,9 @@ import textwrap
 
 import pytest
 
-from trajflow.workflows.campaign import load_campaign
-from trajflow.workflows.campaign_table import _add_speedups, curve_points, strategy_comparisons
-from trajflow.workflows.planning import InputError
+from trajflow.workflows.campaign.spec import load_campaign
+from trajflow.workflows.campaign.table import _add_speedups, curve_points, strategy_comparisons
+from trajflow.workflows.run.planning import InputError
 
 BASE = """
 [campaign]
@@ -113,7 +113,7 @@ def test_bad_campaign_files_name_the_problem(tmp_path, change, words):
 def test_dry_run_prints_experiments_and_pilots_and_writes_nothing(tmp_path):
     path = write(tmp_path, BASE)
     out = tmp_path / "camp"
-    proc = subprocess.run([sys.executable, "-m", "trajflow.workflows.cli", "campaign", path,
+    proc = subprocess.run([sys.executable, "-m", "trajflow.workflows.cli.main", "campaign", path,
                            "--out", str(out), "--dry-run"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "24 experiments" in proc.stdout
@@ -126,12 +126,12 @@ def test_dry_run_prints_experiments_and_pilots_and_writes_nothing(tmp_path):
 
 def test_unknown_resource_and_bad_input_exit_2_before_anything_is_written(tmp_path):
     path = write(tmp_path, BASE.replace('"local.slurm"', '"nowhere.cluster"'))
-    proc = subprocess.run([sys.executable, "-m", "trajflow.workflows.cli", "campaign", path,
+    proc = subprocess.run([sys.executable, "-m", "trajflow.workflows.cli.main", "campaign", path,
                            "--out", str(tmp_path / "camp")], capture_output=True, text=True)
     assert proc.returncode == 2 and "nowhere.cluster" in proc.stderr and "trajflow resources" in proc.stderr
     assert not (tmp_path / "camp").exists()
     missing = BASE.replace('dataset = "adk"\ncopies = 1', 'topology = "no.psf"\ntrajectory = "no.dcd"')
-    proc = subprocess.run([sys.executable, "-m", "trajflow.workflows.cli", "campaign",
+    proc = subprocess.run([sys.executable, "-m", "trajflow.workflows.cli.main", "campaign",
                            write(tmp_path, missing, "m.toml"), "--out", str(tmp_path / "camp")],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "no.psf" in proc.stderr and "does not exist" in proc.stderr
@@ -140,7 +140,7 @@ def test_unknown_resource_and_bad_input_exit_2_before_anything_is_written(tmp_pa
 
 def test_resume_needs_a_campaign_folder(tmp_path):
     (tmp_path / "stuff").mkdir()
-    proc = subprocess.run([sys.executable, "-m", "trajflow.workflows.cli", "campaign",
+    proc = subprocess.run([sys.executable, "-m", "trajflow.workflows.cli.main", "campaign",
                            write(tmp_path, BASE), "--out", str(tmp_path / "stuff"), "--resume"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "not a trajflow campaign folder" in proc.stderr
@@ -184,9 +184,9 @@ def test_a_campaign_runs_your_own_analysis_with_its_args(tmp_path, adk):
     import MDAnalysis as mda
     from MDAnalysis.analysis.base import AnalysisFromFunction
     from stages import run_stages
-    from trajflow.workflows.campaign_run import plan_experiments
-    from trajflow.workflows.planning import write_plan
-    from trajflow.workflows.results import open_result
+    from trajflow.workflows.campaign.run import plan_experiments
+    from trajflow.workflows.run.planning import write_plan
+    from trajflow.workflows.run.results import open_result
     (tmp_path / "mine.py").write_text(OWN_FACTORY)
     text = BASE.replace('analysis = "rmsd"', 'analysis = "mine.py:radius_of_gyration"\n'
                         'analysis_args = {select = "name CA"}')
@@ -245,7 +245,7 @@ def test_a_remote_resource_is_planned_on_its_machine_not_here(tmp_path):
     """A resource with `remote` is run by a campaign there: here its experiments are
     neither planned nor their inputs read (the paths are the cluster's), only listed;
     the local resource's are planned as before. remote_python needs remote."""
-    from trajflow.workflows.campaign_run import dry_run, plan_experiments
+    from trajflow.workflows.campaign.run import dry_run, plan_experiments
     text = BASE.replace('[resources."local.slurm"]\nwalltime = 15\nqueue = "debug"',
                         '[resources."local.slurm"]\nwalltime = 15\nremote = "me@login.hpc.org:2222"'
                         '\nremote_out = "/scratch/me/c"')

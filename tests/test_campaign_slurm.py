@@ -45,7 +45,7 @@ io = ["shared"]
 
 
 def trajflow(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "trajflow.workflows.cli", *args],
+    return subprocess.run([sys.executable, "-m", "trajflow.workflows.cli.main", *args],
                           capture_output=True, text=True, env={**os.environ, **(env or {})})
 
 

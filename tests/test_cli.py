@@ -123,7 +123,7 @@ def test_an_h5md_that_lost_its_box_is_refused_for_dihedrals(solvated, tmp_path):
     import gc
     import h5py
     import MDAnalysis as mda
-    from trajflow.workflows.planning import make_plan
+    from trajflow.workflows.run.planning import make_plan
     gro, xtc = solvated
     boxless = str(tmp_path / "boxless.h5md")
     u = mda.Universe(gro, xtc)
@@ -151,8 +151,8 @@ def test_one_run_per_folder_a_second_run_or_resume_is_refused_naming_the_holder(
     would), another run or a resume into it is refused at once, exit 2; a lock left
     by a process that is gone is taken over."""
     import socket
-    from trajflow.workflows.planning import make_plan, write_plan
-    from trajflow.workflows.rundir_lock import LOCK_FILE, RunLock
+    from trajflow.workflows.run.planning import make_plan, write_plan
+    from trajflow.workflows.run.rundir_lock import LOCK_FILE, RunLock
     out = tmp_path / "run"
     lock = RunLock(out).acquire()
     holder = f"host {socket.gethostname()} pid {os.getpid()}"
@@ -179,7 +179,7 @@ def test_one_run_per_folder_a_second_run_or_resume_is_refused_naming_the_holder(
 
 
 def test_a_refused_run_leaves_no_folder_and_no_lock(adk, tmp_path):
-    from trajflow.workflows.planning import InputError, make_plan
+    from trajflow.workflows.run.planning import InputError, make_plan
     with pytest.raises(InputError):
         make_plan(adk[0], [adk[1]], "rmsd", str(tmp_path / "run"), selection="resname NOPE")
     assert not (tmp_path / "run").exists()

@@ -21,7 +21,7 @@ import pytest
 from processes import processes_mentioning, start_with_sleeping_tasks, stop, wait_for_analyze
 
 from trajflow.tasks import client_guard
-from trajflow.workflows import heartbeat
+from trajflow.workflows.run import heartbeat
 
 
 # --- off the pilot -------------------------------------------------------------------
@@ -240,7 +240,7 @@ def killed_mid_analyze(args, pids=client_pids):
 
 
 def resume(out):
-    return subprocess.run([sys.executable, "-m", "trajflow.workflows.cli", "run", "--resume",
+    return subprocess.run([sys.executable, "-m", "trajflow.workflows.cli.main", "run", "--resume",
                            str(out)], capture_output=True, text=True)
 
 

@@ -20,8 +20,8 @@ import h5py
 import numpy as np
 import pytest
 
-from trajflow.workflows.execute import run_plans
-from trajflow.workflows.planning import make_plan, write_plan
+from trajflow.workflows.run.execute import run_plans
+from trajflow.workflows.run.planning import make_plan, write_plan
 
 pytestmark = pytest.mark.entk
 FACTORIES = os.path.join(os.path.dirname(__file__), "analyses", "factories.py")
@@ -128,8 +128,8 @@ def test_every_rank_left_a_timing_record_also_in_radicals_profile(session):
 
 
 def test_the_trace_shows_radicals_launch_start_up_and_exit_around_every_rank(session, tmp_path):
-    from trajflow.workflows.inspection import inspect_runs
-    from trajflow.workflows.trace import trace_events
+    from trajflow.workflows.profile.inspection import inspect_runs
+    from trajflow.workflows.profile.trace import trace_events
     report, plans = session
     events = trace_events(inspect_runs([plans["rmsd_mpi"].workdir]))["traceEvents"]
     analyze = [e for e in events if e["ph"] == "X" and e["args"].get("task") == "analyze"]
@@ -183,7 +183,7 @@ def test_cli_run_exits_zero_and_says_where_things_are(tmp_path, adk, reference_r
 def test_a_users_analysis_runs_on_the_pilot_and_equals_serial_mdanalysis(session, solvated):
     import warnings
     import MDAnalysis as mda
-    from trajflow.workflows.results import open_result
+    from trajflow.workflows.run.results import open_result
     report, plans = session
     [o] = [o for o in report.outcomes if o.pipeline == "user_rdf" and o.stage == "reduce"]
     assert o.state == "DONE", o.describe()

@@ -7,7 +7,7 @@ import threading
 import time
 import types
 
-from trajflow.workflows import entk_client
+from trajflow.workflows.run import entk_client
 
 
 def _prof(path, events):

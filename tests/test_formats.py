@@ -349,7 +349,7 @@ def test_user_analysis_on_a_box_missing_in_the_first_frame(tmp_path, solvated):
     """A user's analysis through the split segments and the H5MD copy sees every
     frame's own box and the input's exact coordinates, as a serial run does."""
     from stages import plan_and_run
-    from trajflow.workflows.results import open_result
+    from trajflow.workflows.run.results import open_result
     factories = os.path.join(os.path.dirname(__file__), "analyses", "factories.py")
     top, traj = boxed_late(tmp_path, "xtc", solvated)
     import importlib.util
@@ -391,7 +391,7 @@ def test_dcd_promising_a_cell_it_lacks_is_refused_before_any_pilot(tmp_path, adk
     import shutil
     import struct
     from trajflow.workflows.errors import InputError
-    from trajflow.workflows.planning import make_plan
+    from trajflow.workflows.run.planning import make_plan
     bad = tmp_path / "nocell.dcd"
     shutil.copy(adk[1], bad)
     with open(bad, "r+b") as f:

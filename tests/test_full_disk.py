@@ -35,7 +35,7 @@ def small_disk(tmp_path):
 
 
 def trajflow(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "trajflow.workflows.cli", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "trajflow.workflows.cli.main", *map(str, args)],
                           capture_output=True, text=True, env={**os.environ, **(env or {})})
 
 

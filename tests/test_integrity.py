@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from stages import run_stages
-from trajflow.workflows.planning import InputError, make_plan, write_plan
+from trajflow.workflows.run.planning import InputError, make_plan, write_plan
 
 
 def cut(src, dst, keep_bytes):
@@ -53,8 +53,8 @@ def test_a_truncated_trajectory_is_refused_then_analysed_by_its_whole_frames(tmp
     with h5py.File(plan.result_path()) as f:
         np.testing.assert_allclose(f["rmsd"][()], serial_rmsd(top, src, 97), atol=1e-4)
         assert "97" in f.attrs["truncated_input"]
-    from trajflow.workflows.runs import Run
-    from trajflow.workflows.execute import record_outcome
+    from trajflow.workflows.run.runs import Run
+    from trajflow.workflows.run.execute import record_outcome
     record_outcome(plan, "done")
     assert "TRUNCATED INPUT" in Run(plan.workdir).summary()
 

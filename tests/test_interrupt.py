@@ -115,7 +115,7 @@ def test_a_stopped_workflow_script_raises_interrupted_and_leaves_nothing_running
 
 RAISING_SCRIPT = """
 import sys, time, trajflow
-from trajflow.workflows.progress import frames_done
+from trajflow.workflows.run.progress import frames_done
 with trajflow.Pilot("local.localhost", cpus=2, walltime=15, path=sys.argv[3]) as pilot:
     future = pilot.submit(sys.argv[1], sys.argv[2], "rmsd", mode="tasks", blocks=2,
                           out=sys.argv[3] + "/run")

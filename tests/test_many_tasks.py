@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from trajflow.workflows.datasets import adk_concatenated
-from trajflow.workflows.execute import run_plans
-from trajflow.workflows.planning import make_plan, write_plan
+from trajflow.workflows.run.execute import run_plans
+from trajflow.workflows.run.planning import make_plan, write_plan
 
 pytestmark = [pytest.mark.entk, pytest.mark.slow]
 
@@ -28,7 +28,7 @@ def test_500_task_pipeline_completes_with_bounded_client_memory(tmp_path):
     assert report.client_peak_rss_mib < 2048
     # a 2-core pilot runs at most 2 tasks at once (RADICAL's launch_start to its rank_stop);
     # RADICAL's local.localhost alone declares 8 cores, and ran 8 at once
-    from trajflow.workflows.inspection import load_run
+    from trajflow.workflows.profile.inspection import load_run
     _, records = load_run(plan.workdir)
     edges = sorted(e for r in records if r["task"] == "analyze"
                    for e in ((r["radical"]["launch_start"], 1), (r["radical"]["rank_stop"], -1)))

@@ -55,7 +55,7 @@ def test_a_failed_pilot_is_reported_as_failed_not_as_a_ctrl_c(monkeypatch):
     """RADICAL-Pilot ends the main thread with SIGTERM when its pilot FAILED (a SLURM
     job ended by its time limit, seen in CI); that was reported "interrupted by the
     user". Off the pilot: the child's SIGTERM handler with a pilot FAILED, and not."""
-    from trajflow.workflows import execute
+    from trajflow.workflows.run import execute
 
     class FailedPilot:
         uid, state = "pilot.0000", "FAILED"

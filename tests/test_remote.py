@@ -322,7 +322,7 @@ def test_the_client_job_keeps_every_path_as_it_is(tmp_path):
     import argparse
     import shlex
     from trajflow.tasks.plan import RunPlan
-    from trajflow.workflows.remote_side import batch_job
+    from trajflow.workflows.remote.side import batch_job
     rundir = str(tmp_path / "runs" / "a b $HOME 'q' 5%")
     plan = RunPlan(workdir=rundir, topology="t", trajectories=["x"], analysis="rmsd",
                    selection="name CA", io="shared", mode="mpi", gather="gatherv", n_frames=1,
@@ -334,7 +334,7 @@ def test_the_client_job_keeps_every_path_as_it_is(tmp_path):
     assert f"--output={rundir.replace('%', '%%')}/client.log" in options
     assert "--partition=debug" in options and not any(o.startswith("--account") for o in options)
     exec_line = script.splitlines()[-1]
-    assert shlex.split(exec_line)[1:] == [sys.executable, "-m", "trajflow.workflows.remote_side",
+    assert shlex.split(exec_line)[1:] == [sys.executable, "-m", "trajflow.workflows.remote.side",
                                           "job", rundir, *argv]
     echoed = subprocess.run(["bash", "-c", exec_line.replace("exec ", "printf '%s\\n' ", 1)],
                             capture_output=True, text=True).stdout.splitlines()
@@ -358,7 +358,7 @@ def _uid(user):
 
 
 def test_the_run_arguments_sent_to_the_cluster_leave_out_the_workstations_own():
-    from trajflow.workflows.remote import Connection, run_argv
+    from trajflow.workflows.remote.client import Connection, run_argv
     argv = ["run", "--remote", "me@host:2200", "--topology", "a b.psf", "--detach",
             "--remote-python=/opt/py", "--local", "here", "--out", "$HOME/x 'y'"]
     assert run_argv(argv[1:]) == ["--topology", "a b.psf", "--out", "$HOME/x 'y'"]
@@ -370,7 +370,7 @@ def test_the_run_arguments_sent_to_the_cluster_leave_out_the_workstations_own():
 
 def test_the_remote_python_comes_from_the_host_or_the_resource_settings(tmp_path, monkeypatch):
     from trajflow.workflows.errors import InputError
-    from trajflow.workflows.remote import default_python
+    from trajflow.workflows.remote.client import default_python
     monkeypatch.setenv("HOME", str(tmp_path))
     assert default_python("me@login.hpc.org", "access.expanse") is None  # no settings file
     settings = tmp_path / ".config" / "trajflow" / "remote.toml"

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from stages import plan_and_run
-from trajflow.workflows.inspection import group_key, inspect_runs
-from trajflow.workflows.report_html import write_html
-from trajflow.workflows.stragglers import judge
+from trajflow.workflows.profile.inspection import group_key, inspect_runs
+from trajflow.workflows.profile.report_html import write_html
+from trajflow.workflows.profile.stragglers import judge
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(not CHROMIUM, reason="chromium is not installed "

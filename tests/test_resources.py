@@ -6,7 +6,7 @@ import sys
 
 
 def _load_in_fresh_process(home, resource="local.localhost"):
-    code = ("import json, os; from trajflow.workflows import resources as r; "
+    code = ("import json, os; from trajflow.workflows.run import resources as r; "
             "r.activate_configs(); c = r.resource_config(%r).as_dict(); "
             "print(json.dumps({'lm': c['launch_methods'], 'cpn': c['cores_per_node'], "
             "'known': r.known_resources()}))" % resource)
@@ -51,7 +51,7 @@ def test_every_shipped_config_loads_through_radical_pilots_loader_and_schema(tmp
 import json, os
 import radical.pilot as rp
 import radical.utils as ru
-from trajflow.workflows import resources as r
+from trajflow.workflows.run import resources as r
 r.activate_configs()
 out = {}
 for path in r.shipped_config_files():
@@ -85,7 +85,7 @@ def test_a_users_config_with_an_unknown_key_is_rejected_by_name(tmp_path):
     configs = tmp_path / ".radical" / "pilot" / "configs"
     configs.mkdir(parents=True)
     (configs / "resource_local.json").write_text(json.dumps({"localhost": {"corez_per_node": 4}}))
-    proc = _in_fresh_process(tmp_path, "import sys; from trajflow.workflows.cli import main; "
+    proc = _in_fresh_process(tmp_path, "import sys; from trajflow.workflows.cli.main import main; "
                              "sys.exit(main(['resources', 'local.localhost']))")
     assert proc.returncode == 2
     assert "corez_per_node" in proc.stderr and "local.localhost" in proc.stderr
@@ -98,13 +98,13 @@ def test_resources_lists_shipped_radicals_and_users(tmp_path):
         "schemas": {"local": {"job_manager_endpoint": "fork://localhost/",
                               "filesystem_endpoint": "file://localhost/"}},
         "default_schema": "local", "resource_manager": "FORK", "cores_per_node": 8}}))
-    proc = _in_fresh_process(tmp_path, "import sys; from trajflow.workflows.cli import main; "
+    proc = _in_fresh_process(tmp_path, "import sys; from trajflow.workflows.cli.main import main; "
                              "sys.exit(main(['resources']))")
     assert proc.returncode == 0, proc.stderr
     rows = dict(line.split(None, 1) for line in proc.stdout.splitlines()[1:] if "more of" not in line)
     assert rows["tacc.stampede3"].strip() == "trajflow"
     assert rows["access.expanse"].strip() == "radical + trajflow"
     assert rows["mysite.bigiron"].strip() == "user"
-    shown = _in_fresh_process(tmp_path, "import sys; from trajflow.workflows.cli import main; "
+    shown = _in_fresh_process(tmp_path, "import sys; from trajflow.workflows.cli.main import main; "
                               "sys.exit(main(['resources', 'tacc.stampede3']))")
     assert shown.returncode == 0 and '"default_queue": "skx"' in shown.stdout

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from stages import run_spec, run_stages
-from trajflow.workflows.pipeline import remaining_specs, stage_specs
-from trajflow.workflows.planning import InputError, make_plan, plan_for_resume, write_plan
+from trajflow.workflows.run.pipeline import remaining_specs, stage_specs
+from trajflow.workflows.run.planning import InputError, make_plan, plan_for_resume, write_plan
 
 
 @pytest.mark.parametrize("io", ["shared", "split"])
@@ -62,7 +62,7 @@ def test_a_5000_block_expansion_is_cheap_for_the_client(tmp_path, adk):
     """Building (not running) a tasks-mode pipeline of 5,000 blocks: client memory bounded."""
     import tracemalloc
     from trajflow.workflows.datasets import adk_concatenated
-    from trajflow.workflows.pipeline import RunPipeline
+    from trajflow.workflows.run.pipeline import RunPipeline
     top, traj = adk_concatenated(60, "DCD", folder=str(tmp_path))  # 5,880 frames
     plan = make_plan(top, [traj], "rmsd", str(tmp_path / "run"), mode="tasks", blocks=5000, cpus=2)
     path = write_plan(plan)
@@ -80,7 +80,7 @@ def test_a_5000_block_expansion_is_cheap_for_the_client(tmp_path, adk):
 
 @pytest.mark.parametrize("damage", ["truncated", "value overwritten"])
 def test_a_damaged_part_is_named_by_reduce_and_analysed_again_on_resume(tmp_path, adk, damage):
-    from trajflow.workflows.results import open_result
+    from trajflow.workflows.run.results import open_result
     plan = make_plan(adk[0], [adk[1]], "rmsd", str(tmp_path / "run"), mode="tasks", blocks=3,
                      cpus=3)
     path = write_plan(plan)

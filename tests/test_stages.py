@@ -149,9 +149,9 @@ def test_a_campaigns_shared_h5md_copy_is_made_once(tmp_path, solvated, reference
     split tasks together: one converts, under a lock, the other waits and reuses the
     copy, charged the conversion's time; both results equal MDAnalysis (periodic system)."""
     from stages import run_side_by_side, run_stages
-    from trajflow.workflows.advice import prepare_seconds
-    from trajflow.workflows.pipeline import stage_specs
-    from trajflow.workflows.planning import make_plan, write_plan
+    from trajflow.workflows.profile.advice import prepare_seconds
+    from trajflow.workflows.run.pipeline import stage_specs
+    from trajflow.workflows.run.planning import make_plan, write_plan
     top, traj = solvated
     shared = str(tmp_path / "shared" / "trajectory.h5md")
     runs = []

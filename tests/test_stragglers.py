@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from trajflow.workflows.stragglers import describe, fast_mode, judge_group
+from trajflow.workflows.profile.stragglers import describe, fast_mode, judge_group
 
 
 def member(rank, io=1.0, compute=1.0, open_=0.1, wait=0.0, host="n0", frames=100, mode="mpi",

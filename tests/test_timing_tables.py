@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from trajflow.workflows.errors import InputError
-from trajflow.workflows.inspection import inspect_runs
-from trajflow.workflows.timing_tables import read_table
-from trajflow.workflows.trace import trace_events
+from trajflow.workflows.profile.inspection import inspect_runs
+from trajflow.workflows.profile.timing_tables import read_table
+from trajflow.workflows.profile.trace import trace_events
 
 TRAJFLOW = os.path.join(os.path.dirname(sys.executable), "trajflow")
 
@@ -134,8 +134,8 @@ def test_a_runs_records_written_as_a_table_give_the_same_flags(tmp_path, adk):
     documented format (as a user's own script would), judged from the table: the
     same flag, member, cause and numbers as from the run itself."""
     from stages import plan_and_run
-    from trajflow.workflows.inspection import load_run
-    from trajflow.workflows.stragglers import phase_times
+    from trajflow.workflows.profile.inspection import load_run
+    from trajflow.workflows.profile.stragglers import phase_times
     run = tmp_path / "run"
     plan_and_run(run, adk[0], [adk[1]], "rmsd", env={"TRAJFLOW_TEST_DELAY": "2:io:1.0"},
                  mode="mpi", blocks=4, cpus=4, chunk_frames=8)

@@ -20,7 +20,7 @@ import pytest
 
 from stages import plan_and_run
 from trajflow.tasks.mda_analyses import read_results
-from trajflow.workflows.results import open_result
+from trajflow.workflows.run.results import open_result
 
 FACTORIES = os.path.join(os.path.dirname(__file__), "analyses", "factories.py")
 TRAJFLOW = os.path.join(os.path.dirname(sys.executable), "trajflow")
@@ -154,7 +154,7 @@ def test_unusable_analyses_are_refused_before_any_pilot(adk, tmp_path, analysis,
 
 
 def test_resume_refuses_a_changed_factory(tmp_path, adk):
-    from trajflow.workflows.planning import InputError, make_plan, plan_for_resume, write_plan
+    from trajflow.workflows.run.planning import InputError, make_plan, plan_for_resume, write_plan
     factory = tmp_path / "mine.py"
     factory.write_text(open(FACTORIES).read())
     plan = make_plan(adk[0], [adk[1]], f"{factory}:mda_rmsd", str(tmp_path / "run"), blocks=2)

@@ -17,9 +17,9 @@ from trajflow.tasks import mda_analyses
 from trajflow.tasks.plan import (ANALYSES, DEFAULT_SELECTION, GATHERS, IO_STRATEGIES, MODES,
                                  PLAN_FILE, RunPlan, balanced_blocks)
 from trajflow.tasks.h5md import parse_compression
-from . import integrity
-from .errors import InputError
-from .rundir_lock import LOCK_FILE, RunLock
+from trajflow.workflows.run import integrity
+from trajflow.workflows.errors import InputError
+from trajflow.workflows.run.rundir_lock import LOCK_FILE, RunLock
 
 RUN_MARKER = ".trajflow-run"
 

@@ -1,6 +1,6 @@
 """A finished run's result.h5 back as an MDAnalysis `Results`, as a serial run() gives it.
 
-    >>> from trajflow.workflows.results import open_result
+    >>> from trajflow.workflows.run.results import open_result
     >>> results = open_result("runs/rdf/result.h5")
     >>> results.rdf, results.bins          # InterRDF's own names
     >>> open_result("runs/adk-rmsd/result.h5").rmsd

@@ -19,7 +19,7 @@ the header is row 1) and the column.
 import csv
 import os
 
-from .errors import InputError
+from trajflow.workflows.errors import InputError
 
 PHASE_COLUMNS = ("t_open", "t_io", "t_compute", "t_wait", "t_comm", "t_write")
 KNOWN_COLUMNS = ("rank", "group", "host", "frames") + PHASE_COLUMNS + ("t_total",)

@@ -16,7 +16,7 @@ import os
 import socket
 import time
 
-from .errors import InputError
+from trajflow.workflows.errors import InputError
 
 LOCK_FILE = ".trajflow-lock"
 _HELD = set()  # this process's lock file descriptors

@@ -14,7 +14,7 @@ machine opens the same way:
 import os
 
 from trajflow.tasks.plan import PLAN_FILE, RunPlan
-from .errors import RunFailed
+from trajflow.workflows.errors import RunFailed
 
 
 class Run:
@@ -58,7 +58,7 @@ class Run:
     def outcome(self):
         """How the run ended (outcome.json as a dict: status "done" or "failed",
         stopped_at, error, failed_tasks), or None while it has not ended."""
-        from .execute import read_outcome
+        from trajflow.workflows.run.execute import read_outcome
         return read_outcome(self.path)
 
     @property
@@ -79,7 +79,7 @@ class Run:
                                 f"{'ended ' + outcome['status'] if outcome else 'has not ended'}"
                                 f"{': ' + outcome['error'] if outcome.get('error') else ''}); "
                                 "see run.outcome", run=self)
-            from .results import open_result
+            from trajflow.workflows.run.results import open_result
             self._results = open_result(self.result_path)
         return self._results
 
@@ -136,7 +136,7 @@ class Profile:
     """
 
     def __init__(self, rundirs):
-        from .inspection import inspect_runs
+        from trajflow.workflows.profile.inspection import inspect_runs
         self.rundirs = [os.path.abspath(d) for d in rundirs]
         self.report = inspect_runs(self.rundirs)
         self.records = self.report["records"]
@@ -156,20 +156,20 @@ class Profile:
 
     def to_html(self, path, title=None):
         """Write the offline HTML report (timeline, phases, stragglers); returns `path`."""
-        from .report_html import write_html
+        from trajflow.workflows.profile.report_html import write_html
         write_html(self.report, path, title or f"trajflow {', '.join(self.rundirs)}")
         return path
 
     def summary_lines(self):
         """Stragglers and advice in a few lines (what the CLI prints after a run)."""
-        from .inspection import straggler_lines
+        from trajflow.workflows.profile.inspection import straggler_lines
         lines = straggler_lines(self.stragglers, self.records)
         lines += ["advice: " + text for text in self.advice.values()]
         return lines
 
     def table(self):
         """The phase table, stragglers, advice and scaling as text (`trajflow inspect`)."""
-        from .inspection import summary_text
+        from trajflow.workflows.profile.inspection import summary_text
         return summary_text(self.report)
 
 

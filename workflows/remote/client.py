@@ -26,7 +26,7 @@ import time
 
 from trajflow.tasks.client_guard import _alive
 
-from .errors import InputError, RunFailed
+from trajflow.workflows.errors import InputError, RunFailed
 
 REMOTE_FILE = "remote.json"
 # what a fetch brings back (a run's own small files); split/ and parts/ stay there
@@ -75,7 +75,7 @@ class Connection:
         return proc
 
     def remote_side(self, *args, timeout=None):
-        return self.run([self.python, "-m", "trajflow.workflows.remote_side", *args], timeout)
+        return self.run([self.python, "-m", "trajflow.workflows.remote.side", *args], timeout)
 
     def master_pid(self):
         proc = subprocess.run(self.ssh_command() + ["-O", "check", self.destination],
@@ -295,7 +295,7 @@ class RemoteRun:
 
     def fetch(self):
         """Bring the run's own files here; the Run, and the bytes fetched."""
-        from .runs import Run
+        from trajflow.workflows.run.runs import Run
         fetched = self.conn.fetch(self.remote_dir, self.local)
         localise_plan(self.local)
         return Run(self.local), fetched
@@ -406,7 +406,7 @@ def cmd_run_remote(args):
 
 
 def _follow(run):
-    from .cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+    from trajflow.workflows.cli.main import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
     try:
         result, fetched = run.follow()
     except KeyboardInterrupt:
@@ -455,7 +455,7 @@ def cmd_fetch(args):
         print(f"{run.local}: the run has not ended on {run.target}; fetched what there is "
               f"({fetched:,} bytes)")
         return 0
-    from .cli import EXIT_FAILED, EXIT_OK
+    from trajflow.workflows.cli.main import EXIT_FAILED, EXIT_OK
     return EXIT_OK if _report(run, result, fetched) else EXIT_FAILED
 
 

@@ -31,7 +31,7 @@ def guard_bootstrap_command(python, session_dir, timeout_s):
     the bootstrapper's pid (`$$`, expanded by the bootstrapper's shell). A guard
     that cannot start is reported in the bootstrapper's log and never fails the
     pilot."""
-    from .resources import pre_bootstrap_entry
+    from trajflow.workflows.run.resources import pre_bootstrap_entry
     return pre_bootstrap_entry(
         shlex.join([python, "-m", "trajflow.tasks.client_guard", "--session-dir", session_dir,
                     "--timeout", f"{timeout_s:g}"])

@@ -20,16 +20,16 @@ from typing import List
 
 from trajflow.tasks.client_guard import CLIENT_CONFIGS
 
-from . import resources
-from .entk_client import (new_appmanager, reap_local_tasks, remove_id_counters,
+from trajflow.workflows.run import resources
+from trajflow.workflows.run.entk_client import (new_appmanager, reap_local_tasks, remove_id_counters,
                           remove_local_sandbox, shutdown, working_dir)
-from .errors import Interrupted
-from .heartbeat import (CLOSED, DEFAULT_CLIENT_TIMEOUT_S, Heartbeat, cancel_orphans,
+from trajflow.workflows.errors import Interrupted
+from trajflow.workflows.run.heartbeat import (CLOSED, DEFAULT_CLIENT_TIMEOUT_S, Heartbeat, cancel_orphans,
                         guard_bootstrap_command, heartbeat_period, record_session)
-from .pilot_start import StartWatch
-from .pipeline import RunPipeline, remaining_specs
-from .planning import full_disk_note
-from .rundir_lock import close_inherited
+from trajflow.workflows.run.pilot_start import StartWatch
+from trajflow.workflows.run.pipeline import RunPipeline, remaining_specs
+from trajflow.workflows.run.planning import full_disk_note
+from trajflow.workflows.run.rundir_lock import close_inherited
 
 
 @dataclasses.dataclass

@@ -1,13 +1,13 @@
 """The cluster's half of a remote run: what the workstation asks over SSH.
 
-    python -m trajflow.workflows.remote_side version
-    python -m trajflow.workflows.remote_side start [--batch] RUN-ARGS...   (trajflow run's options)
-    python -m trajflow.workflows.remote_side job RUNDIR RUN-ARGS...   (inside the batch job)
-    python -m trajflow.workflows.remote_side campaign-start OUT LABEL TOML-TEXT [--resume]
-    python -m trajflow.workflows.remote_side campaign-status OUT LABEL [LOG_OFFSET]
-    python -m trajflow.workflows.remote_side campaign-cancel OUT
-    python -m trajflow.workflows.remote_side status RUNDIR [LOG_OFFSET]
-    python -m trajflow.workflows.remote_side cancel RUNDIR
+    python -m trajflow.workflows.remote.side version
+    python -m trajflow.workflows.remote.side start [--batch] RUN-ARGS...   (trajflow run's options)
+    python -m trajflow.workflows.remote.side job RUNDIR RUN-ARGS...   (inside the batch job)
+    python -m trajflow.workflows.remote.side campaign-start OUT LABEL TOML-TEXT [--resume]
+    python -m trajflow.workflows.remote.side campaign-status OUT LABEL [LOG_OFFSET]
+    python -m trajflow.workflows.remote.side campaign-cancel OUT
+    python -m trajflow.workflows.remote.side status RUNDIR [LOG_OFFSET]
+    python -m trajflow.workflows.remote.side cancel RUNDIR
 
 Every answer is one JSON line on stdout. `start` plans here (bad input is
 refused here, exit 2, the message on stderr, before any pilot), then forks the
@@ -52,7 +52,7 @@ def version():
 def start(run_argv, batch=False):
     """Plan as `trajflow run` does, then leave the run's client running, detached
     (`batch`: submitted as a batch job of its own)."""
-    from . import cli
+    from trajflow.workflows.cli import main as cli
     args = cli.build_parser().parse_args(["run"] + run_argv)
     try:
         if batch:
@@ -91,8 +91,8 @@ def start(run_argv, batch=False):
 
 def check_batch(args):
     """InputError unless the run's resource can run its client in a SLURM job."""
-    from . import resources
-    from .errors import InputError
+    from trajflow.workflows.run import resources
+    from trajflow.workflows.errors import InputError
     if args.resume:
         raise InputError("--remote-batch starts new runs; resume one with --remote alone")
     try:
@@ -121,7 +121,7 @@ def batch_job(plan, args, run_argv, cores_per_node=None):
         options.append(f"--partition={args.queue}")
     if args.project:
         options.append(f"--account={args.project}")
-    command = [sys.executable, "-m", "trajflow.workflows.remote_side", "job", plan.workdir,
+    command = [sys.executable, "-m", "trajflow.workflows.remote.side", "job", plan.workdir,
                *run_argv]
     script = ["#!/bin/bash", "# the run's client, submitted by trajflow as:",
               "#   sbatch " + shlex.join(options) + " " + BATCH_SCRIPT, "exec " + shlex.join(command)]
@@ -132,9 +132,9 @@ def submit_client_job(plan, args, run_argv):
     """Write the plan and RUNDIR/client.sbatch and sbatch it; client.json names the
     job, whose client resumes the planned run (nothing of it has run yet)."""
     import shutil
-    from . import resources
-    from .errors import InputError
-    from .planning import write_plan
+    from trajflow.workflows.run import resources
+    from trajflow.workflows.errors import InputError
+    from trajflow.workflows.run.planning import write_plan
     from trajflow.tasks.client_guard import _record
     cfg = resources.merged_config(args.resource)
     write_plan(plan)
@@ -155,7 +155,7 @@ def submit_client_job(plan, args, run_argv):
 
 def job(rundir, run_argv):
     """Inside the batch job: the run's client, its pilot on this job's allocation."""
-    from . import cli
+    from trajflow.workflows.cli import main as cli
     args = cli.build_parser().parse_args(["run"] + run_argv + ["--resume", rundir,
                                                                "--access-schema", "batch"])
     print(f"trajflow: the run's client in batch job {os.environ.get('SLURM_JOB_ID')} on "
@@ -166,7 +166,7 @@ def job(rundir, run_argv):
 def run_client(rundir, command, args):
     """The run's client (`command(args)` with trajflow's signals and exit codes); its
     exit code recorded in RUNDIR/client_exit.json."""
-    from . import cli
+    from trajflow.workflows.cli import main as cli
     from trajflow.tasks.client_guard import _record
     code = cli.run_guarded(command, args)
     _record(os.path.join(rundir, "client_exit.json"), code=code)
@@ -230,7 +230,7 @@ def run_state(rundir, alive=None):
     """queued (no task has started), running, done or failed. A run whose outcome
     is written is running until its client has ended too: it still writes the
     report and ends the pilot (a fetch at "done" once came before report.html)."""
-    from .execute import read_outcome
+    from trajflow.workflows.run.execute import read_outcome
     outcome = read_outcome(rundir)
     if alive is None:
         alive = client_alive(os.path.join(rundir, CLIENT_FILE))
@@ -248,7 +248,7 @@ def run_state(rundir, alive=None):
 
 def status(rundir, log_offset=0):
     from trajflow.tasks.plan import RunPlan
-    from .progress import frames_done
+    from trajflow.workflows.run.progress import frames_done
     record = os.path.join(rundir, CLIENT_FILE)
     client = client_state(record)
     state, outcome = run_state(rundir, client is not None)
@@ -292,10 +292,10 @@ def campaign_files(out):
 def campaign_start(out, label, text, resume=False):
     """Check the resource's experiments here (bad input: exit 2, nothing started), then
     run `trajflow campaign FILE --only-resource LABEL` detached from the SSH session."""
-    from . import cli
-    from .campaign import Campaign
+    from trajflow.workflows.cli import main as cli
+    from trajflow.workflows.campaign.spec import Campaign
     from trajflow.tasks.client_guard import _record, start_time
-    from .campaign_run import is_campaign_dir
+    from trajflow.workflows.campaign.run import is_campaign_dir
     out, path, record, log = campaign_files(out)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(path, "w", encoding="utf-8") as fh:
@@ -310,7 +310,7 @@ def campaign_start(out, label, text, resume=False):
         os.remove(path)  # refused: nothing of it left here
         print(f"trajflow: error: {exc}", file=sys.stderr)
         return cli.EXIT_INPUT
-    argv = [sys.executable, "-m", "trajflow.workflows.cli", "campaign", path, "--out", out,
+    argv = [sys.executable, "-m", "trajflow.workflows.cli.main", "campaign", path, "--out", out,
             "--only-resource", label] + (["--resume"] if resume else [])
     with open(log, "ab") as fh:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=fh,
@@ -363,7 +363,7 @@ def main(argv=None):
         return status(rest[0], int(rest[1]) if len(rest) > 1 else 0)
     if command == "cancel" and rest:
         return cancel(rest[0])
-    print(f"usage: python -m trajflow.workflows.remote_side version|start ARGS|status RUNDIR|"
+    print(f"usage: python -m trajflow.workflows.remote.side version|start ARGS|status RUNDIR|"
           f"cancel RUNDIR (got {argv})", file=sys.stderr)
     return 2
 

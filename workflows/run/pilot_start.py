@@ -89,6 +89,6 @@ def job_started(pilot) -> bool:
     """Whether the pilot's job has started: its bootstrapper's output file
     (bootstrap_0.out, opened by the job itself, also before the pre_bootstrap_0
     commands run) is in the sandbox."""
-    from .entk_client import local_sandbox
+    from trajflow.workflows.run.entk_client import local_sandbox
     sandbox = local_sandbox(pilot)
     return bool(sandbox) and os.path.exists(os.path.join(sandbox, "bootstrap_0.out"))

@@ -21,7 +21,7 @@ import warnings
 
 import numpy as np
 
-from .datasets import cache_dir, solvated_concatenated
+from trajflow.workflows.datasets import cache_dir, solvated_concatenated
 
 FORMATS = ("xtc", "dcd", "h5md")
 FRAMES_PER_COPY = 10  # the solvated AdK XTC of MDAnalysisTests
@@ -49,7 +49,7 @@ def build_large(gb, say=print):
                if not os.path.exists(os.path.join(cache_dir(), f"solvated_x{copies}.{f}"))}
     free = shutil.disk_usage(cache_dir()).free
     if sum(missing.values()) > 0.95 * free:
-        from .errors import InputError
+        from trajflow.workflows.errors import InputError
         raise InputError(f"the large benchmark needs {sum(missing.values()) / 1e9:.1f} GB more in "
                          f"{cache_dir()} and {free / 1e9:.1f} GB are free: free some space, point "
                          "TRAJFLOW_CACHE at a larger disk, or lower --large-gb")
@@ -126,7 +126,7 @@ def run_isolated(script, *args, timeout=3600):
 def our_plan(files, fmt, n, workdir):
     """An rmsd plan over the format's file: io shared (our XTC and DCD readers), or io
     h5md reading the prepared H5MD as its copy (no conversion)."""
-    from .planning import make_plan, write_plan
+    from trajflow.workflows.run.planning import make_plan, write_plan
     traj = files["xtc"] if fmt == "h5md" else files[fmt]
     plan = make_plan(files["top"], [traj], "rmsd", os.path.join(workdir, f"{fmt}_{n}"),
                      io="h5md" if fmt == "h5md" else "shared", mode="mpi", blocks=n, cpus=n)
@@ -139,8 +139,8 @@ def our_plan(files, fmt, n, workdir):
 
 def our_result(plan, path):
     """Reduce the last launch's parts into result.h5 and read its rmsd."""
-    from .pipeline import stage_specs, task_environment
-    from .results import open_result
+    from trajflow.workflows.run.pipeline import stage_specs, task_environment
+    from trajflow.workflows.run.results import open_result
     spec = stage_specs(plan, path)["reduce"][0]
     subprocess.run(spec.argv(sys.executable), check=True, env={**os.environ, **task_environment()})
     return open_result(plan.workdir)["rmsd"]
@@ -154,9 +154,9 @@ def check_equal(ours, theirs, what):
 
 
 def bench_format(files, fmt, workdir, launches):
-    from .bench import mpiexec_stage_s
+    from trajflow.workflows.bench.small import mpiexec_stage_s
     n_frames = files["copies"] * FRAMES_PER_COPY
-    from .bench import analyze_records
+    from trajflow.workflows.bench.small import analyze_records
     ours = {}
     for n in (1, 2):
         plan, path = our_plan(files, fmt, n, workdir)
@@ -181,8 +181,8 @@ def pilot_vs_mpiexec(files, workdir, launches):
     inside one kept local pilot (the runs one after another) and under plain mpiexec;
     and what every other process on this machine (RADICAL's agent and client, EnTK,
     this one) used of the CPUs while the ranks ran, in cores."""
-    from .bench import mpiexec_stage_s, slowest_analyze_rank_s
-    from .execute import run_plans
+    from trajflow.workflows.bench.small import mpiexec_stage_s, slowest_analyze_rank_s
+    from trajflow.workflows.run.execute import run_plans
     plan, path = our_plan(files, "xtc", 2, os.path.join(workdir, "mpiexec"))
     mpiexec_s = float(np.median(mpiexec_stage_s(plan, path, launches)))
     runs = [(f"r{k}",) + our_plan(files, "xtc", 2, os.path.join(workdir, f"pilot{k}"))
@@ -201,7 +201,7 @@ def pilot_vs_mpiexec(files, workdir, launches):
 
 def analyze_window(plan):
     """[first analyze rank's start, last one's stop] of a run, from its profile records."""
-    from .bench import analyze_records
+    from trajflow.workflows.bench.small import analyze_records
     records = analyze_records(plan)
     return min(r["t_start"] for r in records), max(r["t_stop"] for r in records)
 

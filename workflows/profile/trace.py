@@ -14,8 +14,8 @@ a trace lines up with RADICAL's own profiles.
 """
 import json
 
-from .inspection import rank_spans
-from .stragglers import describe
+from trajflow.workflows.profile.inspection import rank_spans
+from trajflow.workflows.profile.stragglers import describe
 
 
 def _task_key(rec):

@@ -24,10 +24,10 @@ import sys
 import time
 
 from trajflow.tasks.plan import PLAN_FILE, RunPlan
-from .campaign import Campaign
-from .errors import Interrupted
-from .execute import read_outcome, record_outcome
-from .planning import RUN_MARKER, InputError, check_outdir, make_plan, read_inputs, write_plan
+from trajflow.workflows.campaign.spec import Campaign
+from trajflow.workflows.errors import Interrupted
+from trajflow.workflows.run.execute import read_outcome, record_outcome
+from trajflow.workflows.run.planning import RUN_MARKER, InputError, check_outdir, make_plan, read_inputs, write_plan
 
 CAMPAIGN_MARKER = ".trajflow-campaign"
 EXPERIMENTS_FILE = "experiments.json"
@@ -45,7 +45,7 @@ def is_campaign_dir(path) -> bool:
 def input_files(campaign: Campaign):
     """(topology, [trajectories]); a built-in dataset is built once in the cache."""
     if "dataset" in campaign.input:
-        from .datasets import adk_concatenated
+        from trajflow.workflows.datasets import adk_concatenated
         top, traj = adk_concatenated(campaign.input["copies"], campaign.input["format"])
         return top, [traj]
     return campaign.input["topology"], campaign.input["trajectory"]
@@ -53,7 +53,7 @@ def input_files(campaign: Campaign):
 
 def check_resources(campaign: Campaign):
     """Each local resource known and valid (a remote one is checked on its machine)."""
-    from . import resources
+    from trajflow.workflows.run import resources
     for label in campaign.resources:
         if campaign.resources[label].remote:
             continue
@@ -123,7 +123,7 @@ def prepare_dir(campaign: Campaign, out: str, resume: bool) -> str:
 
 def describe(campaign: Campaign, cdir: str, kept=()) -> str:
     """What a run would do: the experiments and each resource's pilot description."""
-    from . import resources
+    from trajflow.workflows.run import resources
     lines = [f"campaign {campaign.name}: {len(campaign.experiments)} experiments "
              f"({campaign.design} design, {campaign.repeats} repeat(s) each) of "
              f"{campaign.analysis} on {len(campaign.resources)} resource(s); folder {cdir}"]
@@ -182,7 +182,7 @@ class CampaignResult:
 
     @property
     def table_path(self):
-        from .campaign_table import TABLE_FILE
+        from trajflow.workflows.campaign.table import TABLE_FILE
         return os.path.join(self.path, TABLE_FILE)
 
     @property
@@ -194,11 +194,11 @@ class CampaignResult:
         return not self.interrupted and not self.failures
 
     def to_csv(self, path):
-        from .campaign_table import write_table
+        from trajflow.workflows.campaign.table import write_table
         return write_table(self.records, path)
 
     def summary(self):
-        from .campaign_table import summary_lines
+        from trajflow.workflows.campaign.table import summary_lines
         return "\n".join(summary_lines(self.records))
 
 
@@ -232,7 +232,7 @@ def run_campaign(campaign: Campaign, out: str, resume=False, progress=True) -> C
     for label in campaign.resources:
         mine = [(e, *plans[e]) for e in campaign.on(label) if e in plans]
         if campaign.resources[label].remote:
-            from .campaign_remote import run_remote_resource
+            from trajflow.workflows.campaign.remote import run_remote_resource
             procs[label] = ctx.Process(target=run_remote_resource, name=f"trajflow-{label}",
                                        args=(campaign, label, cdir, resume))
         elif mine:
@@ -242,7 +242,7 @@ def run_campaign(campaign: Campaign, out: str, resume=False, progress=True) -> C
             continue
         procs[label].start()
     interrupted = _follow(campaign, cdir, procs, kept, progress)
-    from .campaign_table import TABLE_FILE, experiment_rows, write_table
+    from trajflow.workflows.campaign.table import TABLE_FILE, experiment_rows, write_table
     rows = experiment_rows(cdir)
     write_table(rows, os.path.join(cdir, TABLE_FILE))
     result = CampaignResult(cdir, rows, interrupted)
@@ -308,7 +308,7 @@ def resource_log(cdir, label):
 
 def _run_resource(campaign, label, runs, cdir):
     """One resource's process: its pilot, its experiments; output to logs/<label>.log."""
-    from .execute import run_plans
+    from trajflow.workflows.run.execute import run_plans
     with resource_log(cdir, label):
         pilot = campaign.pilot(label)
         code, error = EXIT_OK, None

@@ -28,14 +28,14 @@ import signal
 import threading
 import time
 
-from . import resources
-from .errors import InputError, Interrupted, RunFailed
-from .execute import (PilotProcess, RunRequest, failed_for_good, record_outcome,
+from trajflow.workflows.run import resources
+from trajflow.workflows.errors import InputError, Interrupted, RunFailed
+from trajflow.workflows.run.execute import (PilotProcess, RunRequest, failed_for_good, record_outcome,
                       remove_partial_files)
-from .heartbeat import DEFAULT_CLIENT_TIMEOUT_S, cancel_orphans
-from .planning import full_disk_note, make_plan, write_plan
-from .progress import Progress
-from .runs import Run
+from trajflow.workflows.run.heartbeat import DEFAULT_CLIENT_TIMEOUT_S, cancel_orphans
+from trajflow.workflows.run.planning import full_disk_note, make_plan, write_plan
+from trajflow.workflows.run.progress import Progress
+from trajflow.workflows.run.runs import Run
 
 COALESCE_S = 0.3  # runs submitted this close together go to the pilot as one batch
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -430,7 +430,7 @@ def resume(rundir, *, pilot=None, resource="local.localhost", cpus=None, walltim
     ... except trajflow.RunFailed:
     ...     run = trajflow.resume("runs/adk")     # only the missing blocks, then reduce
     """
-    from .planning import plan_for_resume
+    from trajflow.workflows.run.planning import plan_for_resume
     return run_plan(plan_for_resume(rundir), pilot, resource=resource, cpus=cpus,
                     walltime=walltime, queue=queue, project=project, retries=retries, env=env,
                     progress=progress, resume=True, client_timeout=client_timeout,

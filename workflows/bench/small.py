@@ -22,7 +22,7 @@ from trajflow.tasks.analyses import Dihedrals, RMSD
 from trajflow.tasks.plan import chunk_size
 from trajflow.tasks.timing import RankTimer
 from trajflow.tasks.readers import H5MDChunkReader, TrajectoryBlockReader, open_trajectory
-from .datasets import adk_concatenated
+from trajflow.workflows.datasets import adk_concatenated
 
 
 def best_of(fn, repeats):
@@ -70,7 +70,7 @@ def bench_rmsd(top, paths, repeats, loop_frames):
     r["mda_rmsd_run_dcd_us"] = per_frame_us(best_of(
         lambda: rms.RMSD(u, select="name CA").run(), 1), n)
     import tempfile
-    from .bench_large import mda_rmsd  # its worker pool in a Python of its own
+    from trajflow.workflows.bench.large import mda_rmsd  # its worker pool in a Python of its own
     with tempfile.TemporaryDirectory() as tmp:
         r["mda_mp2_rmsd_run_dcd_us"] = per_frame_us(mda_rmsd(top, paths["DCD"], 2, tmp)[0], n)
 
@@ -161,7 +161,7 @@ def slowest_analyze_rank_s(plan):
 def mpiexec_stage_s(plan, plan_path, launches):
     """The analyze stage of a written MPI plan under plain `mpiexec -n N`, `launches`
     times: the slowest rank's t_total of each launch."""
-    from .pipeline import stage_specs, task_environment
+    from trajflow.workflows.run.pipeline import stage_specs, task_environment
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     spec = stage_specs(plan, plan_path)["analyze"][0]
     times = []
@@ -177,7 +177,7 @@ def bench_parallel(top, dcd, workdir, launches=5):
     per launch, best of `launches` (the stage takes a twentieth of a second on a shared
     2-core VM: one descheduled rank would otherwise decide the ratio); the median
     launch's efficiency is reported beside it."""
-    from .planning import make_plan, write_plan
+    from trajflow.workflows.run.planning import make_plan, write_plan
     times = {}
     for n in (1, 2):
         plan = make_plan(top, [dcd], "rmsd", os.path.join(workdir, f"parallel_{n}"),
@@ -199,7 +199,7 @@ def bench_startup(top, dcd, workdir, launches=5):
     without that step a task compiles the kernels itself (jit_start_s). (.pyc
     files are as pip leaves them: compiled at install; an editable trajflow's are
     compiled by the pilot's step.)"""
-    from .planning import make_plan, write_plan
+    from trajflow.workflows.run.planning import make_plan, write_plan
     from trajflow.tasks import kernels
     kernels.build_ahead_of_time()  # warm means what a pilot leaves: the kernels built
     plan = make_plan(top, [dcd], "rmsd", os.path.join(workdir, "startup"), mode="tasks",
@@ -240,8 +240,8 @@ def bench_startup(top, dcd, workdir, launches=5):
 def mpi_exit_s(top, dcd, workdir, launches):
     """An MPI rank's exit: the analyze stage (2 ranks, RMSD over DCD) under mpiexec, from
     the last rank's last timestamp to mpiexec's end (median of `launches`)."""
-    from .planning import make_plan, write_plan
-    from .pipeline import stage_specs, task_environment
+    from trajflow.workflows.run.planning import make_plan, write_plan
+    from trajflow.workflows.run.pipeline import stage_specs, task_environment
     plan = make_plan(top, [dcd], "rmsd", os.path.join(workdir, "mpi_exit"), mode="mpi",
                      blocks=2, cpus=2)
     spec = stage_specs(plan, write_plan(plan))["analyze"][0]
@@ -294,10 +294,10 @@ def bench_user_analysis(workdir, copies=20, rounds=2):
     Both results are checked to agree."""
     import MDAnalysis as mda
     from trajflow.tasks.mda_analyses import read_results
-    from .datasets import solvated_concatenated
-    from .planning import make_plan, write_plan
-    from .pipeline import stage_specs, task_environment
-    from .bench_large import run_isolated
+    from trajflow.workflows.datasets import solvated_concatenated
+    from trajflow.workflows.run.planning import make_plan, write_plan
+    from trajflow.workflows.run.pipeline import stage_specs, task_environment
+    from trajflow.workflows.bench.large import run_isolated
     top, xtc = solvated_concatenated(copies, "XTC")
     factory_file = os.path.join(workdir, "water_rdf.py")
     with open(factory_file, "w", encoding="utf-8") as fh:
@@ -361,7 +361,7 @@ def bench_entk_overhead(workdir):
     pilot start (process launch to the pilot active), first task (pilot active to
     the first task submitted), task span (first submitted to last done) and
     teardown (last task done to process exit)."""
-    from .datasets import adk_files
+    from trajflow.workflows.datasets import adk_files
     top, dcd = adk_files()
     out = os.path.join(workdir, "entk")
     trajflow = os.path.join(os.path.dirname(sys.executable), "trajflow")
@@ -385,9 +385,9 @@ def bench_pilot_reuse(workdir):
     """Two one-block runs through one pilot, one after another (as a campaign runs
     its experiments): the second run's whole time, from the first run's end to its
     own, is what each further run costs once the pilot is up."""
-    from .datasets import adk_files
-    from .execute import read_outcome, run_plans
-    from .planning import make_plan, write_plan
+    from trajflow.workflows.datasets import adk_files
+    from trajflow.workflows.run.execute import read_outcome, run_plans
+    from trajflow.workflows.run.planning import make_plan, write_plan
     top, dcd = adk_files()
     runs = []
     for name in ("first", "second"):
@@ -441,8 +441,8 @@ def run_bench_large(gb=2.0, launches=3, with_entk=True, startup_launches=5, work
     """The gigabyte-scale case (bench_large.py) and a task's start-up and exit."""
     import tempfile
     import MDAnalysis as mda
-    from .bench_large import run_large
-    from .datasets import adk_files
+    from trajflow.workflows.bench.large import run_large
+    from trajflow.workflows.datasets import adk_files
     warnings.filterwarnings("ignore")
     result = {"system": {"machine": platform.machine(), "python": platform.python_version(),
                          "cpus": os.cpu_count(), "numpy": np.__version__,
@@ -485,7 +485,7 @@ def format_table(result):
         lines.append(f"AdK x{result['system']['n_frames'] // 98}: {result['system']['n_frames']} "
                      f"frames, {result['system']['n_atoms']} atoms, {result['system']['n_ca']} CA")
     if "large" in result:
-        from .bench_large import format_large
+        from trajflow.workflows.bench.large import format_large
         lines += format_large(result)
     for section in ("rmsd", "dihedrals"):
         if section not in result:

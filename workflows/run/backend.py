@@ -26,9 +26,9 @@ from MDAnalysis.analysis.backends import BackendBase
 
 from trajflow.tasks import backend_part
 from trajflow.tasks.plan import RunPlan
-from .errors import InputError
-from .pilot import default_out, run_plan
-from .runs import Run
+from trajflow.workflows.errors import InputError
+from trajflow.workflows.run.pilot import default_out, run_plan
+from trajflow.workflows.run.runs import Run
 
 
 class Backend(BackendBase):

@@ -31,7 +31,7 @@ import tomllib
 from typing import Dict, List
 
 from trajflow.tasks.plan import ANALYSES, GATHERS, IO_STRATEGIES, MODES
-from .planning import ANALYSIS_FORMS, InputError
+from trajflow.workflows.run.planning import ANALYSIS_FORMS, InputError
 
 DESIGNS = ("factorial", "list")
 DATASETS = ("adk",)
@@ -136,7 +136,7 @@ class Campaign:
         """Check everything (inputs read, every plan made) and write nothing: the
         experiments (each "to run" or "done, kept"), each resource's pilot
         description, the folder, and all that as "text"."""
-        from .campaign_run import dry_run
+        from trajflow.workflows.campaign.run import dry_run
         return dry_run(self, self._folder(out), resume)
 
     def run(self, out=None, resume=False, progress=True):
@@ -150,7 +150,7 @@ class Campaign:
         >>> result = trajflow.Campaign.load("scaling.toml").run(out="adk-scaling")
         >>> result.ok, result.failures, result.table_path
         """
-        from .campaign_run import run_campaign
+        from trajflow.workflows.campaign.run import run_campaign
         return run_campaign(self, self._folder(out), resume, progress)
 
     def _folder(self, out):
@@ -174,7 +174,7 @@ class Campaign:
     def pilot(self, resource: str) -> dict:
         """The pilot description of a resource: its walltime, queue, project, and
         cores for its largest experiment (or the cpus the file gives)."""
-        from .resources import resource_description
+        from trajflow.workflows.run.resources import resource_description
         spec = self.resources[resource]
         largest = max((e.ranks for e in self.on(resource)), default=1)
         return resource_description(resource, spec.walltime, spec.cpus or largest,

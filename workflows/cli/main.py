@@ -11,8 +11,8 @@ import sys
 import time
 
 from trajflow.tasks.plan import ANALYSES, GATHERS, IO_STRATEGIES, MODES
-from .errors import Interrupted, RunFailed
-from .planning import InputError
+from trajflow.workflows.errors import Interrupted, RunFailed
+from trajflow.workflows.run.planning import InputError
 
 EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -96,7 +96,7 @@ def build_parser():
     run = sub.add_parser("run", help="analyse a trajectory on a pilot",
                          description="Analyse a trajectory on a RADICAL pilot; writes RUNDIR/result.h5.")
     add_run_options(run)
-    from .remote import add_remote_commands, add_remote_options
+    from trajflow.workflows.remote.client import add_remote_commands, add_remote_options
     add_remote_options(run)
     demo = sub.add_parser("demo", help="the main job on its default: AdK x100, rmsd and dihedrals",
                           description="Build AdK (MDAnalysisTests PSF/DCD) concatenated 100x "
@@ -210,7 +210,7 @@ def _validate_resource(args):
         raise InputError(f"--retries {args.retries}: give 0 or more")
     if args.client_timeout < 0:
         raise InputError(f"--client-timeout {args.client_timeout}: give seconds >= 0 (0: no guard)")
-    from . import resources
+    from trajflow.workflows.run import resources
     try:
         resources.check_resource(args.resource)
         if args.access_schema:
@@ -224,7 +224,7 @@ def _run_and_report(plans, args, path, resume=False):
     report written as soon as it has ended (while the pilot is shut down), then
     printed; the exit code."""
     import concurrent.futures
-    from .pilot import Pilot
+    from trajflow.workflows.run.pilot import Pilot
     t0 = time.time()
     runs, futures = {}, {}
 
@@ -298,7 +298,7 @@ def plan_from_args(args):
     """The run `trajflow run` asks for, planned (InputError for bad input, nothing written)."""
     _validate_resource(args)
     if args.resume:
-        from .planning import plan_for_resume
+        from trajflow.workflows.run.planning import plan_for_resume
         return plan_for_resume(args.resume)
     missing = [flag for flag, value in (("--topology", args.topology), ("--trajectory", args.trajectory),
                                         ("--analysis", args.analysis), ("--out", args.out))
@@ -306,7 +306,7 @@ def plan_from_args(args):
     if missing:
         raise InputError(f"missing {', '.join(missing)}: a new run needs --topology, --trajectory, "
                          "--analysis and --out (or --resume RUNDIR)")
-    from .pilot import plan_run
+    from trajflow.workflows.run.pilot import plan_run
     return plan_run(args.topology, args.trajectory, args.analysis,
                     args=_json_object(args.analysis_args), select=args.select, io=args.io,
                     mode=args.mode, gather=args.gather, blocks=args.blocks, repeat=args.repeat,
@@ -324,15 +324,15 @@ def cmd_run(args):
                          "batch job there (here, run trajflow inside your own job with "
                          "--access-schema batch)")
     if args.remote:
-        from . import remote
+        from trajflow.workflows.remote import client as remote
         return remote.cmd_run_remote(args)
     return run_planned(plan_from_args(args), args)
 
 
 def cmd_demo(args):
     _validate_resource(args)
-    from .datasets import adk_concatenated
-    from .pilot import plan_run
+    from trajflow.workflows.datasets import adk_concatenated
+    from trajflow.workflows.run.pilot import plan_run
     out = os.path.abspath(args.out or f"trajflow-demo-{time.strftime('%Y%m%d-%H%M%S')}")
     print(f"building the demo trajectory (AdK x{args.copies}) in the cache, once ...")
     top, traj = adk_concatenated(args.copies, "DCD")
@@ -344,7 +344,7 @@ def cmd_demo(args):
 
 
 def cmd_campaign(args):
-    from .campaign import Campaign
+    from trajflow.workflows.campaign.spec import Campaign
     campaign = Campaign.load(args.file)
     if args.only_resource:
         if args.only_resource not in campaign.resources:
@@ -369,7 +369,7 @@ def cmd_campaign(args):
 
 def cmd_resources(args):
     import json
-    from . import resources
+    from trajflow.workflows.run import resources
     if args.show:
         try:
             resources.check_resource(args.show)
@@ -392,8 +392,8 @@ def cmd_resources(args):
 
 
 def cmd_inspect(args):
-    from .inspection import inspect_runs, summary_text, write_csv, write_json
-    from .campaign_run import is_campaign_dir
+    from trajflow.workflows.profile.inspection import inspect_runs, summary_text, write_csv, write_json
+    from trajflow.workflows.campaign.run import is_campaign_dir
     if not args.rundirs and not args.table:
         raise InputError("nothing to inspect: give one or more RUNDIRs (--out folders of "
                          "trajflow run), a campaign folder, or --table FILE.csv")
@@ -406,11 +406,11 @@ def cmd_inspect(args):
     report = inspect_runs(args.rundirs, args.table)
     print(summary_text(report))
     if args.trace:
-        from .trace import write_trace
+        from trajflow.workflows.profile.trace import write_trace
         write_trace(report, args.trace)
         print(f"trace (open in https://ui.perfetto.dev or chrome://tracing): {args.trace}")
     if args.html:
-        from .report_html import write_html
+        from trajflow.workflows.profile.report_html import write_html
         write_html(report, args.html)
         print(f"HTML report: {args.html}")
     if args.json:
@@ -423,13 +423,13 @@ def cmd_inspect(args):
 
 
 def _inspect_campaign(args):
-    from .campaign_table import experiment_rows, summary_lines, write_table
+    from trajflow.workflows.campaign.table import experiment_rows, summary_lines, write_table
     cdir = os.path.abspath(args.rundirs[0])
     rows = experiment_rows(cdir)
     for line in summary_lines(rows):
         print(line)
     if args.html:
-        from .report_html import write_campaign_html
+        from trajflow.workflows.profile.report_html import write_campaign_html
         write_campaign_html(rows, cdir, args.html)
         print(f"HTML report: {args.html}")
     if args.csv:
@@ -444,7 +444,7 @@ def _inspect_campaign(args):
 
 def cmd_bench(args):
     import json
-    from .bench import format_table, run_bench, run_bench_large
+    from trajflow.workflows.bench.small import format_table, run_bench, run_bench_large
     if min(args.copies, args.repeats, args.loop_frames, args.startup_launches, args.launches) < 1:
         raise InputError("--copies, --repeats, --loop-frames, --startup-launches and --launches "
                          "must be at least 1")
@@ -486,7 +486,7 @@ def main(argv=None):
 def run_guarded(command, args):
     """`command(args)` with trajflow's stop signals and exit codes: 2 for bad input
     (the message on stderr), 130 or 128 + N for an interrupt."""
-    from .pilot import stop_on_signals
+    from trajflow.workflows.run.pilot import stop_on_signals
     try:
         with stop_on_signals(also_sigint=True):
             return command(args)
@@ -503,12 +503,12 @@ def run_guarded(command, args):
 
 def _interrupted_code():
     """130 for Ctrl-C; 128 + N for a stop signal N (143 SIGTERM, 129 SIGHUP), as shells do."""
-    from . import pilot
+    from trajflow.workflows.run import pilot
     return 128 + pilot.stopped_by if pilot.stopped_by else EXIT_INTERRUPTED
 
 
 def _command(args):
-    from . import remote
+    from trajflow.workflows.remote import client as remote
     return {"run": cmd_run, "demo": cmd_demo, "bench": cmd_bench, "campaign": cmd_campaign,
             "resources": cmd_resources, "inspect": cmd_inspect, "analyses": cmd_analyses,
             "status": remote.cmd_status, "follow": remote.cmd_follow, "fetch": remote.cmd_fetch,

@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 
-from .execute import read_outcome, record_outcome
+from trajflow.workflows.run.execute import read_outcome, record_outcome
 
 POLL_S = 5.0
 
@@ -26,8 +26,8 @@ def remote_out(campaign, label):
 
 def run_remote_resource(campaign, label, cdir, resume):
     """The resource's process (as campaign_run._run_resource): output to logs/<label>.log."""
-    from .campaign_run import resource_log, rundir
-    from .cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+    from trajflow.workflows.campaign.run import resource_log, rundir
+    from trajflow.workflows.cli.main import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
     with resource_log(cdir, label):
         interrupted = []
         signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
@@ -48,7 +48,7 @@ def run_remote_resource(campaign, label, cdir, resume):
 def follow_remote_campaign(campaign, label, cdir, resume, interrupted):
     """Start the resource's campaign there, follow and fetch until it has ended;
     the error that kept it from running, or None."""
-    from .remote import connect, default_python
+    from trajflow.workflows.remote.client import connect, default_python
     spec = campaign.resources[label]
     conn = connect(spec.remote, spec.remote_python or default_python(spec.remote, label))
     try:
@@ -84,7 +84,7 @@ def follow_remote_campaign(campaign, label, cdir, resume, interrupted):
 
 def fetch_runs(conn, remote_runs, local_runs):
     """Each experiment's own files (remote.py's FETCHED), with paths in plan.json made local."""
-    from .remote import localise_plan
+    from trajflow.workflows.remote.client import localise_plan
     os.makedirs(local_runs, exist_ok=True)
     conn.fetch(remote_runs, local_runs, depth=1)
     for name in os.listdir(local_runs):

@@ -15,9 +15,9 @@ import json
 import os
 from trajflow.tasks.plan import PLAN_FILE, RunPlan
 
-from .advice import advice, compare_strategies
-from .stragglers import MIN_GROUP, describe, judge, judged_groups, phase_times
-from .timing_tables import read_tables
+from trajflow.workflows.profile.advice import advice, compare_strategies
+from trajflow.workflows.profile.stragglers import MIN_GROUP, describe, judge, judged_groups, phase_times
+from trajflow.workflows.profile.timing_tables import read_tables
 
 
 def load_run(rundir):

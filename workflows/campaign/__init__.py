@@ -1,0 +1,1 @@
+"""Campaigns: factors with levels expanded into experiments, run over several resources."""
