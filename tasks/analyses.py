@@ -17,7 +17,10 @@ from .readers import BlockReader
 
 class BlockAnalysis:
     name = ""
+    help = ""                # one line for `trajflow run --help` and help(trajflow.run)
+    default_selection = ""
     need_boxes = False
+    units = {}               # result dataset -> unit, written into result.h5
 
     def __init__(self, selected: dict, selection: str = "", repeat: int = 1):
         """`selected`: the arrays `select` returned (as saved in the run's selection file)."""
@@ -31,6 +34,11 @@ class BlockAnalysis:
         """Resolve the selection on a Universe: arrays the tasks need, at least
         `atom_indices` (sorted). ValueError with the reason if it cannot be used."""
         raise NotImplementedError
+
+    @classmethod
+    def bytes_per_frame(cls, selected) -> int:
+        """The size of one frame's result row (8-byte floats), for the disk check."""
+        return 8
 
     # --- the hooks a concrete analysis fills in ------------------------------
     def _prepare(self, first_chunk):
@@ -80,6 +88,9 @@ class BlockAnalysis:
 class RMSD(BlockAnalysis):
     """RMSD of the selection after optimal superposition onto its frame-0 structure."""
     name = "rmsd"
+    help = "RMSD after optimal superposition onto frame 0"
+    default_selection = "name CA"
+    units = {"rmsd": "Angstrom"}
 
     @classmethod
     def select(cls, universe, selection):
@@ -99,7 +110,13 @@ class RMSD(BlockAnalysis):
 class Dihedrals(BlockAnalysis):
     """Backbone φ/ψ of every non-terminal residue of the selection, as (cos, sin)."""
     name = "dihedrals"
+    help = "(cos, sin) of backbone phi/psi"
+    default_selection = "protein"
     need_boxes = True
+
+    @classmethod
+    def bytes_per_frame(cls, selected):
+        return 8 * 4 * len(selected.get("resids", ()))
 
     @classmethod
     def select(cls, universe, selection):
@@ -136,3 +153,4 @@ class Dihedrals(BlockAnalysis):
 
 
 ANALYSIS_CLASSES = {cls.name: cls for cls in (RMSD, Dihedrals)}
+ANALYSES = tuple(ANALYSIS_CLASSES)  # the built-in analyses' names, in the order to show them

@@ -34,15 +34,13 @@ def open_block_source(plan, analysis, block, timer, comm=None):
     """
     b_start, b_stop = plan.blocks[block]
     idx, boxes = analysis.atom_indices, analysis.need_boxes
-    if plan.io == "split":  # frame 0 lives in block 0's segment
-        source = open_block_reader([plan.segment_path(block)], idx, boxes, timer,
-                                   frame_offset=b_start)
-        reference = source if block == 0 else open_block_reader([plan.segment_path(0)], idx,
-                                                                 boxes, timer)
-        return source, 0, b_stop - b_start, reference
-    files = [plan.h5md_path()] if plan.io == "h5md" else plan.trajectories
-    source = open_block_reader(files, idx, boxes, timer, comm)
-    return source, b_start, b_stop, source
+    files, first = plan.io_strategy.block_files(plan, block)
+    comm = comm if plan.io_strategy.one_file else None
+    source = open_block_reader(files, idx, boxes, timer, comm, frame_offset=b_start - first)
+    reference_files, _ = plan.io_strategy.block_files(plan, 0)  # where frame 0 is
+    reference = source if reference_files == files else open_block_reader(
+        reference_files, idx, boxes, timer, comm)
+    return source, first, first + b_stop - b_start, reference
 
 
 def analyze_block(plan, block, timer, comm=None):
@@ -168,11 +166,9 @@ def needs_mdanalysis(plan):
     if not plan.builtin:
         return True
     need_boxes = ANALYSIS_CLASSES[plan.analysis].need_boxes
-    files = (plan.trajectories if plan.io == "shared" else [plan.segment_path(0)]
-             if plan.io == "split" else [plan.h5md_path()])
-    if len(files) == 1 and is_h5md(files[0]):
-        users_own_file = plan.io == "shared" or plan.reads_h5md_input  # boxes from edges
-        return need_boxes and users_own_file
+    files, _ = plan.io_strategy.block_files(plan, 0)
+    if len(files) == 1 and is_h5md(files[0]):  # the user's own H5MD: boxes from edges
+        return need_boxes and plan.io_strategy.reads_input_as_is(plan)
     return open_dcd(files, need_boxes) is None and not xtc_readable(files, need_boxes)
 
 

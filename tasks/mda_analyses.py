@@ -277,11 +277,7 @@ def analyze_block(plan, block, timer):
     # the whole run's frames, as run() does (the whole frames of a truncated input)
     analysis._setup_frames(analysis._trajectory, stop=plan.n_frames)
 
-    copied = None
-    if plan.io == "split":
-        copied = (plan.segment_path(block), 0)
-    elif plan.io == "h5md" and not plan.reads_h5md_input:
-        copied = (plan.h5md_path(), b_start)
+    copied = plan.io_strategy.copied_frames(plan, block)
     time_frame_loop(analysis, timer, block, None if copied is None else (
         lambda: CopiedFrames(*copied, b_start, b_stop - b_start, u.trajectory)))
     with warnings.catch_warnings():

@@ -14,11 +14,6 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-ANALYSES = ("rmsd", "dihedrals")
-IO_STRATEGIES = ("shared", "split", "h5md")
-MODES = ("mpi", "tasks")
-GATHERS = ("gatherv", "rma")
-DEFAULT_SELECTION = {"rmsd": "name CA", "dihedrals": "protein"}
 PLAN_FILE = "plan.json"
 
 
@@ -83,9 +78,16 @@ class RunPlan:
         return len(self.blocks)
 
     @property
+    def io_strategy(self):
+        """The IOStrategy object of `io` (io_strategies.py)."""
+        from .io_strategies import IO_STRATEGIES
+        return IO_STRATEGIES[self.io]
+
+    @property
     def builtin(self) -> bool:
-        """rmsd or dihedrals (trajflow's kernels), not a user's MDAnalysis analysis."""
-        return self.analysis in ANALYSES
+        """A built-in analysis (trajflow's kernels, analyses.py), not a user's
+        MDAnalysis analysis (which has its factory) or an MDAnalysis run() (backend)."""
+        return self.factory is None and not self.backend
 
     # --- where things live under the work directory -------------------------
     def path(self, *parts: str) -> str:

@@ -13,6 +13,7 @@ import h5py
 import numpy as np
 
 from . import faults, mda_analyses
+from .analyses import ANALYSIS_CLASSES
 from .parts import DamagedPart, read_part
 from .plan import RunPlan, decode_path_arg
 from .timing import RankTimer
@@ -96,8 +97,10 @@ def write_result(plan, arrays, analysis_attrs, results=None):
             for key, value in arrays.items():
                 if key not in ("frame", "time"):
                     f.create_dataset(key, data=value.astype(np.float64))
-        if "rmsd" in f:
-            f["rmsd"].attrs["unit"] = "Angstrom"
+        units = ANALYSIS_CLASSES[plan.analysis].units if plan.builtin else {}
+        for key, unit in units.items():
+            if key in f:
+                f[key].attrs["unit"] = unit
         if "resids" in analysis_attrs:
             f.create_dataset("resid", data=np.asarray(analysis_attrs["resids"], dtype=np.int64))
         root = {

@@ -157,11 +157,7 @@ def main(argv=None):
     name = f"split.{plan.io}" + (f".block_{args.block:05d}" if args.block is not None else f".rank_{rank:05d}")
     timer = RankTimer("split", rank=rank, size=size, io=plan.io)
     u = check_inputs(plan, timer)
-    if plan.io == "split":
-        for b in my_blocks(plan, args.block, rank, size):
-            write_segment(plan, u, b, timer)
-    elif plan.io == "h5md" and rank == 0 and not plan.reads_h5md_input:
-        convert_h5md(plan, u, timer)
+    plan.io_strategy.prepare(plan, u, my_blocks(plan, args.block, rank, size), rank, timer)
     if rank == 0 and args.block in (None, 0):
         manifest = {"io": plan.io, "n_frames": plan.n_frames, "n_atoms": plan.n_atoms}
         with open(plan.path("split", "manifest.json"), "w", encoding="utf-8") as fh:

@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 from trajflow.workflows.run.pipeline import stage_specs, task_environment
-from trajflow.workflows.run.planning import make_plan, write_plan
+from plans import make_plan
+from trajflow.workflows.run.planning import write_plan
 
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 

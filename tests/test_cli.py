@@ -48,10 +48,10 @@ BAD = [
     (dict(analysis="rmsd", select="name CA and resid 1"), "needs at least 3"),
     (dict(analysis="dihedrals", select="resname TIP3 or name OH2"), "no atoms"),
     (dict(analysis="dihedrals", select="resid 1"), "phi and psi"),
-    (dict(analysis="rmsd", blocks="0"), "at least 1 block"),
+    (dict(analysis="rmsd", blocks="0"), "--blocks 0: give 1 or more"),
     (dict(analysis="rmsd", blocks="99", mode="tasks"), "at most 98"),
     (dict(analysis="rmsd", blocks="3", cpus="2"), "do not fit"),
-    (dict(analysis="rmsd", cpus="0"), "at least 1 cpu"),
+    (dict(analysis="rmsd", cpus="0"), "--cpus 0: give 1 or more"),
     (dict(analysis="rmsd", walltime="0"), "walltime"),
     (dict(analysis="rmsd", resource="nowhere.cluster"), "unknown resource"),
     (dict(analysis="rmsd", io="h5md", compression="lz4"), "gzip"),
@@ -123,7 +123,7 @@ def test_an_h5md_that_lost_its_box_is_refused_for_dihedrals(solvated, tmp_path):
     import gc
     import h5py
     import MDAnalysis as mda
-    from trajflow.workflows.run.planning import make_plan
+    from plans import make_plan
     gro, xtc = solvated
     boxless = str(tmp_path / "boxless.h5md")
     u = mda.Universe(gro, xtc)
@@ -151,7 +151,8 @@ def test_one_run_per_folder_a_second_run_or_resume_is_refused_naming_the_holder(
     would), another run or a resume into it is refused at once, exit 2; a lock left
     by a process that is gone is taken over."""
     import socket
-    from trajflow.workflows.run.planning import make_plan, write_plan
+    from plans import make_plan
+    from trajflow.workflows.run.planning import write_plan
     from trajflow.workflows.run.rundir_lock import LOCK_FILE, RunLock
     out = tmp_path / "run"
     lock = RunLock(out).acquire()
@@ -179,7 +180,8 @@ def test_one_run_per_folder_a_second_run_or_resume_is_refused_naming_the_holder(
 
 
 def test_a_refused_run_leaves_no_folder_and_no_lock(adk, tmp_path):
-    from trajflow.workflows.run.planning import InputError, make_plan
+    from plans import make_plan
+    from trajflow.workflows.run.planning import InputError
     with pytest.raises(InputError):
-        make_plan(adk[0], [adk[1]], "rmsd", str(tmp_path / "run"), selection="resname NOPE")
+        make_plan(adk[0], [adk[1]], "rmsd", str(tmp_path / "run"), select="resname NOPE")
     assert not (tmp_path / "run").exists()

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 from trajflow.workflows.run.execute import run_plans
-from trajflow.workflows.run.planning import make_plan, write_plan
+from plans import make_plan
+from trajflow.workflows.run.planning import write_plan
 
 pytestmark = pytest.mark.entk
 FACTORIES = os.path.join(os.path.dirname(__file__), "analyses", "factories.py")
@@ -42,13 +43,13 @@ def session(tmp_path_factory, adk, adk_xtc, solvated):
         ("fail_always", dict(dcd, mode="mpi", blocks=2, cpus=2), {"TRAJFLOW_TEST_FAIL": "0:5"}),
         ("killed_rank", dict(dcd, mode="mpi", blocks=2, cpus=2), {"TRAJFLOW_TEST_KILL": "1"}),
         ("user_rdf", dict(topology=solvated[0], trajectories=[solvated[1]],
-                          analysis=f"{FACTORIES}:interrdf", analysis_args={"nbins": 40},
+                          analysis=f"{FACTORIES}:interrdf", args={"nbins": 40},
                           io="h5md", mode="mpi", blocks=2, cpus=2), {}),
     ]
     folders = {"dihedrals_tasks": 'dih "q" $HOME;ü x'}
     runs = []
     for name, kw, _ in specs:
-        plan = make_plan(out=str(root / folders.get(name, name)), chunk_frames=16, **kw)
+        plan = make_plan(out=str(root / folders.get(name, name)), chunk=16, **kw)
         runs.append((name, plan, write_plan(plan)))
     os.remove(doomed_top)  # the split task of "doomed" must now fail
     report = run_plans(runs, "local.localhost", walltime=15, cpus=2, session_root=str(root),

@@ -269,7 +269,7 @@ STRATEGIES = [("shared", "tasks"), ("split", "mpi"), ("split", "tasks"), ("h5md"
 def check_against_mdanalysis(tmp_path, top, traj, analysis, reference_results, io, mode, tolerance):
     from stages import plan_and_run
     path, plan = plan_and_run(tmp_path / f"run-{io}-{mode}", top, [traj], analysis, io=io, mode=mode,
-                              blocks=2, cpus=2, chunk_frames=3, side_by_side=True)
+                              blocks=2, cpus=2, chunk=3, side_by_side=True)
     expected = reference_results(top, [traj], analysis)
     key = "rmsd" if analysis == "rmsd" else "features"
     with h5py.File(path) as f:
@@ -391,7 +391,7 @@ def test_dcd_promising_a_cell_it_lacks_is_refused_before_any_pilot(tmp_path, adk
     import shutil
     import struct
     from trajflow.workflows.errors import InputError
-    from trajflow.workflows.run.planning import make_plan
+    from plans import make_plan
     bad = tmp_path / "nocell.dcd"
     shutil.copy(adk[1], bad)
     with open(bad, "r+b") as f:

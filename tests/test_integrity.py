@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from stages import run_stages
-from trajflow.workflows.run.planning import InputError, make_plan, write_plan
+from plans import make_plan
+from trajflow.workflows.run.planning import InputError, write_plan
 
 
 def cut(src, dst, keep_bytes):

@@ -7,7 +7,8 @@ import pytest
 
 from trajflow.workflows.datasets import adk_concatenated
 from trajflow.workflows.run.execute import run_plans
-from trajflow.workflows.run.planning import make_plan, write_plan
+from plans import make_plan
+from trajflow.workflows.run.planning import write_plan
 
 pytestmark = [pytest.mark.entk, pytest.mark.slow]
 

@@ -232,9 +232,10 @@ def convert_with_the_split_stage(tmp_path, top, trajs):
     """The H5MD file the split stage writes for a run (its task program, as the pilot runs it)."""
     from stages import run_spec
     from trajflow.workflows.run.pipeline import stage_specs
-    from trajflow.workflows.run.planning import make_plan, write_plan
-    plan = make_plan(top, trajs, "rmsd", str(tmp_path / "run"), selection="all", io="h5md",
-                     mode="tasks", blocks=1, cpus=1, chunk_frames=3)
+    from plans import make_plan
+    from trajflow.workflows.run.planning import write_plan
+    plan = make_plan(top, trajs, "rmsd", str(tmp_path / "run"), select="all", io="h5md",
+                     mode="tasks", blocks=1, cpus=1, chunk=3)
     [spec] = stage_specs(plan, write_plan(plan))["split"]
     proc = run_spec(spec)
     assert proc.returncode == 0, proc.stderr

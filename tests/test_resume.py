@@ -9,7 +9,8 @@ import pytest
 
 from stages import run_spec, run_stages
 from trajflow.workflows.run.pipeline import remaining_specs, stage_specs
-from trajflow.workflows.run.planning import InputError, make_plan, plan_for_resume, write_plan
+from plans import make_plan
+from trajflow.workflows.run.planning import InputError, plan_for_resume, write_plan
 
 
 @pytest.mark.parametrize("io", ["shared", "split"])

@@ -48,7 +48,7 @@ def test_result_equals_mdanalysis(tmp_path, adk, adk_xtc, reference_results,
                                   io, mode, gather, n, analysis, fmt):
     top, traj = adk if fmt == "dcd" else adk_xtc
     path, plan = plan_and_run(tmp_path / "run", top, [traj], analysis, io=io, mode=mode,
-                              gather=gather, blocks=n, cpus=n, chunk_frames=16, side_by_side=True)
+                              gather=gather, blocks=n, cpus=n, chunk=16, side_by_side=True)
     check_result(path, reference_results(top, [traj], analysis), analysis, n, io, mode)
     assert os.listdir(plan.path("parts")) == []  # the result is the run's one copy
 
@@ -60,7 +60,7 @@ def test_periodic_result_equals_mdanalysis(tmp_path, solvated, reference_results
                                            io, mode, gather, n, analysis):
     top, traj = solvated
     path, _ = plan_and_run(tmp_path / "run", top, [traj], analysis, io=io, mode=mode,
-                           gather=gather, blocks=n, cpus=n, chunk_frames=4, side_by_side=True)
+                           gather=gather, blocks=n, cpus=n, chunk=4, side_by_side=True)
     check_result(path, reference_results(top, [traj], analysis), analysis, n, io, mode,
                  PERIODIC_TOLERANCE)
 
@@ -72,7 +72,7 @@ def test_periodic_formats_equal_mdanalysis(tmp_path, solvated_trr, solvated_dcd,
                                            io, mode, gather, analysis, fmt):
     top, traj = solvated_trr if fmt == "trr" else solvated_dcd
     path, _ = plan_and_run(tmp_path / "run", top, [traj], analysis, io=io, mode=mode,
-                           gather=gather, blocks=3, cpus=3, chunk_frames=2, side_by_side=True)
+                           gather=gather, blocks=3, cpus=3, chunk=2, side_by_side=True)
     check_result(path, reference_results(top, [traj], analysis), analysis, 3, io, mode,
                  PERIODIC_TOLERANCE)
 
@@ -83,7 +83,7 @@ def test_several_files_are_one_trajectory(tmp_path, adk, adk_xtc, reference_resu
     top = adk[0]
     trajs = [adk[1], adk_xtc[1]]
     path, plan = plan_and_run(tmp_path / "run", top, trajs, "rmsd", io=io, mode="mpi",
-                              blocks=3, cpus=3, chunk_frames=32)
+                              blocks=3, cpus=3, chunk=32)
     assert plan.n_frames == 196
     check_result(path, reference_results(top, trajs, "rmsd"), "rmsd", 3, io, "mpi")
 
@@ -151,13 +151,14 @@ def test_a_campaigns_shared_h5md_copy_is_made_once(tmp_path, solvated, reference
     from stages import run_side_by_side, run_stages
     from trajflow.workflows.profile.advice import prepare_seconds
     from trajflow.workflows.run.pipeline import stage_specs
-    from trajflow.workflows.run.planning import make_plan, write_plan
+    from plans import make_plan
+    from trajflow.workflows.run.planning import write_plan
     top, traj = solvated
     shared = str(tmp_path / "shared" / "trajectory.h5md")
     runs = []
     for i, (analysis, mode) in enumerate([("rmsd", "mpi"), ("dihedrals", "tasks")]):
         plan = make_plan(top, [traj], analysis, str(tmp_path / f"run{i}"), io="h5md", mode=mode,
-                         blocks=2, cpus=2, chunk_frames=4)
+                         blocks=2, cpus=2, chunk=4)
         plan.shared_h5md = shared
         runs.append((plan, write_plan(plan)))
     run_side_by_side([spec for plan, path in runs for spec in stage_specs(plan, path)["split"]])

@@ -79,7 +79,7 @@ def test_user_analysis_equals_serial_mdanalysis(tmp_path, adk, solvated, name, i
     top, traj = inputs_for(name, adk, solvated)
     args = {"nbins": 50} if name == "interrdf" else {}
     path, plan = plan_and_run(tmp_path / "run", top, [traj], f"{FACTORIES}:{name}", io=io,
-                              mode=mode, blocks=3, cpus=3, analysis_args=args, side_by_side=True)
+                              mode=mode, blocks=3, cpus=3, args=args, side_by_side=True)
     with h5py.File(path) as f:
         got = read_results(f["results"])
         n = plan.n_frames
@@ -154,7 +154,8 @@ def test_unusable_analyses_are_refused_before_any_pilot(adk, tmp_path, analysis,
 
 
 def test_resume_refuses_a_changed_factory(tmp_path, adk):
-    from trajflow.workflows.run.planning import InputError, make_plan, plan_for_resume, write_plan
+    from plans import make_plan
+    from trajflow.workflows.run.planning import InputError, plan_for_resume, write_plan
     factory = tmp_path / "mine.py"
     factory.write_text(open(FACTORIES).read())
     plan = make_plan(adk[0], [adk[1]], f"{factory}:mda_rmsd", str(tmp_path / "run"), blocks=2)

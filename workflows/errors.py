@@ -12,6 +12,9 @@
 The CLI turns them into exit codes: InputError 2, RunFailed 1, Interrupted 130.
 """
 
+# the exit codes of `trajflow` and of the processes it starts (a stop signal N: 128 + N)
+EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
 
 class InputError(Exception):
     """Bad input: the message names the problem and the fix. Raised before

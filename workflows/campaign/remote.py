@@ -27,7 +27,6 @@ def remote_out(campaign, label):
 def run_remote_resource(campaign, label, cdir, resume):
     """The resource's process (as campaign_run._run_resource): output to logs/<label>.log."""
     from trajflow.workflows.campaign.run import resource_log, rundir
-    from trajflow.workflows.cli.main import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
     with resource_log(cdir, label):
         interrupted = []
         signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))

@@ -25,13 +25,12 @@ import time
 
 from trajflow.tasks.plan import PLAN_FILE, RunPlan
 from trajflow.workflows.campaign.spec import Campaign
-from trajflow.workflows.errors import Interrupted
+from trajflow.workflows.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, Interrupted
 from trajflow.workflows.run.execute import read_outcome, record_outcome
 from trajflow.workflows.run.planning import RUN_MARKER, InputError, check_outdir, make_plan, read_inputs, write_plan
 
 CAMPAIGN_MARKER = ".trajflow-campaign"
 EXPERIMENTS_FILE = "experiments.json"
-EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130  # a resource process' exit codes
 
 
 def rundir(cdir, experiment) -> str:
@@ -91,12 +90,8 @@ def plan_experiments(campaign: Campaign, cdir: str, resume: bool):
                                      "a new campaign folder (--out) instead of mixing the two")
                 kept.append(e)
                 continue
-        todo[e] = make_plan(top, trajs, campaign.analysis, d, selection=campaign.select or None,
-                            io=e.io, mode=e.mode, gather="gatherv" if e.gather == "-" else e.gather,
-                            blocks=e.ranks, cpus=campaign.pilot(e.resource)["cpus"],
-                            repeat=e.repeat, compression=campaign.compression or None,
-                            chunk_frames=campaign.chunk, new_out=False, inputs=inputs,
-                            analysis_args=campaign.analysis_args)
+        todo[e] = make_plan(campaign.run_spec(e, top, trajs, d),
+                            campaign.pilot(e.resource)["cpus"], new_out=False, inputs=inputs)
         if e.io == "h5md":
             todo[e].shared_h5md = shared_h5md_path(cdir, inputs.checksum, campaign.compression)
     return todo, kept

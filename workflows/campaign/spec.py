@@ -30,8 +30,10 @@ import os
 import tomllib
 from typing import Dict, List
 
-from trajflow.tasks.plan import ANALYSES, GATHERS, IO_STRATEGIES, MODES
-from trajflow.workflows.run.planning import ANALYSIS_FORMS, InputError
+from trajflow.tasks.analyses import ANALYSES
+from trajflow.workflows.errors import InputError
+from trajflow.workflows.run.planning import ANALYSIS_FORMS
+from trajflow.workflows.run.spec import RunSpec, option_choices, option_default
 
 DESIGNS = ("factorial", "list")
 DATASETS = ("adk",)
@@ -54,8 +56,9 @@ SCHEMA = {
                    "mode": (str, False), "gather": (str, False), "repeat": (int, False)},
 }
 TOP_LEVEL = ("campaign", "input", "resources", "factors", "experiments")
-FACTOR_DEFAULTS = {"io": ["shared"], "mode": ["mpi"], "gather": ["gatherv"], "repeat": [1]}
-FACTOR_CHOICES = {"io": IO_STRATEGIES, "mode": MODES, "gather": GATHERS}
+# a factor is a RunSpec option with several levels: its default and choices are the option's
+FACTOR_DEFAULTS = {k: [option_default(k)] for k in ("io", "mode", "gather", "repeat")}
+FACTOR_CHOICES = {k: option_choices(k) for k in ("io", "mode", "gather")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +166,14 @@ class Campaign:
                                    remote_out="")
         return dataclasses.replace(self, resources={resource: spec},
                                    experiments=self.on(resource))
+
+    def run_spec(self, e: Experiment, topology, trajectories, out) -> RunSpec:
+        """The RunSpec of one experiment: the file's run keys and the experiment's levels."""
+        return RunSpec(topology=topology, trajectory=trajectories, analysis=self.analysis,
+                       args=self.analysis_args or None, select=self.select or None, io=e.io,
+                       mode=e.mode, gather=option_default("gather") if e.gather == "-" else e.gather,
+                       blocks=e.ranks, repeat=e.repeat, chunk=self.chunk,
+                       compression=self.compression or None, retries=self.retries, out=out)
 
     def remote_labels(self) -> List[str]:
         """The resources whose experiments run by a campaign on another machine."""

@@ -5,87 +5,33 @@ result is missing; 2 bad input (nothing was started or written); 130 Ctrl-C.
 """
 import radical.utils  # noqa: F401  radical before logging, or fork() may deadlock (its own warning)
 import argparse
+import dataclasses
 import json
 import os
 import sys
 import time
 
-from trajflow.tasks.plan import ANALYSES, GATHERS, IO_STRATEGIES, MODES
-from trajflow.workflows.errors import Interrupted, RunFailed
-from trajflow.workflows.run.planning import InputError
+from trajflow.tasks.analyses import ANALYSES
+from trajflow.workflows.cli.options import add_spec_options, flags_said, spec_from_args
+from trajflow.workflows.datasets import adk_concatenated
+from trajflow.workflows.errors import (EXIT_FAILED, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK,
+                                      InputError, Interrupted, RunFailed)
+from trajflow.workflows.run.pilot import Pilot, plan_of, stop_on_signals
+from trajflow.workflows.run.planning import make_plan
+from trajflow.workflows.run.spec import PilotSpec, RunSpec, command_line
 
-EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+RUN_FIELDS = tuple(f.name for f in dataclasses.fields(RunSpec))
+RESUMED_OPTIONS = ("retries", "progress")  # a resumed run's own; the rest are its plan's
+
 
 
 def add_run_options(p):
-    p.add_argument("--topology", metavar="T",
-                   help="topology file MDAnalysis reads (PSF, PDB, GRO, TPR, ...); required")
-    p.add_argument("--trajectory", nargs="+", metavar="X",
-                   help="trajectory file(s); several are one continuous trajectory, in the order "
-                        "given; required")
-    p.add_argument("--analysis", metavar="SPEC",
-                   help="rmsd: RMSD after optimal superposition onto frame 0; "
-                        "dihedrals: (cos, sin) of backbone phi/psi; FILE.py:NAME or "
-                        "package.module:NAME: your own, a function NAME(universe, **args) "
-                        "returning a parallelisable MDAnalysis analysis; required")
-    p.add_argument("--analysis-args", default=None, metavar="JSON",
-                   help="keyword arguments for your analysis' function, as a JSON object, "
-                        "e.g. '{\"nbins\": 75}' (default: none)")
-    p.add_argument("--select", default=None, metavar="SEL",
-                   help="MDAnalysis selection, rmsd and dihedrals only (your own analysis selects in "
-                        "its factory) (default: 'name CA' for rmsd, 'protein' for dihedrals)")
-    p.add_argument("--io", default="shared", choices=IO_STRATEGIES,
-                   help="shared: every block reads the one trajectory; split: one segment file "
-                        "per block; h5md: convert to H5MD, chunks of one frame (default: shared)")
-    p.add_argument("--compression", default=None, metavar="gzip:N",
-                   help="with --io h5md: compress the H5MD file (default: none)")
-    p.add_argument("--mode", default="mpi", choices=MODES,
-                   help="mpi: one analyze task with one rank per block; tasks: one single-core "
-                        "task per block (default: mpi)")
-    p.add_argument("--gather", default="gatherv", choices=GATHERS,
-                   help="mpi mode: collect results with Gatherv, or one-sided puts into an MPI "
-                        "window on rank 0 (default: gatherv)")
-    p.add_argument("--blocks", type=int, default=None, metavar="N",
-                   help="number of blocks (= ranks in mpi mode); balanced, none empty "
-                        "(default: --cpus)")
-    p.add_argument("--repeat", type=int, default=1, metavar="K",
-                   help="repeat the per-frame computation K times to raise t_compute/t_IO (default: 1)")
-    p.add_argument("--chunk", type=int, default=0, metavar="F",
-                   help="frames read and computed at a time; bounds memory per rank "
-                        "(default: 0, as many as fit 8 MiB of coordinates, 16 to 4096)")
-    add_resource_options(p)
-    p.add_argument("--out", metavar="RUNDIR",
-                   help="new folder for result.h5, profiles and the plan; required")
-    p.add_argument("--allow-truncated", action="store_true",
-                   help="analyse the whole frames of a truncated last trajectory file (without "
-                        "it a damaged input is refused); result.h5 and the summary say so")
+    """Every option of a run and of its pilot (RunSpec, PilotSpec), and --resume."""
+    add_spec_options(p, RunSpec)
+    add_spec_options(p, PilotSpec)
     p.add_argument("--resume", metavar="RUNDIR", default=None,
                    help="instead of a new run: re-run only the blocks an interrupted run is "
                         "missing; refused if its inputs changed (default: a new run)")
-
-
-def add_resource_options(p):
-    p.add_argument("--resource", default="local.localhost", metavar="NAME",
-                   help="RADICAL-Pilot resource label (default: local.localhost)")
-    p.add_argument("--walltime", type=int, default=30, metavar="MIN",
-                   help="pilot walltime in minutes (default: 30)")
-    p.add_argument("--cpus", type=int, default=2, metavar="N",
-                   help="cores of the pilot (default: 2)")
-    p.add_argument("--queue", default=None, metavar="Q", help="batch queue (default: the resource's)")
-    p.add_argument("--project", default=None, metavar="P", help="allocation to charge (default: none)")
-    p.add_argument("--retries", type=int, default=1, metavar="R",
-                   help="run a failed task again up to R times before the run fails (default: 1)")
-    p.add_argument("--quiet", action="store_true",
-                   help="no progress lines on stderr (the pilot, each stage, each run's end)")
-    p.add_argument("--client-timeout", type=float, default=300, metavar="S",
-                   help="a guard running with the pilot ends it when this trajflow process has "
-                        "been gone S seconds (killed, its machine lost); 0: no guard (default: 300)")
-    p.add_argument("--access-schema", default=None, metavar="NAME",
-                   help="one of the resource config's access schemas (default: its default); "
-                        "batch: trajflow runs inside a batch job and the pilot uses its allocation")
-    p.add_argument("--keep-sandbox", action="store_true",
-                   help="keep the pilot's RADICAL sandbox (default: removed at the end; RUNDIR "
-                        "keeps every task's profile, stdout and stderr)")
 
 
 def build_parser():
@@ -106,7 +52,8 @@ def build_parser():
                       help="folder for the two runs (default: ./trajflow-demo-<time>)")
     demo.add_argument("--copies", type=int, default=100, metavar="K",
                       help="how many times to concatenate AdK's 98 frames (default: 100)")
-    add_resource_options(demo)
+    add_spec_options(demo, PilotSpec)
+    add_spec_options(demo, RunSpec, only=RESUMED_OPTIONS)
     insp = sub.add_parser("inspect", help="phase table, stragglers and advice for finished runs",
                           description="Read RUNDIR(s) alone (plan, per-rank records, RADICAL task "
                                       "profiles) and print a phase table per task and rank, the "
@@ -201,30 +148,11 @@ def build_parser():
     return parser
 
 
-def _validate_resource(args):
-    if args.walltime <= 0:
-        raise InputError(f"--walltime {args.walltime}: give the pilot's walltime in minutes, > 0")
-    if args.cpus < 1:
-        raise InputError(f"--cpus {args.cpus}: ask for at least 1 cpu")
-    if args.retries < 0:
-        raise InputError(f"--retries {args.retries}: give 0 or more")
-    if args.client_timeout < 0:
-        raise InputError(f"--client-timeout {args.client_timeout}: give seconds >= 0 (0: no guard)")
-    from trajflow.workflows.run import resources
-    try:
-        resources.check_resource(args.resource)
-        if args.access_schema:
-            resources.check_access_schema(args.resource, args.access_schema)
-    except ValueError as exc:
-        raise InputError(str(exc))
-
-
-def _run_and_report(plans, args, path, resume=False):
+def _run_and_report(plans, spec, pilot_spec, path, resume=False):
     """Run the plans on one pilot (the API's Pilot), each run's summary and HTML
     report written as soon as it has ended (while the pilot is shut down), then
     printed; the exit code."""
     import concurrent.futures
-    from trajflow.workflows.run.pilot import Pilot
     t0 = time.time()
     runs, futures = {}, {}
 
@@ -234,11 +162,10 @@ def _run_and_report(plans, args, path, resume=False):
         except RunFailed as exc:
             runs[future] = exc.run
     try:
-        with Pilot(args.resource, args.cpus, args.walltime, args.queue, args.project, path=path,
-                   progress=not args.quiet, client_timeout=args.client_timeout,
-                   keep_sandbox=args.keep_sandbox, access_schema=args.access_schema) as pilot:
-            futures = {pilot.submit_plan(plan, retries=args.retries, resume=resume): plan
-                       for plan in plans}
+        cpus = pilot_spec.cpus or max(pilot_spec.cores_for(plan) for plan in plans)
+        own = dataclasses.replace(pilot_spec, cpus=cpus, path=path)
+        with Pilot(progress=spec.progress, **dataclasses.asdict(own)) as pilot:
+            futures = {pilot.submit_plan(plan, spec, resume=resume): plan for plan in plans}
             pilot.close(wait=False)  # no more runs: the pilot ends with the last one
             for future in concurrent.futures.as_completed(futures):
                 finished(future)
@@ -283,39 +210,25 @@ def _summarise(run):
         return f"{run.path}: (no profile summary: {exc})"
 
 
-def _json_object(text):
-    """--analysis-args as a dict; InputError naming the problem if it is not JSON."""
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"--analysis-args {text!r} is not JSON ({exc}); give a JSON object, "
-                         'e.g. \'{"nbins": 75}\'')
+def specs_from_args(args):
+    """(RunSpec, PilotSpec) of the flags given; InputError for a bad value."""
+    return spec_from_args(RunSpec, args), spec_from_args(PilotSpec, args)
 
 
 def plan_from_args(args):
-    """The run `trajflow run` asks for, planned (InputError for bad input, nothing written)."""
-    _validate_resource(args)
+    """The run `trajflow run` asks for, planned (InputError for bad input, nothing written),
+    with its specs: (plan, RunSpec, PilotSpec)."""
+    spec, pilot_spec = specs_from_args(args)
     if args.resume:
-        from trajflow.workflows.run.planning import plan_for_resume
-        return plan_for_resume(args.resume)
-    missing = [flag for flag, value in (("--topology", args.topology), ("--trajectory", args.trajectory),
-                                        ("--analysis", args.analysis), ("--out", args.out))
-               if not value]
-    if missing:
-        raise InputError(f"missing {', '.join(missing)}: a new run needs --topology, --trajectory, "
-                         "--analysis and --out (or --resume RUNDIR)")
-    from trajflow.workflows.run.pilot import plan_run
-    return plan_run(args.topology, args.trajectory, args.analysis,
-                    args=_json_object(args.analysis_args), select=args.select, io=args.io,
-                    mode=args.mode, gather=args.gather, blocks=args.blocks, repeat=args.repeat,
-                    chunk=args.chunk, compression=args.compression, out=args.out, cpus=args.cpus,
-                    allow_truncated=args.allow_truncated)
+        given = flags_said(args, RunSpec, [f for f in RUN_FIELDS if f not in RESUMED_OPTIONS])
+        if given:
+            raise InputError(f"--resume takes the run's options from its plan: drop "
+                             f"{', '.join(given)}")
+    return plan_of(spec, pilot_spec, args.resume), spec, pilot_spec
 
 
-def run_planned(plan, args):
-    return _run_and_report([plan], args, plan.workdir, resume=bool(args.resume))
+def run_planned(plan, spec, pilot_spec, resume=False):
+    return _run_and_report([plan], spec, pilot_spec, plan.workdir, resume=resume)
 
 
 def cmd_run(args):
@@ -325,22 +238,23 @@ def cmd_run(args):
                          "--access-schema batch)")
     if args.remote:
         from trajflow.workflows.remote import client as remote
-        return remote.cmd_run_remote(args)
-    return run_planned(plan_from_args(args), args)
+        return remote.cmd_run_remote(args, *specs_from_args(args))
+    return run_planned(*plan_from_args(args), resume=bool(args.resume))
 
 
 def cmd_demo(args):
-    _validate_resource(args)
-    from trajflow.workflows.datasets import adk_concatenated
-    from trajflow.workflows.run.pilot import plan_run
+    spec, pilot_spec = specs_from_args(args)
     out = os.path.abspath(args.out or f"trajflow-demo-{time.strftime('%Y%m%d-%H%M%S')}")
+    ranks = pilot_spec.blocks_for(spec)
     print(f"building the demo trajectory (AdK x{args.copies}) in the cache, once ...")
     top, traj = adk_concatenated(args.copies, "DCD")
     print(f"  {traj}")
-    plans = [plan_run(top, traj, analysis, out=os.path.join(out, analysis), io="shared",
-                      mode="mpi", blocks=args.cpus, cpus=args.cpus) for analysis in ANALYSES]
-    print(f"running rmsd and dihedrals on {args.resource} with {args.cpus} MPI ranks ...")
-    return _run_and_report(plans, args, out)
+    plans = [make_plan(dataclasses.replace(spec, topology=top, trajectory=[traj], analysis=name,
+                                           out=os.path.join(out, name), blocks=ranks), ranks)
+             for name in ANALYSES]
+    print(f"running {' and '.join(ANALYSES)} on {pilot_spec.resource} with {ranks} MPI "
+          "ranks ...")
+    return _run_and_report(plans, spec, pilot_spec, out)
 
 
 def cmd_campaign(args):
@@ -479,16 +393,14 @@ def cmd_analyses(args):
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    args.argv = argv  # --remote sends the run's own arguments on
     return run_guarded(_command, args)
 
 
 def run_guarded(command, args):
     """`command(args)` with trajflow's stop signals and exit codes: 2 for bad input
     (the message on stderr), 130 or 128 + N for an interrupt."""
-    from trajflow.workflows.run.pilot import stop_on_signals
     try:
-        with stop_on_signals(also_sigint=True):
+        with stop_on_signals(also_sigint=True), command_line():
             return command(args)
     except InputError as exc:
         print(f"trajflow: error: {exc}", file=sys.stderr)

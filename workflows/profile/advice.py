@@ -13,6 +13,8 @@ import glob
 import math
 import os
 
+from trajflow.tasks.io_strategies import GUIDELINES, H5MD_PAPER
+
 REFERENCES = {
     "Khoshlessan et al. 2019": (
         "M. Khoshlessan, I. Paraskevakos, G. C. Fox, S. Jha, O. Beckstein: Guidelines for "
@@ -31,7 +33,6 @@ REFERENCES = {
         "characterization of a molecular dynamics code on PC clusters: is there any easy "
         "parallelism in CHARMM? (IPDPS 2002)"),
 }
-GUIDELINES, H5MD_PAPER = "Khoshlessan et al. 2019", "Jakupovic and Beckstein 2021"
 
 MIN_ANALYSIS_S = 2.0     # an analysis shorter than this is noise beside a task's start-up
 MIN_ANALYSIS_SHARE = 0.1  # ... as is one under this share of the run's time
@@ -107,21 +108,8 @@ def advice(plan, records):
     if ratio >= COMPUTE_BOUND:
         text = (f"compute bound with {strategy} (t_compute/t_IO = {ratio:.0f}): more ranks "
                 f"shorten it ({GUIDELINES}).")
-    elif plan.io == "shared":
-        text = (f"I/O bound with {strategy} (t_compute/t_IO = {ratio:.2f}): every rank reads "
-                "the one trajectory file; at scale, one segment per block (--io split) or one "
-                f"H5MD file read with MPI-IO (--io h5md) removes that contention ({GUIDELINES}; "
-                f"{H5MD_PAPER}). Measure them at your rank count: a campaign with "
-                "io = [\"shared\", \"split\", \"h5md\"].")
-    elif plan.io == "split":
-        text = (f"I/O bound with {strategy} (t_compute/t_IO = {ratio:.2f}): every block reads "
-                f"its own segment already{prepared}; at scale one H5MD file with one-frame "
-                f"chunks read with MPI-IO avoids writing the segments ({H5MD_PAPER}).")
     else:
-        text = (f"I/O bound with {strategy} (t_compute/t_IO = {ratio:.2f}): the ranks read "
-                f"one-frame chunks of one H5MD file{prepared}; the conversion pays off when the "
-                "H5MD file is analysed again; on one shared disk, fewer ranks may read faster "
-                f"({H5MD_PAPER}).")
+        text = plan.io_strategy.io_bound_advice(strategy, ratio, prepared)
     out["text"] = text + _gather_note(plan, analyze, times)
     return out
 
@@ -130,7 +118,7 @@ def too_short(plan, times):
     parts = [f"{times['pilot_wait']:.1f} s waiting for the pilot"] if times["pilot_wait"] else []
     parts.append(f"{times['launch']:.1f} s launching tasks (process start-up, imports)")
     if times["prepare"]:
-        parts.append(f"{times['prepare']:.1f} s {'converting' if plan.io == 'h5md' else 'splitting'}")
+        parts.append(f"{times['prepare']:.1f} s {plan.io_strategy.preparing}")
     frames = plan.n_frames * JUDGE_S / max(times["analysis"], 1e-3)
     frames = int(round(frames, -int(math.floor(math.log10(frames))) + 1))  # 2 digits: ~120000
     return (f"too short to judge a strategy: the analysis itself took {times['analysis']:.2f} s "
@@ -142,8 +130,8 @@ def too_short(plan, times):
 def _prepared(plan, times):
     if not times["prepare"]:
         return ""
-    what = "converting to H5MD" if plan.io == "h5md" else "writing the segments"
-    return (f" ({what} took {times['prepare']:.1f} s, not counted in the analyze stage's "
+    return (f" ({plan.io_strategy.preparing} took {times['prepare']:.1f} s, not counted in "
+            "the analyze stage's "
             f"{times['analyze_stage']:.1f} s)")
 
 

@@ -26,7 +26,8 @@ import time
 
 from trajflow.tasks.client_guard import _alive
 
-from trajflow.workflows.errors import InputError, RunFailed
+from trajflow.workflows.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InputError, RunFailed
+from trajflow.workflows.run.spec import PilotSpec, RunSpec, split_options, takes_options
 
 REMOTE_FILE = "remote.json"
 # what a fetch brings back (a run's own small files); split/ and parts/ stay there
@@ -34,9 +35,6 @@ FETCHED = ("result.h5", "plan.json", "outcome.json", "report.html", "client.log"
            "client_exit.json", "profile/", "radical/", "backend/")
 ENDED = ("done", "failed")  # said once the run's client has ended too (its report written)
 SETTINGS = os.path.join("~", ".config", "trajflow", "remote.toml")
-# trajflow run's options that concern the workstation, not the run (and their values)
-_LOCAL_OPTIONS = {"--remote": 1, "--remote-python": 1, "--detach": 0, "--local": 1,
-                  "--remote-batch": 0}
 
 
 class ConnectionLost(RuntimeError):
@@ -175,21 +173,6 @@ def _checked(conn, target, python):
     return conn
 
 
-def run_argv(argv):
-    """`trajflow run`'s arguments without the workstation's own (--remote ...)."""
-    out, skip = [], 0
-    for word in argv:
-        if skip:
-            skip -= 1
-            continue
-        name = word.split("=", 1)[0]
-        if name in _LOCAL_OPTIONS:
-            skip = _LOCAL_OPTIONS[name] if "=" not in word else 0
-            continue
-        out.append(word)
-    return out
-
-
 class RemoteRun:
     """A run living on a cluster, seen from its local folder (remote.json).
 
@@ -228,7 +211,7 @@ class RemoteRun:
         return self._conn
 
     @classmethod
-    def start(cls, target, python, argv, local_dir, batch=False):
+    def start(cls, target, python, request, local_dir, batch=False):
         """Plan and start a run on the cluster (InputError with the cluster's message for
         bad input); its local folder records where it lives. `batch`: its client runs
         in a batch job of its own, the pilot in that job's allocation."""
@@ -236,7 +219,7 @@ class RemoteRun:
         if os.path.exists(os.path.join(local_dir, REMOTE_FILE)):
             raise InputError(f"{local_dir} already follows a remote run: give another --local")
         conn = connect(target, python)
-        proc = conn.remote_side("start", *(["--batch"] if batch else []), *argv)
+        proc = conn.remote_side("start", *(["--batch"] if batch else []), request)
         if proc.returncode != 0:
             conn.close()
             message = proc.stderr.strip() or f"exit {proc.returncode}"
@@ -319,10 +302,9 @@ def localise_plan(local_dir):
             json.dump(plan, fh, indent=1)
 
 
+@takes_options(RunSpec, PilotSpec, skip=("path", "progress", "env"))
 def submit_remote(remote, topology, trajectory, analysis, *, out, remote_python=None,
-                  local=None, resource="local.localhost", cpus=2, walltime=30, select=None,
-                  args=None, io="shared", mode="mpi", gather="gatherv", blocks=None,
-                  retries=1, queue=None, project=None, batch=False) -> RemoteRun:
+                  local=None, batch=False, **options) -> RemoteRun:
     """Start a run on the cluster `remote` ([user@]host[:port]) and return at once.
 
     Every path is a path on the cluster; `analysis` is a name or a file or module
@@ -330,7 +312,8 @@ def submit_remote(remote, topology, trajectory, analysis, *, out, remote_python=
     ``.follow()`` then waits, printing the cluster's progress, and fetches the run
     into `local` (default ./NAME of `out`): it returns (Run, bytes fetched).
     `batch`: the run's client goes into a SLURM job of its own (the pilot then
-    uses that job's allocation) instead of staying on the login node.
+    uses that job's allocation) instead of staying on the login node. The run's
+    and the pilot's options (below) travel as JSON and are checked here first.
 
         >>> run = trajflow.submit_remote("me@login.cluster.org", "/scratch/me/sys.psf",
         ...                              "/scratch/me/md.dcd", "rmsd", out="/scratch/me/r1",
@@ -339,19 +322,18 @@ def submit_remote(remote, topology, trajectory, analysis, *, out, remote_python=
         ...     result, fetched = run.follow()
         >>> result.results.rmsd
     """
-    trajectories = [trajectory] if isinstance(trajectory, (str, os.PathLike)) else trajectory
-    argv = ["--topology", str(topology), "--trajectory", *map(str, trajectories),
-            "--analysis", str(analysis), "--out", str(out), "--resource", resource,
-            "--cpus", str(cpus), "--walltime", str(walltime), "--io", io, "--mode", mode,
-            "--gather", gather, "--retries", str(retries)]
-    for flag, value in (("--select", select), ("--blocks", blocks), ("--queue", queue),
-                        ("--project", project),
-                        ("--analysis-args", json.dumps(args) if args is not None else None)):
-        if value is not None:
-            argv += [flag, str(value)]
+    run_options, pilot_options = split_options(options, RunSpec, PilotSpec)
+    spec = RunSpec(topology=topology, trajectory=trajectory, analysis=analysis, out=out,
+                   **run_options)
+    pilot_spec = PilotSpec(**pilot_options)
     local = local or os.path.basename(os.path.normpath(str(out)))
-    return RemoteRun.start(remote, remote_python or default_python(remote, resource), argv, local,
-                           batch)
+    return RemoteRun.start(remote, remote_python or default_python(remote, pilot_spec.resource),
+                           run_request(spec, pilot_spec), local, batch)
+
+
+def run_request(spec, pilot_spec, resume=None):
+    """What the cluster's side is sent to start a run: the specs as JSON."""
+    return json.dumps({"run": spec.to_json(), "pilot": pilot_spec.to_json(), "resume": resume})
 
 
 # --- the command line ---------------------------------------------------------
@@ -389,12 +371,12 @@ def _hint(local):
             f"  trajflow status {local}  |  trajflow fetch {local}  |  trajflow cancel {local}")
 
 
-def cmd_run_remote(args):
-    if not (args.out or args.resume):
+def cmd_run_remote(args, spec, pilot_spec):
+    if not (spec.out or args.resume):
         raise InputError("--remote needs --out, the run's folder on the cluster")
-    local = args.local or os.path.basename(os.path.normpath(args.out or args.resume))
-    python = args.remote_python or default_python(args.remote, args.resource)
-    with RemoteRun.start(args.remote, python, run_argv(args.argv[1:]), local,
+    local = args.local or os.path.basename(os.path.normpath(spec.out or args.resume))
+    python = args.remote_python or default_python(args.remote, pilot_spec.resource)
+    with RemoteRun.start(args.remote, python, run_request(spec, pilot_spec, args.resume), local,
                          args.remote_batch) as run:
         job = f", its client in batch job {run.where['batch_job']}" if run.where.get("batch_job") else ""
         print(f"trajflow: started on {run.target} ({run.where['host']}): {run.remote_dir}{job}; "
@@ -406,7 +388,6 @@ def cmd_run_remote(args):
 
 
 def _follow(run):
-    from trajflow.workflows.cli.main import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
     try:
         result, fetched = run.follow()
     except KeyboardInterrupt:
@@ -455,7 +436,6 @@ def cmd_fetch(args):
         print(f"{run.local}: the run has not ended on {run.target}; fetched what there is "
               f"({fetched:,} bytes)")
         return 0
-    from trajflow.workflows.cli.main import EXIT_FAILED, EXIT_OK
     return EXIT_OK if _report(run, result, fetched) else EXIT_FAILED
 
 

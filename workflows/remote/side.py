@@ -1,8 +1,8 @@
 """The cluster's half of a remote run: what the workstation asks over SSH.
 
     python -m trajflow.workflows.remote.side version
-    python -m trajflow.workflows.remote.side start [--batch] RUN-ARGS...   (trajflow run's options)
-    python -m trajflow.workflows.remote.side job RUNDIR RUN-ARGS...   (inside the batch job)
+    python -m trajflow.workflows.remote.side start [--batch] REQUEST   (the run's specs, JSON)
+    python -m trajflow.workflows.remote.side job RUNDIR REQUEST   (inside the batch job)
     python -m trajflow.workflows.remote.side campaign-start OUT LABEL TOML-TEXT [--resume]
     python -m trajflow.workflows.remote.side campaign-status OUT LABEL [LOG_OFFSET]
     python -m trajflow.workflows.remote.side campaign-cancel OUT
@@ -22,6 +22,7 @@ SLURM) that runs `job`: the run's client inside the job, its pilot started in
 that job's allocation through RADICAL's "batch" access schema. client.json
 then names the job, which `status` (squeue) and `cancel` (scancel) ask.
 """
+import dataclasses
 import json
 import math
 import os
@@ -32,8 +33,15 @@ import subprocess
 import sys
 import time
 
+from trajflow.workflows.cli.main import run_guarded, run_planned
+from trajflow.workflows.errors import EXIT_INPUT, InputError
+from trajflow.workflows.run import resources
+from trajflow.workflows.run.pilot import plan_of
+from trajflow.workflows.run.spec import PilotSpec, RunSpec, command_line
+
 CLIENT_FILE, CLIENT_LOG, BATCH_SCRIPT = "client.json", "client.log", "client.sbatch"
 JOB_MARGIN_MIN = 5  # the client's job outlives its pilot by this: start-up, teardown, report
+
 LIVE_JOB_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
                    "RESIZING", "SIGNALING", "STAGE_OUT")
 
@@ -49,20 +57,27 @@ def version():
     return 0
 
 
-def start(run_argv, batch=False):
+def read_request(text):
+    """(RunSpec, PilotSpec, RUNDIR to resume or None) of a request (remote.client.run_request)."""
+    request = json.loads(text)
+    return (RunSpec.from_json(request["run"]), PilotSpec.from_json(request["pilot"]),
+            request.get("resume"))
+
+
+def start(request, batch=False):
     """Plan as `trajflow run` does, then leave the run's client running, detached
     (`batch`: submitted as a batch job of its own)."""
-    from trajflow.workflows.cli import main as cli
-    args = cli.build_parser().parse_args(["run"] + run_argv)
     try:
-        if batch:
-            check_batch(args)
-        plan = cli.plan_from_args(args)
-        if batch:
-            return submit_client_job(plan, args, run_argv)
-    except cli.InputError as exc:
+        with command_line():
+            spec, pilot_spec, resume = read_request(request)
+            if batch:
+                check_batch(pilot_spec, resume)
+            plan = plan_of(spec, pilot_spec, resume)
+            if batch:
+                return submit_client_job(plan, pilot_spec, request)
+    except InputError as exc:
         print(f"trajflow: error: {exc}", file=sys.stderr)
-        return cli.EXIT_INPUT
+        return EXIT_INPUT
     rundir = plan.workdir
     sys.stdout.flush()
     sys.stderr.flush()
@@ -83,62 +98,59 @@ def start(run_argv, batch=False):
     os.dup2(log, 2)
     sys.stdout = os.fdopen(1, "w", buffering=1)
     sys.stderr = os.fdopen(2, "w", buffering=1)
-    code = run_client(rundir, lambda a: cli.run_planned(plan, a), args)
+    code = run_client(rundir, lambda: run_planned(plan, spec, pilot_spec, bool(resume)))
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
 
 
-def check_batch(args):
+def check_batch(pilot_spec, resume=None):
     """InputError unless the run's resource can run its client in a SLURM job."""
-    from trajflow.workflows.run import resources
-    from trajflow.workflows.errors import InputError
-    if args.resume:
+    if resume:
         raise InputError("--remote-batch starts new runs; resume one with --remote alone")
     try:
-        resources.check_resource(args.resource)
-        resources.check_access_schema(args.resource, "batch")
+        resources.check_access_schema(pilot_spec.resource, "batch")
     except ValueError as exc:
         raise InputError(f"--remote-batch: {exc}")
-    manager = resources.merged_config(args.resource).get("resource_manager")
+    manager = resources.merged_config(pilot_spec.resource).get("resource_manager")
     if manager != "SLURM":
-        raise InputError(f"--remote-batch submits the client with sbatch, and {args.resource} "
-                         f"is {manager or 'no batch system'}, not SLURM: use --remote alone")
+        raise InputError(f"--remote-batch submits the client with sbatch, and "
+                         f"{pilot_spec.resource} is {manager or 'no batch system'}, not SLURM: "
+                         "use --remote alone")
 
 
-def batch_job(plan, args, run_argv, cores_per_node=None):
+def batch_job(plan, pilot_spec, request, cores_per_node=None):
     """(sbatch options, script) of the client's job: the pilot's cores, its walltime and
     JOB_MARGIN_MIN more. The options go on sbatch's command line, not in #SBATCH lines,
     so that paths with spaces or quotes arrive as they are."""
+    cpus = pilot_spec.cores_for(plan)
     if cores_per_node:
-        options = [f"--nodes={math.ceil(args.cpus / cores_per_node)}", "--exclusive"]
+        options = [f"--nodes={math.ceil(cpus / cores_per_node)}", "--exclusive"]
     else:
-        options = [f"--ntasks={args.cpus}"]
+        options = [f"--ntasks={cpus}"]
     log = os.path.join(plan.workdir, CLIENT_LOG).replace("%", "%%")  # sbatch's % patterns
-    options += [f"--time={args.walltime + JOB_MARGIN_MIN}", f"--output={log}",
+    options += [f"--time={pilot_spec.walltime + JOB_MARGIN_MIN}", f"--output={log}",
                 "--open-mode=append", f"--job-name=trajflow-{os.path.basename(plan.workdir)}"[:64]]
-    if args.queue:
-        options.append(f"--partition={args.queue}")
-    if args.project:
-        options.append(f"--account={args.project}")
+    if pilot_spec.queue:
+        options.append(f"--partition={pilot_spec.queue}")
+    if pilot_spec.project:
+        options.append(f"--account={pilot_spec.project}")
     command = [sys.executable, "-m", "trajflow.workflows.remote.side", "job", plan.workdir,
-               *run_argv]
+               request]
     script = ["#!/bin/bash", "# the run's client, submitted by trajflow as:",
               "#   sbatch " + shlex.join(options) + " " + BATCH_SCRIPT, "exec " + shlex.join(command)]
     return options, "\n".join(script) + "\n"
 
 
-def submit_client_job(plan, args, run_argv):
+def submit_client_job(plan, pilot_spec, request):
     """Write the plan and RUNDIR/client.sbatch and sbatch it; client.json names the
     job, whose client resumes the planned run (nothing of it has run yet)."""
     import shutil
-    from trajflow.workflows.run import resources
-    from trajflow.workflows.errors import InputError
     from trajflow.workflows.run.planning import write_plan
     from trajflow.tasks.client_guard import _record
-    cfg = resources.merged_config(args.resource)
+    cfg = resources.merged_config(pilot_spec.resource)
     write_plan(plan)
-    options, script = batch_job(plan, args, run_argv, cfg.get("cores_per_node"))
+    options, script = batch_job(plan, pilot_spec, request, cfg.get("cores_per_node"))
     path = os.path.join(plan.workdir, BATCH_SCRIPT)
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(script)
@@ -153,22 +165,21 @@ def submit_client_job(plan, args, run_argv):
     return 0
 
 
-def job(rundir, run_argv):
+def job(rundir, request):
     """Inside the batch job: the run's client, its pilot on this job's allocation."""
-    from trajflow.workflows.cli import main as cli
-    args = cli.build_parser().parse_args(["run"] + run_argv + ["--resume", rundir,
-                                                               "--access-schema", "batch"])
+    spec, pilot_spec, _ = read_request(request)
+    pilot_spec = dataclasses.replace(pilot_spec, access_schema="batch")
     print(f"trajflow: the run's client in batch job {os.environ.get('SLURM_JOB_ID')} on "
           f"{socket.gethostname()}", flush=True)
-    return run_client(rundir, lambda a: cli.run_planned(cli.plan_from_args(a), a), args)
+    return run_client(rundir, lambda: run_planned(plan_of(spec, pilot_spec, rundir), spec,
+                                                  pilot_spec, resume=True))
 
 
-def run_client(rundir, command, args):
-    """The run's client (`command(args)` with trajflow's signals and exit codes); its
+def run_client(rundir, command):
+    """The run's client (`command()` with trajflow's signals and exit codes); its
     exit code recorded in RUNDIR/client_exit.json."""
-    from trajflow.workflows.cli import main as cli
     from trajflow.tasks.client_guard import _record
-    code = cli.run_guarded(command, args)
+    code = run_guarded(lambda _: command(), None)
     _record(os.path.join(rundir, "client_exit.json"), code=code)
     return code
 
@@ -292,7 +303,6 @@ def campaign_files(out):
 def campaign_start(out, label, text, resume=False):
     """Check the resource's experiments here (bad input: exit 2, nothing started), then
     run `trajflow campaign FILE --only-resource LABEL` detached from the SSH session."""
-    from trajflow.workflows.cli import main as cli
     from trajflow.workflows.campaign.spec import Campaign
     from trajflow.tasks.client_guard import _record, start_time
     from trajflow.workflows.campaign.run import is_campaign_dir
@@ -304,12 +314,12 @@ def campaign_start(out, label, text, resume=False):
     try:
         campaign = Campaign.load(path)
         if label not in campaign.resources:
-            raise cli.InputError(f"the campaign file has no resource {label!r}")
+            raise InputError(f"the campaign file has no resource {label!r}")
         campaign.only(label).dry_run(out, resume)
-    except cli.InputError as exc:
+    except InputError as exc:
         os.remove(path)  # refused: nothing of it left here
         print(f"trajflow: error: {exc}", file=sys.stderr)
-        return cli.EXIT_INPUT
+        return EXIT_INPUT
     argv = [sys.executable, "-m", "trajflow.workflows.cli.main", "campaign", path, "--out", out,
             "--only-resource", label] + (["--resume"] if resume else [])
     with open(log, "ab") as fh:
@@ -348,11 +358,11 @@ def main(argv=None):
     command, rest = (argv[0], argv[1:]) if argv else ("", [])
     if command == "version":
         return version()
-    if command == "start":
-        batch = rest[:1] == ["--batch"]
-        return start(rest[1:] if batch else rest, batch)
-    if command == "job" and rest:
-        return job(rest[0], rest[1:])
+    if command == "start" and rest:
+        batch = rest[0] == "--batch"
+        return start(rest[-1], batch)
+    if command == "job" and len(rest) == 2:
+        return job(rest[0], rest[1])
     if command == "campaign-start" and len(rest) >= 3:
         return campaign_start(rest[0], rest[1], rest[2], rest[3:] == ["--resume"])
     if command == "campaign-status" and len(rest) >= 2:

@@ -27,7 +27,9 @@ from MDAnalysis.analysis.backends import BackendBase
 from trajflow.tasks import backend_part
 from trajflow.tasks.plan import RunPlan
 from trajflow.workflows.errors import InputError
-from trajflow.workflows.run.pilot import default_out, run_plan
+from trajflow.workflows.run.pilot import run_plan
+from trajflow.workflows.run.planning import default_out
+from trajflow.workflows.run.spec import PilotSpec, RunSpec, split_options, takes_options
 from trajflow.workflows.run.runs import Run
 
 
@@ -64,15 +66,13 @@ class Backend(BackendBase):
     >>> backend.last_run.profile.records
     """
 
-    def __init__(self, pilot=None, *, resource="local.localhost", cpus=None, walltime=30,
-                 queue=None, project=None, n_workers=None, out=None, retries=1, progress=True,
-                 client_timeout=300):
+    @takes_options(PilotSpec)
+    def __init__(self, pilot=None, *, n_workers=None, out=None, retries=1, progress=True,
+                 **options):
         self.pilot = pilot
-        self.pilot_options = dict(resource=resource, cpus=cpus, walltime=walltime, queue=queue,
-                                  project=project, client_timeout=client_timeout)
+        self.pilot_spec = PilotSpec(**split_options(options, PilotSpec)[0])
+        self.spec = RunSpec(retries=retries, progress=progress)
         self.out = os.path.abspath(out or os.getcwd())
-        self.retries = retries
-        self.progress = progress
         self.runs = []
         if n_workers is not None:  # else run(n_workers=...) says (MDAnalysis refuses both)
             super().__init__(n_workers)
@@ -90,8 +90,7 @@ class Backend(BackendBase):
         plan = backend_plan(analysis, func, computations,
                             default_out(type(analysis).__name__, parent=self.out))
         try:
-            run_plan(plan, self.pilot, retries=self.retries, progress=self.progress,
-                     **self.pilot_options)
+            run_plan(plan, self.spec, self.pilot_spec, self.pilot)
         finally:  # failed or not, the run is there to inspect
             if os.path.exists(plan.path("plan.json")):
                 self.runs.append(Run(plan.workdir))

@@ -179,6 +179,7 @@ class RunRequest:
     retries: int = 1
     resume: bool = False     # run only what an interrupted run is missing
     env: dict = None         # extra task environment (testing hooks)
+    progress: bool = True    # say its stages and its end
 
 
 class PilotProcess:

@@ -22,8 +22,8 @@ a batch runs starts when that batch has ended.
 """
 import concurrent.futures
 import contextlib
+import dataclasses
 import os
-import re
 import signal
 import threading
 import time
@@ -32,8 +32,9 @@ from trajflow.workflows.run import resources
 from trajflow.workflows.errors import InputError, Interrupted, RunFailed
 from trajflow.workflows.run.execute import (PilotProcess, RunRequest, failed_for_good, record_outcome,
                       remove_partial_files)
-from trajflow.workflows.run.heartbeat import DEFAULT_CLIENT_TIMEOUT_S, cancel_orphans
-from trajflow.workflows.run.planning import full_disk_note, make_plan, write_plan
+from trajflow.workflows.run.heartbeat import cancel_orphans
+from trajflow.workflows.run.planning import full_disk_note, make_plan, plan_for_resume, write_plan
+from trajflow.workflows.run.spec import PilotSpec, RunSpec, split_options, spelled, takes_options
 from trajflow.workflows.run.progress import Progress
 from trajflow.workflows.run.runs import Run
 
@@ -100,28 +101,8 @@ class RunFuture(concurrent.futures.Future):
 class Pilot:
     """One RADICAL pilot on a resource, held for several runs.
 
-    Parameters
-    ----------
-    resource : str
-        a RADICAL-Pilot resource label (``trajflow resources`` lists them).
-    cpus : int, optional
-        cores of the pilot; default: all of this machine's on a local
-        resource (elsewhere it must be given).
-    walltime : int
-        minutes the pilot may run.
-    queue, project : str, optional
-        the batch queue and the allocation to charge.
-    path : str, optional
-        folder for the RADICAL session (logs, profiles); default
-        ``./trajflow-pilot-<date>-<time>``.
-    progress : bool
-        print what happens (pilot requested, each stage, each run's end) on stderr.
-    client_timeout : float
-        seconds: a guard running with the pilot ends it when this process has
-        been gone this long (killed, its machine lost); 0: no guard.
-    keep_sandbox : bool
-        keep the pilot's RADICAL sandbox (by default removed at the end: each
-        run's folder keeps its tasks' profiles, stdout and stderr).
+    Its options are PilotSpec's (listed below), and `progress`: say what
+    happens (pilot requested, each stage, each run's end) on stderr.
 
     Examples
     --------
@@ -130,31 +111,22 @@ class Pilot:
     ...     second = pilot.run(PSF, DCD, "rmsd", io="h5md")      # same pilot, no new start
     """
 
-    def __init__(self, resource="local.localhost", cpus=None, walltime=30, queue=None,
-                 project=None, *, path=None, progress=True,
-                 client_timeout=DEFAULT_CLIENT_TIMEOUT_S, keep_sandbox=False, access_schema=None):
-        try:
-            resources.check_resource(resource)
-            if access_schema:
-                resources.check_access_schema(resource, access_schema)
-        except ValueError as exc:
-            raise InputError(str(exc))
-        if cpus is None:
-            if not resources.is_local(resource):
-                raise InputError(f"Pilot({resource!r}): give cpus=N, the cores to ask "
-                                 f"{resource} for")
-            cpus = os.cpu_count() or 1
-        if cpus < 1:
-            raise InputError(f"cpus={cpus}: ask for at least 1 cpu")
-        if walltime <= 0:
-            raise InputError(f"walltime={walltime}: give the pilot's walltime in minutes, > 0")
-        if client_timeout < 0:
-            raise InputError(f"client_timeout={client_timeout}: give seconds >= 0 (0: no guard)")
-        self.client_timeout, self.keep_sandbox = client_timeout, keep_sandbox
-        self.resource, self.cpus, self.walltime = resource, int(cpus), walltime
-        self.description = resources.resource_description(resource, walltime, cpus, queue, project,
-                                                          access_schema)
-        self.path = os.path.abspath(path or f"trajflow-pilot-{time.strftime('%Y%m%d-%H%M%S')}")
+    @takes_options(PilotSpec)
+    def __init__(self, resource="local.localhost", *, progress=True, **options):
+        spec = PilotSpec(resource=resource, **split_options(options, PilotSpec)[0])
+        if spec.cpus is None:
+            if not spec.local:
+                raise InputError(f"Pilot({spec.resource!r}): give {spelled('cpus')}=N, the cores "
+                                 f"to ask {spec.resource} for")
+            spec = dataclasses.replace(spec, cpus=os.cpu_count() or 1)
+        self.spec = spec
+        self.resource, self.cpus, self.walltime = spec.resource, spec.cpus, spec.walltime
+        self.client_timeout, self.keep_sandbox = spec.client_timeout, spec.keep_sandbox
+        self.description = resources.resource_description(spec.resource, spec.walltime, spec.cpus,
+                                                          spec.queue, spec.project,
+                                                          spec.access_schema)
+        self.path = os.path.abspath(spec.path or
+                                    f"trajflow-pilot-{time.strftime('%Y%m%d-%H%M%S')}")
         self._progress = Progress(progress)
         self._process = None
         self._thread = None
@@ -254,22 +226,19 @@ class Pilot:
         self._thread.start()
 
     # --- runs ------------------------------------------------------------------
-    def submit(self, topology, trajectory, analysis, *, args=None, select=None, io="shared",
-               mode="mpi", gather="gatherv", blocks=None, repeat=1, chunk=0, compression=None,
-               out=None, retries=1, env=None, allow_truncated=False) -> RunFuture:
+    @takes_options(RunSpec, skip=("topology", "trajectory", "analysis"))
+    def submit(self, topology, trajectory, analysis, **options) -> RunFuture:
         """Plan a run and hand it to the pilot; returns at once with its RunFuture.
 
-        Same arguments as :func:`trajflow.run` (without the pilot's own).
+        Its options are RunSpec's (listed below), as for :func:`trajflow.run`.
         InputError at once for bad input (nothing written).
         """
+        spec = RunSpec(topology=topology, trajectory=trajectory, analysis=analysis,
+                       **split_options(options, RunSpec)[0])
         with self._cond:
             self._planning += 1  # the pilot waits for this run to join the next batch
         try:
-            plan = plan_run(topology, trajectory, analysis, args=args, select=select, io=io,
-                            mode=mode, gather=gather, blocks=blocks, repeat=repeat, chunk=chunk,
-                            compression=compression, out=out, cpus=self.cpus,
-                            allow_truncated=allow_truncated)
-            return self.submit_plan(plan, retries=retries, env=env)
+            return self.submit_plan(make_plan(spec, self.cpus), spec)
         finally:
             with self._cond:
                 self._planning -= 1
@@ -287,8 +256,10 @@ class Pilot:
         """
         return self.submit(topology, trajectory, analysis, **kwargs).result()
 
-    def submit_plan(self, plan, retries=1, env=None, resume=False) -> RunFuture:
-        """Hand a plan already made (and not yet written) to the pilot."""
+    def submit_plan(self, plan, spec=None, resume=False) -> RunFuture:
+        """Hand a plan already made (and not yet written) to the pilot; `spec` gives
+        the run's retries, env and progress (default: RunSpec's defaults)."""
+        spec = spec or RunSpec()
         if self._closing:
             raise RuntimeError("this Pilot is closed (it takes no more runs): start a new one")
         if self._broken is not None:
@@ -300,7 +271,8 @@ class Pilot:
             cancel_orphans(plan.workdir, self._say)
             remove_partial_files(plan)
         path = plan.path("plan.json") if resume else write_plan(plan)
-        future = RunFuture(RunRequest(self._unique_name(plan), plan, path, retries, resume, env))
+        future = RunFuture(RunRequest(self._unique_name(plan), plan, path, spec.retries, resume,
+                                      spec.env, spec.progress))
         lock = getattr(plan, "lock", None)  # one run per RUNDIR, until this one has ended
         if lock is not None:
             future.add_done_callback(lambda _: lock.release())
@@ -312,7 +284,7 @@ class Pilot:
             self._pending.append(future)
             self._last_submit = time.time()
             self._cond.notify_all()
-        self._say(f"{future.request.name}: submitted ({plan.analysis}, {plan.io}/{plan.mode}, "
+        self._say_for(future, f"{future.request.name}: submitted ({plan.analysis}, {plan.io}/{plan.mode}, "
                   f"{plan.n_blocks} blocks, {plan.n_frames} frames) -> {plan.workdir}")
         return future
 
@@ -379,49 +351,40 @@ class Pilot:
         future = self._running.pop(name)
         run = Run(future.path)
         if run.ok:
-            self._say(f"{name}: done -> {run.result_path}")
+            self._say_for(future, f"{name}: done -> {run.result_path}")
             future.set_result(run)
             return
         failed = failed_for_good(outcomes)
         outcome = run.outcome or {}
         why = (failed[0].describe() if failed else outcome.get("error")
                or f"stopped after {outcome.get('stopped_at')}")
-        self._say(f"{name}: FAILED")
+        self._say_for(future, f"{name}: FAILED")
         future.set_exception(RunFailed(f"run {name} failed: {why}", failed, run))
 
     # --- progress --------------------------------------------------------------
     def _event(self, run_name, stage, kind, text):
         future = self._running.get(run_name)
-        self._progress.stage(run_name, future.request.plan if future else None, stage, kind, text)
+        if future is None or future.request.progress:
+            self._progress.stage(run_name, future.request.plan if future else None, stage, kind,
+                                 text)
 
     def _say(self, text):
         self._progress.line(text)
 
-
-def default_out(analysis, parent=None):
-    """A new folder (under `parent`, default the current folder) named after the
-    analysis and the time."""
-    if callable(analysis):
-        label = getattr(analysis, "__name__", "analysis")
-    else:
-        label = str(analysis).rpartition(":")[2]
-    label = re.sub(r"[^A-Za-z0-9_.-]+", "", label) or "analysis"
-    base = os.path.join(os.path.abspath(parent or os.getcwd()),
-                        f"trajflow-{label}-{time.strftime('%Y%m%d-%H%M%S')}")
-    path, k = base, 1
-    while os.path.exists(path):
-        k += 1
-        path = f"{base}-{k}"
-    return path
+    def _say_for(self, future, text):
+        """A line about one run: said unless that run was asked for progress=False."""
+        if future.request.progress:
+            self._say(text)
 
 
-def resume(rundir, *, pilot=None, resource="local.localhost", cpus=None, walltime=30,
-           queue=None, project=None, retries=1, env=None, progress=True,
-           client_timeout=DEFAULT_CLIENT_TIMEOUT_S, keep_sandbox=False) -> Run:
+@takes_options(RunSpec, PilotSpec, skip=("retries", "env", "progress") + tuple(
+    f.name for f in dataclasses.fields(RunSpec)))
+def resume(rundir, *, pilot=None, retries=1, env=None, progress=True, **options) -> Run:
     """Run again only what an interrupted or failed run is missing (`trajflow run --resume`).
 
-    InputError if its inputs or its analysis code changed since it was planned,
-    or if it is complete already.
+    The run's own options are its plan's; `retries`, `env`, `progress` and the
+    pilot's options (below) are this attempt's. InputError if its inputs or its
+    analysis code changed since it was planned, or if it is complete already.
 
     Examples
     --------
@@ -430,102 +393,34 @@ def resume(rundir, *, pilot=None, resource="local.localhost", cpus=None, walltim
     ... except trajflow.RunFailed:
     ...     run = trajflow.resume("runs/adk")     # only the missing blocks, then reduce
     """
-    from trajflow.workflows.run.planning import plan_for_resume
-    return run_plan(plan_for_resume(rundir), pilot, resource=resource, cpus=cpus,
-                    walltime=walltime, queue=queue, project=project, retries=retries, env=env,
-                    progress=progress, resume=True, client_timeout=client_timeout,
-                    keep_sandbox=keep_sandbox)
+    spec = RunSpec(retries=retries, env=env, progress=progress)
+    pilot_spec = PilotSpec(**split_options(options, PilotSpec)[0])
+    return run_plan(plan_for_resume(rundir), spec, pilot_spec, pilot, resume=True)
 
 
-def run_plan(plan, pilot=None, *, resource="local.localhost", cpus=None, walltime=30,
-             queue=None, project=None, retries=1, env=None, progress=True, resume=False,
-             client_timeout=DEFAULT_CLIENT_TIMEOUT_S, keep_sandbox=False) -> Run:
+def run_plan(plan, spec, pilot_spec, pilot=None, resume=False) -> Run:
     """A planned run on `pilot`, or on a pilot of its own sized for it (its RADICAL
     session in RUNDIR), started and cancelled around it; the Run, or RunFailed."""
     if pilot is not None:
-        return pilot.submit_plan(plan, retries=retries, env=env, resume=resume).result()
-    with Pilot(resource, cpus or cpus_needed(plan, resource), walltime, queue, project,
-               path=plan.workdir, progress=progress, client_timeout=client_timeout,
-               keep_sandbox=keep_sandbox) as own:
-        return own.submit_plan(plan, retries=retries, env=env, resume=resume).result()
+        return pilot.submit_plan(plan, spec, resume=resume).result()
+    own_spec = dataclasses.replace(pilot_spec, cpus=pilot_spec.cores_for(plan),
+                                   path=pilot_spec.path or plan.workdir)
+    with Pilot(progress=spec.progress, **dataclasses.asdict(own_spec)) as own:
+        return own.submit_plan(plan, spec, resume=resume).result()
 
 
-def cpus_needed(plan, resource):
-    """A pilot's cores for one run: a core per MPI rank; in tasks mode a core per
-    task, at most this machine's on a local resource (the rest queue)."""
-    if plan.mode == "mpi" or not resources.is_local(resource):
-        return plan.n_blocks
-    return min(plan.n_blocks, os.cpu_count() or 1)
-
-
-def plan_run(topology, trajectory, analysis, *, args=None, select=None, io="shared",
-             mode="mpi", gather="gatherv", blocks=None, repeat=1, chunk=0, compression=None,
-             out=None, cpus=None, allow_truncated=False):
-    """The checked plan of a run (nothing written); InputError naming the problem."""
-    trajectories = [trajectory] if isinstance(trajectory, (str, os.PathLike)) else list(trajectory)
-    trajectories = [os.fspath(t) for t in trajectories]
-    cpus = cpus or blocks or os.cpu_count() or 1
-    return make_plan(os.fspath(topology), trajectories, analysis,
-                     os.fspath(out) if out is not None else default_out(analysis),
-                     selection=select, io=io, mode=mode, gather=gather, blocks=blocks, cpus=cpus,
-                     repeat=repeat, compression=compression, chunk_frames=chunk,
-                     analysis_args=args, allow_truncated=allow_truncated)
-
-
-def run(topology, trajectory, analysis, *, args=None, select=None, io="shared", mode="mpi",
-        gather="gatherv", blocks=None, repeat=1, chunk=0, compression=None, out=None,
-        pilot=None, resource="local.localhost", cpus=None, walltime=30, queue=None,
-        project=None, retries=1, env=None, progress=True, allow_truncated=False,
-        client_timeout=DEFAULT_CLIENT_TIMEOUT_S, keep_sandbox=False) -> Run:
+@takes_options(RunSpec, PilotSpec)
+def run(topology, trajectory, analysis, *, pilot=None, **options) -> Run:
     """Analyse a trajectory on a pilot and return the finished Run.
 
-    Parameters
-    ----------
-    topology : str
-        a topology MDAnalysis reads (PSF, PDB, GRO, TPR, ...).
-    trajectory : str or list of str
-        the trajectory; several files are one trajectory, in order.
-    analysis : str or callable
-        "rmsd", "dihedrals", "FILE.py:NAME" / "module:NAME" (a function
-        NAME(universe, **args) returning a parallelisable MDAnalysis analysis),
-        or such a function itself (a lambda or a function of your script: it
-        is sent to the tasks by value with cloudpickle).
-    args : dict, optional
-        keyword arguments for your analysis function (plain JSON values).
-    select : str, optional
-        the atoms, rmsd and dihedrals only (default "name CA" / "protein").
-    io : {"shared", "split", "h5md"}
-        every block reads the one trajectory; one segment file per block; an
-        H5MD copy with one-frame chunks.
-    mode : {"mpi", "tasks"}
-        one MPI task with a rank per block, or one single-core task per block.
-    gather : {"gatherv", "rma"}
-        how MPI ranks hand results to rank 0.
-    blocks : int, optional
-        how many blocks (= MPI ranks); default: the pilot's cpus.
-    repeat, chunk, compression
-        the papers' workload multiplier; frames per read (0: automatic);
-        "gzip:N" for the H5MD copy.
-    out : str, optional
-        the run's new folder; default ``./trajflow-<analysis>-<date>-<time>``.
-    pilot : Pilot, optional
-        run on this pilot; otherwise a pilot of its own is started on
-        `resource` with `cpus` (default: what the run needs), `walltime`,
-        `queue`, `project`, and cancelled at the end.
-    retries : int
-        a failed task runs again this often before the run fails.
-    env : dict, optional
-        extra environment variables for this run's tasks.
-    progress : bool
-        print the pilot's and the stages' progress on stderr.
-    allow_truncated : bool
-        analyse the whole frames of a truncated last trajectory file (without
-        it a damaged input raises InputError); result.h5 and the summary say so.
-    client_timeout : float
-        seconds after this process's end (killed, machine lost) when a guard
-        running with the pilot ends it (default 300; 0: no guard).
-    keep_sandbox : bool
-        keep the pilot's RADICAL sandbox (default: removed at the end).
+    `topology` a topology MDAnalysis reads; `trajectory` one file or a list
+    (one trajectory, in order); `analysis` a built-in name, "FILE.py:NAME" /
+    "module:NAME" (a function NAME(universe, **args) returning a parallelisable
+    MDAnalysis analysis) or such a function itself (sent by value with
+    cloudpickle). `pilot`: run on this Pilot; otherwise a pilot of its own is
+    started with the pilot's options below and cancelled at the end. Every
+    other option is RunSpec's or PilotSpec's, listed below with its default
+    (the same as `trajflow run --help`).
 
     Returns
     -------
@@ -549,14 +444,20 @@ def run(topology, trajectory, analysis, *, args=None, select=None, io="shared", 
     ...                    io="h5md", blocks=2)
     >>> rdf.results.rdf
     """
-    options = dict(args=args, select=select, io=io, mode=mode, gather=gather, blocks=blocks,
-                   repeat=repeat, chunk=chunk, compression=compression, out=out,
-                   allow_truncated=allow_truncated)
+    run_options, pilot_options = split_options(options, RunSpec, PilotSpec)
+    spec = RunSpec(topology=topology, trajectory=trajectory, analysis=analysis, **run_options)
     if pilot is not None:
-        return pilot.run(topology, trajectory, analysis, retries=retries, env=env, **options)
-    if cpus is None and blocks is None and not resources.is_local(resource):
-        raise InputError(f"give blocks= or cpus= for a run on {resource}")
-    plan = plan_run(topology, trajectory, analysis, cpus=cpus or blocks, **options)
-    return run_plan(plan, resource=resource, cpus=cpus, walltime=walltime, queue=queue,
-                    project=project, retries=retries, env=env, progress=progress,
-                    client_timeout=client_timeout, keep_sandbox=keep_sandbox)
+        if pilot_options:
+            raise InputError(f"{', '.join(pilot_options)}: options of the pilot, which is given "
+                             "(pilot=): set them when you make the Pilot")
+        return pilot.submit(topology, trajectory, analysis, **run_options).result()
+    pilot_spec = PilotSpec(**pilot_options)
+    return run_plan(plan_of(spec, pilot_spec), spec, pilot_spec)
+
+
+def plan_of(spec, pilot_spec, resume=None):
+    """The checked plan of a run for a pilot of `pilot_spec` (nothing written), or with
+    `resume` the plan of that interrupted run; InputError naming the problem."""
+    if resume:
+        return plan_for_resume(resume)
+    return make_plan(spec, pilot_spec.cpus or pilot_spec.blocks_for(spec))

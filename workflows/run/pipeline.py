@@ -33,13 +33,8 @@ def stage_specs(plan: RunPlan, plan_path: str) -> Dict[str, List[TaskSpec]]:
         return {"analyze": [TaskSpec(f"analyze.b{b:05d}", module, p + ["--part", str(b)])
                             for b in range(n)],
                 "reduce": [TaskSpec("reduce", module, p + ["--collect"])]}
-    if plan.io == "split" and plan.mode == "mpi":
-        split = [TaskSpec("split", "trajflow.tasks.split", p + ["--mpi"], ranks=n, mpi=True)]
-    elif plan.io == "split":
-        split = [TaskSpec(f"split.b{b:05d}", "trajflow.tasks.split", p + ["--block", str(b)])
-                 for b in range(n)]
-    else:
-        split = [TaskSpec(f"split.{plan.io}", "trajflow.tasks.split", p)]
+    split = [TaskSpec(name, "trajflow.tasks.split", p + args, ranks=max(ranks, 1), mpi=ranks > 0)
+             for name, args, ranks in plan.io_strategy.split_tasks(plan)]
     if plan.mode == "mpi":
         analyze = [TaskSpec("analyze", "trajflow.tasks.analyze", p, ranks=n, mpi=True)]
     else:
@@ -54,16 +49,10 @@ def remaining_specs(plan: RunPlan, plan_path: str) -> Dict[str, List[TaskSpec]]:
     tasks whose output is missing, analyze tasks whose part is missing or damaged, and
     reduce (always: it checks and publishes)."""
     specs = stage_specs(plan, plan_path)
-    if plan.io == "split":
-        missing = [b for b in range(plan.n_blocks) if not os.path.exists(plan.segment_path(b))]
-        if plan.mode == "tasks":
-            specs["split"] = [s for s in specs["split"] if int(s.args[-1]) in missing]
-        elif not missing:
-            specs["split"] = []
-    elif plan.io == "h5md" and os.path.exists(plan.h5md_path()):
-        specs["split"] = []
-    elif plan.io == "shared" and os.path.exists(plan.path("split", "manifest.json")):
-        specs["split"] = []
+    if "split" in specs:
+        wanted = {name for name, _, _ in plan.io_strategy.remaining_split_tasks(
+            plan, plan.io_strategy.split_tasks(plan))}
+        specs["split"] = [s for s in specs["split"] if s.name in wanted]
     if plan.mode == "tasks":  # a missing or damaged part is analysed again
         specs["analyze"] = [s for s in specs["analyze"]
                             if not is_whole(plan.part_path(f"block_{int(s.args[-1]):05d}"))]

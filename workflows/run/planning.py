@@ -8,15 +8,17 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import shutil
+import time
 import warnings
 from typing import List, Optional
 
 from trajflow.tasks import mda_analyses
 
-from trajflow.tasks.plan import (ANALYSES, DEFAULT_SELECTION, GATHERS, IO_STRATEGIES, MODES,
-                                 PLAN_FILE, RunPlan, balanced_blocks)
-from trajflow.tasks.h5md import parse_compression
+from trajflow.tasks.analyses import ANALYSES, ANALYSIS_CLASSES
+from trajflow.tasks.plan import PLAN_FILE, RunPlan, balanced_blocks
+from trajflow.workflows.run.spec import RunSpec, spelled
 from trajflow.workflows.run import integrity
 from trajflow.workflows.errors import InputError
 from trajflow.workflows.run.rundir_lock import LOCK_FILE, RunLock
@@ -120,23 +122,23 @@ def check_outdir(out):
     out = os.path.abspath(out)
     if os.path.exists(out):
         if not os.path.isdir(out):
-            raise InputError(f"--out {out!r} exists and is not a folder: choose a new folder name")
+            raise InputError(f"{spelled('out', out)} exists and is not a folder: choose a new folder name")
         entries = [e for e in os.listdir(out) if e != LOCK_FILE]  # a lock: see RunLock
         if entries and not os.path.exists(os.path.join(out, RUN_MARKER)):
-            raise InputError(f"--out {out!r} exists, is not empty and is not a trajflow run: "
+            raise InputError(f"{spelled('out', out)} exists, is not empty and is not a trajflow run: "
                              "choose a new folder (trajflow never writes into other files)")
         if entries:
-            raise InputError(f"--out {out!r} holds an earlier trajflow run: choose a new folder, "
+            raise InputError(f"{spelled('out', out)} holds an earlier trajflow run: choose a new folder, "
                              "or remove the old run first")
     parent = os.path.dirname(out)
     probe = parent
     while not os.path.exists(probe):
         probe = os.path.dirname(probe)
     if not os.path.isdir(probe):
-        raise InputError(f"--out {out!r} cannot be created: {probe!r} is a file, not a folder; "
+        raise InputError(f"{spelled('out', out)} cannot be created: {probe!r} is a file, not a folder; "
                          "choose a folder you can write to")
     if not os.access(probe, os.W_OK):
-        raise InputError(f"--out {out!r} cannot be created: {probe!r} is not writable; "
+        raise InputError(f"{spelled('out', out)} cannot be created: {probe!r} is not writable; "
                          "choose a folder you can write to")
     return out
 
@@ -172,13 +174,13 @@ def check_analysis_spec(analysis, analysis_args=None):
         return "pickle", analysis, getattr(analysis, "__qualname__", type(analysis).__name__)
     if analysis in ANALYSES:
         if analysis_args:
-            raise InputError(f"--analysis-args applies to your own analyses, not {analysis}: "
+            raise InputError(f"{spelled('args')} applies to your own analyses, not {analysis}: "
                              "drop it")
         return None
     try:
         kind, source, name = mda_analyses.parse_spec(str(analysis))
     except ValueError as exc:
-        raise InputError(f"unknown --analysis: {exc}; give {ANALYSIS_FORMS}")
+        raise InputError(f"unknown {spelled('analysis')}: {exc}; give {ANALYSIS_FORMS}")
     _check_json_args(analysis_args)
     return kind, source, name
 
@@ -188,10 +190,10 @@ def _check_json_args(analysis_args):
         if json.loads(json.dumps(analysis_args or {})) != (analysis_args or {}):
             raise TypeError("values change in JSON")
     except (TypeError, ValueError) as exc:
-        raise InputError(f"--analysis-args must be plain JSON values (numbers, strings, lists, "
+        raise InputError(f"{spelled('args')} must be plain JSON values (numbers, strings, lists, "
                          f"objects): {exc}")
     if not isinstance(analysis_args or {}, dict):
-        raise InputError("--analysis-args must be a JSON object of keyword arguments, "
+        raise InputError(f"{spelled('args')} must be a JSON object of keyword arguments, "
                          'e.g. \'{"nbins": 75}\'')
 
 
@@ -206,15 +208,15 @@ def check_factory(u, spec, analysis, analysis_args):
     try:
         factory = source if kind == "pickle" else mda_analyses.load_factory(kind, source, name)
     except Exception as exc:
-        raise InputError(f"--analysis {analysis!r}: cannot load the factory ({type(exc).__name__}: "
+        raise InputError(f"{spelled('analysis', analysis)}: cannot load the factory ({type(exc).__name__}: "
                          f"{exc}); give FILE.py:NAME or module:NAME naming a function "
                          "NAME(universe, **args)")
     try:
         analysis_object = mda_analyses.build_analysis(factory, u, analysis_args)
     except mda_analyses.AnalysisRefused as exc:
-        raise InputError(f"--analysis {analysis!r}: {exc}")
+        raise InputError(f"{spelled('analysis', analysis)}: {exc}")
     except Exception as exc:
-        raise InputError(f"--analysis {analysis!r}: the factory failed on your inputs "
+        raise InputError(f"{spelled('analysis', analysis)}: the factory failed on your inputs "
                          f"({type(exc).__name__}: {exc}); run it once in Python on the same "
                          "Universe to see why")
     record = {"kind": kind, "source": None if kind == "pickle" else source, "name": name,
@@ -253,8 +255,8 @@ def check_whole(u, trajectories, damages, allow_truncated):
         return n_seen, None
     damage = damages[0]
     if not allow_truncated:
-        raise InputError(f"{damage.describe()}. Restore the file, or pass --allow-truncated "
-                         f"(allow_truncated=True) to analyse its {damage.whole_frames} whole "
+        raise InputError(f"{damage.describe()}. Restore the file, or pass "
+                         f"{spelled('allow_truncated', True)} to analyse its {damage.whole_frames} whole "
                          "frame(s); the result then says so")
     if damage.file != trajectories[-1] or len(damages) > 1:
         raise InputError(f"{damage.describe()}. Only the last trajectory file may be truncated: "
@@ -271,12 +273,12 @@ def read_inputs(topology, trajectories, analysis, selection=None, analysis_args=
     build the user's analysis); InputError if not."""
     spec = check_analysis_spec(analysis, analysis_args)
     if spec is not None and selection:
-        raise InputError("--select applies to rmsd and dihedrals; your own analysis selects its "
-                         "atoms in its factory: drop --select")
+        raise InputError(f"{spelled('select')} applies to the built-in analyses; your own "
+                         f"analysis selects its atoms in its factory: drop {spelled('select')}")
     if isinstance(trajectories, str):
         trajectories = [trajectories]
     if not trajectories:
-        raise InputError("no trajectory given: pass --trajectory FILE [FILE ...]")
+        raise InputError(f"no trajectory given: give {spelled('trajectory')} (one file or several)")
     topology = os.path.abspath(topology)
     trajectories = [os.path.abspath(t) for t in trajectories]
     damages = []
@@ -293,48 +295,34 @@ def read_inputs(topology, trajectories, analysis, selection=None, analysis_args=
                           analysis_args=dict(analysis_args or {}), factory=factory,
                           factory_pickle=pickled)
         check_boxes(trajectories, analysis)
-        selection = selection or DEFAULT_SELECTION[analysis]
+        selection = selection or ANALYSIS_CLASSES[analysis].default_selection
         return Inputs(topology, trajectories, analysis, selection,
                       resolve_selection(u, selection, analysis), **common)
     finally:
         u.trajectory.close()  # an HDF5 file left open would block its writers
 
 
-def make_plan(topology, trajectories, analysis, out, selection=None, io="shared",
-              mode="mpi", gather="gatherv", blocks=None, cpus=2, repeat=1,
-              compression=None, chunk_frames=0, new_out=True, inputs=None,
-              analysis_args=None, allow_truncated=False) -> RunPlan:
-    """Check everything and return the plan (not yet written). `new_out=False`:
-    the caller owns `out` (a campaign's experiment folder) and has checked it.
-    `inputs`: the inputs already read (read_inputs), for many plans of one input.
-    `analysis`: rmsd, dihedrals, or a user's "FILE.py:NAME" / "module:NAME"
-    factory called with the Universe and `analysis_args`. `allow_truncated`: a
-    truncated last input is analysed by its whole frames (check_whole)."""
-    builtin = check_analysis_spec(analysis, analysis_args) is None
-    if repeat != 1 and not builtin:
-        raise InputError("--repeat applies to rmsd and dihedrals (the papers' workload "
-                         "multiplier): drop it")
-    for value, allowed, flag in ((io, IO_STRATEGIES, "--io"), (mode, MODES, "--mode"),
-                                 (gather, GATHERS, "--gather")):
-        if value not in allowed:
-            raise InputError(f"unknown {flag} {value!r}: choose one of {', '.join(allowed)}")
+def make_plan(spec: RunSpec, cpus: int, *, new_out=True, inputs=None) -> RunPlan:
+    """Check everything and return the plan of `spec` (not yet written), for a pilot of
+    `cpus` cores (the blocks' default; MPI ranks must fit). `new_out=False`: the caller
+    owns `spec.out` (a campaign's experiment folder) and has checked it. `inputs`: the
+    inputs already read (read_inputs), for many plans of one input."""
+    missing = spec.missing()
+    if missing:
+        raise InputError(f"missing {', '.join(missing)}: a new run needs "
+                         f"{', '.join(spelled(n) for n in ('topology', 'trajectory', 'analysis'))}")
+    builtin = check_analysis_spec(spec.analysis, spec.args) is None
+    if spec.repeat != 1 and not builtin:
+        raise InputError(f"{spelled('repeat')} applies to the built-in analyses (the papers' "
+                         "workload multiplier): drop it")
     if cpus < 1:
-        raise InputError(f"--cpus {cpus}: ask for at least 1 cpu")
-    if repeat < 1:
-        raise InputError(f"--repeat {repeat}: repeat the computation at least once")
-    if chunk_frames < 0:
-        raise InputError(f"--chunk {chunk_frames}: give a number of frames, or 0 for automatic")
-    try:
-        parse_compression(compression)
-    except ValueError as exc:
-        raise InputError(f"--compression: {exc}")
-    if compression and io != "h5md":
-        raise InputError("--compression applies to --io h5md only: drop it or use --io h5md")
+        raise InputError(f"{spelled('cpus', cpus)}: ask for at least 1 cpu")
+    out = spec.out if spec.out is not None else default_out(spec.analysis)
+
     def plan_in(rundir):
-        read = inputs or read_inputs(topology, trajectories, analysis, selection, analysis_args,
-                                     allow_truncated)
-        return _make_plan(rundir, read, io, mode, gather, blocks, cpus, repeat, compression,
-                          chunk_frames)
+        read = inputs or read_inputs(spec.topology, spec.trajectory, spec.analysis, spec.select,
+                                     spec.args, spec.allow_truncated)
+        return _make_plan(rundir, read, spec, cpus)
     if not new_out:
         return plan_in(os.path.abspath(out))
     lock = RunLock(check_outdir(out)).acquire()  # before anything is read or written
@@ -347,21 +335,38 @@ def make_plan(topology, trajectories, analysis, out, selection=None, io="shared"
     return plan
 
 
-def _make_plan(out, inputs, io, mode, gather, blocks, cpus, repeat, compression, chunk_frames):
-    n_blocks = cpus if blocks is None else blocks
-    if n_blocks < 1:
-        raise InputError(f"--blocks {n_blocks}: use at least 1 block")
+def default_out(analysis, parent=None):
+    """A new folder (under `parent`, default the current folder) named after the
+    analysis and the time."""
+    if callable(analysis):
+        label = getattr(analysis, "__name__", "analysis")
+    else:
+        label = str(analysis).rpartition(":")[2]
+    label = re.sub(r"[^A-Za-z0-9_.-]+", "", label) or "analysis"
+    base = os.path.join(os.path.abspath(parent or os.getcwd()),
+                        f"trajflow-{label}-{time.strftime('%Y%m%d-%H%M%S')}")
+    path, k = base, 1
+    while os.path.exists(path):
+        k += 1
+        path = f"{base}-{k}"
+    return path
+
+
+def _make_plan(out, inputs, spec, cpus):
+    n_blocks = cpus if spec.blocks is None else spec.blocks
     if n_blocks > inputs.n_frames:
-        raise InputError(f"--blocks {n_blocks} is more than the trajectory's {inputs.n_frames} "
-                         f"frames: use at most {inputs.n_frames} blocks")
-    if mode == "mpi" and n_blocks > cpus:
-        raise InputError(f"--mode mpi runs one rank per block: {n_blocks} ranks do not fit in "
-                         f"--cpus {cpus}; ask for --cpus {n_blocks} or fewer --blocks")
+        raise InputError(f"{spelled('blocks', n_blocks)} is more than the trajectory's "
+                         f"{inputs.n_frames} frames: use at most {inputs.n_frames} blocks")
+    if spec.mode == "mpi" and n_blocks > cpus:
+        raise InputError(f"{spelled('mode', 'mpi')} runs one rank per block: {n_blocks} ranks do "
+                         f"not fit in {spelled('cpus', cpus)}; ask for {spelled('cpus', n_blocks)} "
+                         f"or fewer {spelled('blocks')}")
     plan = RunPlan(workdir=out, topology=inputs.topology, trajectories=inputs.trajectories,
-                   analysis=inputs.analysis, selection=inputs.selection, io=io, mode=mode, gather=gather,
+                   analysis=inputs.analysis, selection=inputs.selection, io=spec.io,
+                   mode=spec.mode, gather=spec.gather,
                    n_frames=inputs.n_frames, n_atoms=inputs.n_atoms,
-                   blocks=balanced_blocks(inputs.n_frames, n_blocks), repeat=repeat,
-                   chunk_frames=chunk_frames, compression=compression,
+                   blocks=balanced_blocks(inputs.n_frames, n_blocks), repeat=spec.repeat,
+                   chunk_frames=spec.chunk, compression=spec.compression,
                    input_checksum=inputs.checksum, analysis_args=inputs.analysis_args,
                    truncated=inputs.truncated,
                    factory=inputs.factory)
@@ -379,17 +384,11 @@ def space_needed(plan) -> dict:
     segments of the split stage (whatever of them is not there yet), and the
     parts plus result.h5 of the built-in analyses (each holds every frame's
     result; a user's analysis' results are not known before it runs)."""
-    need = {}
-    if plan.io == "h5md" and not os.path.exists(plan.h5md_path()):
-        need["the H5MD copy of the trajectory"] = plan.n_frames * (plan.n_atoms * 12 + 80)
-    elif plan.io == "split":
-        missing = sum(1 for b in range(plan.n_blocks) if not os.path.exists(plan.segment_path(b)))
-        if missing:  # float32 positions (and velocities, forces) of every frame
-            need["the split segments"] = plan.n_frames * (plan.n_atoms * 12 + 80) * missing // plan.n_blocks
+    need = plan.io_strategy.space_needed(plan)
     need["RADICAL's session folder (logs, profiles)"] = RADICAL_SESSION_BYTES
-    per_frame = {"rmsd": 8, "dihedrals": 8 * 4 * len((plan.selected or {}).get("resids", ()))}
-    if plan.analysis in per_frame and not os.path.exists(plan.result_path()):
-        need["the parts and result.h5"] = 2 * plan.n_frames * (per_frame[plan.analysis] + 16)
+    if plan.builtin and not os.path.exists(plan.result_path()):
+        row = ANALYSIS_CLASSES[plan.analysis].bytes_per_frame(plan.selected or {})
+        need["the parts and result.h5"] = 2 * plan.n_frames * (row + 16)
     return need
 
 
@@ -420,7 +419,7 @@ def check_space(plan, margin=1.1):
         parts = ", ".join(f"{what} {n / 1e6:.1f} MB" for what, n in need.items())
         raise InputError(f"not enough disk space for {plan.workdir!r}: the run needs about "
                          f"{total / 1e6:.1f} MB ({parts}, +10 %) and its file system has "
-                         f"{free / 1e6:.1f} MB free: free space there or choose another --out")
+                         f"{free / 1e6:.1f} MB free: free space there or choose another {spelled('out')}")
 
 
 def resolve_selection(u, selection, analysis) -> dict:
@@ -429,9 +428,9 @@ def resolve_selection(u, selection, analysis) -> dict:
     try:
         return ANALYSIS_CLASSES[analysis].select(u, selection)
     except ValueError as exc:
-        raise InputError(f"--select: {exc}; change the selection")
+        raise InputError(f"{spelled('select')}: {exc}; change the selection")
     except Exception as exc:  # MDAnalysis' SelectionError for a malformed selection
-        raise InputError(f"--select {selection!r} is not a valid MDAnalysis selection ({exc}); "
+        raise InputError(f"{spelled('select', selection)} is not a valid MDAnalysis selection ({exc}); "
                          "see the MDAnalysis selection language")
 
 

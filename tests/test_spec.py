@@ -1,0 +1,110 @@
+"""One run contract: the API, the CLI, campaigns and remote runs share RunSpec/PilotSpec."""
+import dataclasses
+import inspect
+import re
+import subprocess
+import sys
+
+import pytest
+
+import trajflow
+from trajflow.workflows.campaign.spec import FACTOR_CHOICES, FACTOR_DEFAULTS
+from trajflow.workflows.cli.main import build_parser
+from trajflow.workflows.errors import InputError
+from trajflow.workflows.run.spec import PilotSpec, RunSpec, command_line, spelled
+
+FIELDS = [f for spec in (RunSpec, PilotSpec) for f in dataclasses.fields(spec)]
+
+
+def _run_parser():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    return sub.choices["run"]
+
+
+def test_the_api_and_the_cli_list_the_same_options_with_the_same_defaults():
+    signature = inspect.signature(trajflow.run).parameters
+    flags = {a.dest: a for a in _run_parser()._actions}
+    for f in FIELDS:
+        if f.name in ("topology", "trajectory", "analysis"):
+            assert f.name in signature  # positional in the API, flags on the command line
+        else:
+            assert signature[f.name].default == f.default, f.name
+        if not f.metadata["command_line"]:
+            assert f.name not in flags, f.name
+            continue
+        action = flags[f.name]
+        assert action.help, f.name
+        if f.type is bool or isinstance(f.default, bool):
+            assert action.const is (not f.default), f.name  # the flag turns the default round
+        elif not f.metadata["help"].endswith("required"):
+            shown = "none" if f.default is None else str(f.default)
+            assert f"(default: {shown})" in action.help, f.name
+        assert tuple(action.choices or ()) == tuple(f.metadata["choices"] or ()), f.name
+    assert "Options" in trajflow.run.__doc__ and "io : default 'shared'" in trajflow.run.__doc__
+
+
+def test_a_cli_flag_left_out_takes_the_specs_default():
+    args = _run_parser().parse_args(["--topology", "t.psf", "--trajectory", "x.dcd"])
+    spec = RunSpec(**{k: v for k, v in vars(args).items()
+                      if k in {f.name for f in dataclasses.fields(RunSpec)}})
+    assert spec == RunSpec(topology="t.psf", trajectory=["x.dcd"])
+
+
+def test_messages_speak_the_callers_language():
+    with pytest.raises(InputError) as api:
+        RunSpec(io="h5")
+    assert "io='h5'" in str(api.value) and "--" not in str(api.value)
+    with command_line(), pytest.raises(InputError) as cli:
+        RunSpec(repeat=0)
+    assert str(cli.value).startswith("--repeat 0")
+    assert spelled("args") == "args" and spelled("allow_truncated", True) == "allow_truncated=True"
+    with command_line():
+        assert spelled("args") == "--analysis-args" and spelled("progress") == "--quiet"
+
+
+@pytest.mark.parametrize("options", [dict(cpus=0), dict(walltime=0), dict(client_timeout=-1),
+                                     dict(resource="nowhere.cluster"), dict(cpus="4")])
+def test_a_bad_pilot_option_is_refused_before_any_pilot(options):
+    with pytest.raises(InputError):
+        trajflow.Pilot(**options)
+
+
+def test_an_unknown_keyword_is_named_with_the_nearest_option(adk):
+    with pytest.raises(TypeError, match="did you mean 'blocks'"):
+        trajflow.run(adk[0], adk[1], "rmsd", block=2)
+
+
+def test_a_pilots_options_go_to_the_pilot_not_to_a_run_on_it(adk):
+    pilot = trajflow.Pilot(cpus=2)  # nothing starts before the first run
+    with pytest.raises(InputError, match="walltime"):
+        trajflow.run(adk[0], adk[1], "rmsd", pilot=pilot, walltime=5)
+
+
+def test_campaign_factors_are_run_options():
+    for name, levels in FACTOR_CHOICES.items():
+        assert tuple(levels) == next(f.metadata["choices"] for f in FIELDS if f.name == name)
+    for name, levels in FACTOR_DEFAULTS.items():
+        assert levels == [next(f.default for f in FIELDS if f.name == name)]
+
+
+def test_specs_travel_as_json():
+    spec = RunSpec(topology="/t.psf", trajectory="/x.dcd", analysis="f.py:rdf", args={"n": 3},
+                   io="h5md", compression="gzip:4", blocks=4)
+    assert RunSpec.from_json(spec.to_json()) == spec
+    pilot = PilotSpec(cpus=8, walltime=60, queue="debug")
+    assert PilotSpec.from_json(pilot.to_json()) == pilot
+    with pytest.raises(InputError, match="cannot be sent"):
+        RunSpec(analysis=lambda u: None).to_json()
+
+
+def test_run_help_and_python_help_say_the_same_defaults():
+    text = subprocess.run([sys.executable, "-m", "trajflow.workflows.cli.main", "run", "--help"],
+                          capture_output=True, text=True, timeout=120).stdout
+    text = re.sub(r"\s+", " ", text)
+    for f in FIELDS:
+        if f.metadata["command_line"] and not isinstance(f.default, bool) \
+                and not f.metadata["help"].endswith("required"):
+            flag = f.metadata["flag"] or "--" + f.name.replace("_", "-")
+            shown = "none" if f.default is None else str(f.default)
+            assert flag in text and f"(default: {shown})" in text, f.name

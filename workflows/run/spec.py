@@ -1,0 +1,297 @@
+"""Every option of a run and of its pilot, defined once.
+
+An option is a field of `RunSpec` or `PilotSpec`: its type, default, help text
+and check live in the field. `trajflow.run`, `Pilot`, `Backend`, campaigns
+(their TOML keys), remote runs (sent as JSON) and `trajflow run`'s flags
+(cli/options.py builds them from the fields) all make a spec, so a default, a
+choice or a message exists in one place. A message names an option as its
+caller writes it: `io='h5'` in Python, `--io h5` on the command line
+(`spelled`; the CLI says which inside `command_line()`).
+
+    >>> spec = RunSpec(topology=PSF, trajectory=[DCD], analysis="rmsd", io="h5md")
+    >>> PilotSpec(resource="local.localhost", cpus=4).cpus
+    4
+"""
+import contextlib
+import contextvars
+import dataclasses
+import difflib
+import inspect
+import json
+import os
+from typing import Any, Dict, List, Optional
+
+from trajflow.tasks.analyses import ANALYSIS_CLASSES
+from trajflow.tasks.h5md import parse_compression
+from trajflow.tasks.io_strategies import IO_STRATEGIES
+from trajflow.workflows.errors import InputError
+from trajflow.workflows.run import resources
+from trajflow.workflows.run.heartbeat import DEFAULT_CLIENT_TIMEOUT_S
+
+MODES = ("mpi", "tasks")
+GATHERS = ("gatherv", "rma")
+
+_ON_COMMAND_LINE = contextvars.ContextVar("trajflow_on_command_line", default=False)
+
+
+@contextlib.contextmanager
+def command_line():
+    """Inside: messages spell options as flags (`--io h5`), not keywords (`io='h5'`)."""
+    token = _ON_COMMAND_LINE.set(True)
+    try:
+        yield
+    finally:
+        _ON_COMMAND_LINE.reset(token)
+
+
+_NOTHING = object()
+
+
+def spelled(option: str, value=_NOTHING) -> str:
+    """`option` (a field name of RunSpec or PilotSpec) as the caller writes it,
+    with `value` if given: `--io h5` on the command line, `io='h5'` in Python."""
+    meta = _META.get(option, {})
+    if _ON_COMMAND_LINE.get():
+        flag = meta.get("flag") or "--" + option.replace("_", "-")
+        return flag if value is _NOTHING else f"{flag} {value}"
+    return option if value is _NOTHING else f"{option}={value!r}"
+
+
+def option(default, help, *, flag=None, flag_help=None, metavar=None, choices=None,
+           minimum=None, command_line=True, toml=None):
+    """A field of a spec: `help` says what it is (without the default, which is
+    added where it is shown); `flag` the CLI's name when not --NAME; `choices`
+    the values allowed; `minimum` the least number allowed; `command_line`
+    False: Python only; `toml` a campaign file's key when not NAME; `flag_help` the
+    help of a flag that turns a True default off."""
+    return dataclasses.field(default=default, metadata=dict(
+        help=help, flag=flag, flag_help=flag_help, metavar=metavar, choices=choices, minimum=minimum,
+        command_line=command_line, toml=toml))
+
+
+def _analysis_help():
+    builtin = "; ".join(f"{name}: {cls.help}" for name, cls in ANALYSIS_CLASSES.items())
+    return (f"{builtin}; FILE.py:NAME or package.module:NAME: your own, a function "
+            "NAME(universe, **args) returning a parallelisable MDAnalysis analysis; in Python "
+            "also such a function itself (sent to the tasks by value with cloudpickle)")
+
+
+def _io_help():
+    return "; ".join(f"{s.name}: {s.help}" for s in IO_STRATEGIES.values())
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """What to analyse and how: every option of one run (not of its pilot)."""
+    topology: Optional[str] = option(
+        None, "topology file MDAnalysis reads (PSF, PDB, GRO, TPR, ...); required", metavar="T")
+    trajectory: Optional[List[str]] = option(
+        None, "trajectory file(s); several are one continuous trajectory, in the order given; "
+              "required", metavar="X")
+    analysis: Any = option(None, _analysis_help() + "; required", metavar="SPEC")
+    args: Optional[Dict[str, Any]] = option(
+        None, "keyword arguments for your analysis' function (plain JSON values), "
+              "e.g. {\"nbins\": 75}", flag="--analysis-args", metavar="JSON",
+        toml="analysis_args")
+    select: Optional[str] = option(
+        None, "MDAnalysis selection, built-in analyses only (your own selects in its factory); "
+              "none: " + ", ".join(f"{c.default_selection!r} for {n}"
+                                   for n, c in ANALYSIS_CLASSES.items()), metavar="SEL")
+    io: str = option("shared", _io_help(), choices=tuple(IO_STRATEGIES))
+    mode: str = option("mpi", "mpi: one analyze task with one rank per block; tasks: one "
+                              "single-core task per block", choices=MODES)
+    gather: str = option("gatherv", "mpi mode: collect results with Gatherv, or one-sided puts "
+                                    "into an MPI window on rank 0", choices=GATHERS)
+    blocks: Optional[int] = option(None, "number of blocks (= ranks in mpi mode); balanced, none "
+                                         "empty; none: the pilot's cpus", metavar="N", minimum=1)
+    repeat: int = option(1, "repeat the per-frame computation K times to raise t_compute/t_IO "
+                            "(the papers' workload multiplier)", metavar="K", minimum=1)
+    chunk: int = option(0, "frames read and computed at a time, bounding memory per rank; 0: as "
+                           "many as fit 8 MiB of coordinates (16 to 4096)", metavar="F", minimum=0)
+    compression: Optional[str] = option(None, "with io h5md: compress the H5MD copy",
+                                        metavar="gzip:N")
+    out: Optional[str] = option(None, "the run's new folder (result.h5, profiles, the plan); "
+                                      "none: ./trajflow-ANALYSIS-DATE-TIME", metavar="RUNDIR")
+    allow_truncated: bool = option(False, "analyse the whole frames of a truncated last "
+                                          "trajectory file (without it a damaged input is "
+                                          "refused); result.h5 and the summary say so")
+    retries: int = option(1, "run a failed task again up to R times before the run fails",
+                          metavar="R", minimum=0)
+    env: Optional[Dict[str, str]] = option(None, "extra environment variables for this run's "
+                                                 "tasks", command_line=False)
+    progress: bool = option(True, "say what happens (each stage, the run's end) on stderr",
+                            flag="--quiet", flag_help="no progress lines on stderr (the pilot, "
+                                                      "each stage, each run's end)")
+
+    def __post_init__(self):
+        if isinstance(self.trajectory, (str, os.PathLike)):
+            object.__setattr__(self, "trajectory", [self.trajectory])
+        if self.trajectory is not None:
+            object.__setattr__(self, "trajectory", [os.fspath(t) for t in self.trajectory])
+        for name in ("topology", "out"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, os.fspath(getattr(self, name)))
+        _check_fields(self)
+        try:
+            parse_compression(self.compression)
+        except ValueError as exc:
+            raise InputError(f"{spelled('compression', self.compression)}: {exc}")
+        if self.compression and self.io != "h5md":
+            raise InputError(f"{spelled('compression')} applies to {spelled('io', 'h5md')} only: "
+                             "drop it or read the run's frames from an H5MD copy")
+        for name in ("args", "env"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), dict):
+                raise InputError(f"{spelled(name)} must be a dict of names and values, not "
+                                 f"{type(getattr(self, name)).__name__}")
+
+    @property
+    def builtin(self) -> bool:
+        return isinstance(self.analysis, str) and self.analysis in ANALYSIS_CLASSES
+
+    def missing(self) -> List[str]:
+        """The options a new run must have and this one lacks, spelled for the caller."""
+        return [spelled(n) for n in ("topology", "trajectory", "analysis")
+                if not getattr(self, n)]
+
+    def to_json(self) -> str:
+        """For a run planned on another machine; a Python function cannot travel."""
+        if callable(self.analysis):
+            raise InputError("a remote run's analysis is a name, FILE.py:NAME of a file on the "
+                             "cluster or module:NAME: a function of this script cannot be sent")
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunSpec":
+        return cls(**json.loads(text))
+
+
+@dataclasses.dataclass(frozen=True)
+class PilotSpec:
+    """Where and on what to run: the pilot's options."""
+    resource: str = option("local.localhost", "RADICAL-Pilot resource label (`trajflow "
+                                              "resources` lists them)", metavar="NAME")
+    cpus: Optional[int] = option(None, "cores of the pilot; none: on this machine, what the run "
+                                       "needs (all cores for a Pilot of several runs); elsewhere "
+                                       "the run's blocks", metavar="N", minimum=1)
+    walltime: int = option(30, "minutes the pilot may run", metavar="MIN", minimum=1)
+    queue: Optional[str] = option(None, "the batch queue; none: the resource's", metavar="Q")
+    project: Optional[str] = option(None, "the allocation to charge", metavar="P")
+    access_schema: Optional[str] = option(
+        None, "one of the resource config's access schemas; none: its default. batch: trajflow "
+              "runs inside a batch job and the pilot uses its allocation", metavar="NAME")
+    client_timeout: float = option(
+        DEFAULT_CLIENT_TIMEOUT_S, "seconds: a guard running with the pilot ends it when this "
+                                  "process has been gone this long (killed, its machine lost); "
+                                  "0: no guard", metavar="S", minimum=0)
+    keep_sandbox: bool = option(False, "keep the pilot's RADICAL sandbox (by default removed at "
+                                       "the end: the run's folder keeps every task's profile, "
+                                       "stdout and stderr)")
+    path: Optional[str] = option(None, "folder of the RADICAL session (logs, profiles); none: "
+                                       "the run's folder, or ./trajflow-pilot-DATE-TIME for a "
+                                       "Pilot", command_line=False)
+
+    def __post_init__(self):
+        _check_fields(self)
+        try:
+            resources.check_resource(self.resource)
+            if self.access_schema:
+                resources.check_access_schema(self.resource, self.access_schema)
+        except ValueError as exc:
+            raise InputError(str(exc))
+
+    @property
+    def local(self) -> bool:
+        return resources.is_local(self.resource)
+
+    def blocks_for(self, run: RunSpec) -> int:
+        """How many blocks a run has: as asked, else the pilot's cpus, else (on
+        this machine) its cores; InputError where nothing says."""
+        if run.blocks is not None:
+            return run.blocks
+        if self.cpus is not None:
+            return self.cpus
+        if self.local:
+            return os.cpu_count() or 1
+        raise InputError(f"give {spelled('blocks')} or {spelled('cpus')} for a run on "
+                         f"{self.resource}")
+
+    def cores_for(self, plan) -> int:
+        """A pilot's cores for one run: as asked, else a core per MPI rank; in tasks mode
+        a core per task, at most this machine's on a local resource (the rest queue)."""
+        if self.cpus is not None:
+            return self.cpus
+        if plan.mode == "mpi" or not self.local:
+            return plan.n_blocks
+        return min(plan.n_blocks, os.cpu_count() or 1)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "PilotSpec":
+        return cls(**json.loads(text))
+
+
+SPECS = (RunSpec, PilotSpec)
+_META = {f.name: dict(f.metadata) for spec in SPECS for f in dataclasses.fields(spec)}
+
+
+def option_default(name):
+    """The default of option `name` (a campaign's factor takes it as its one level)."""
+    return next(f.default for spec in SPECS for f in dataclasses.fields(spec) if f.name == name)
+
+
+def option_choices(name):
+    return _META[name]["choices"]
+
+
+def _check_fields(spec):
+    """Choices and least values, with one message per kind of problem."""
+    for f in dataclasses.fields(spec):
+        value, meta = getattr(spec, f.name), f.metadata
+        if meta["choices"] and value not in meta["choices"]:
+            raise InputError(f"unknown {spelled(f.name, value)}: choose one of "
+                             f"{', '.join(meta['choices'])}")
+        if meta["minimum"] is not None and value is not None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise InputError(f"{spelled(f.name, value)}: give a number")
+            if value < meta["minimum"]:
+                raise InputError(f"{spelled(f.name, value)}: give {meta['minimum']} or more")
+
+
+def split_options(options: dict, *specs):
+    """`options` (keyword arguments) shared out over `specs`' fields, each a dict;
+    TypeError naming an unknown keyword and the nearest known one, as Python does."""
+    out = [{} for _ in specs]
+    for key, value in options.items():
+        for i, spec in enumerate(specs):
+            if key in {f.name for f in dataclasses.fields(spec)}:
+                out[i][key] = value
+                break
+        else:
+            known = [f.name for spec in specs for f in dataclasses.fields(spec)]
+            near = difflib.get_close_matches(key, known, 1)
+            raise TypeError(f"unexpected keyword argument {key!r}"
+                            + (f"; did you mean {near[0]!r}?" if near else ""))
+    return out
+
+
+def takes_options(*specs, skip=()):
+    """Give a function `f(..., **options)` the signature and a Parameters section made
+    from `specs`' fields, so that help(f) lists every option with its default."""
+    def decorate(func):
+        sig = inspect.signature(func)
+        params = [p for p in sig.parameters.values() if p.kind != p.VAR_KEYWORD]
+        named = {p.name for p in params}
+        fields = [f for spec in specs for f in dataclasses.fields(spec)
+                  if f.name not in named and f.name not in skip]
+        params += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                                     annotation=f.type) for f in fields]
+        func.__signature__ = sig.replace(parameters=params)
+        lines = [f"    {f.name} : default {f.default!r}\n        {f.metadata['help']}."
+                 + (f" One of {', '.join(f.metadata['choices'])}." if f.metadata["choices"] else "")
+                 for f in fields]
+        func.__doc__ = (func.__doc__ or "").rstrip() + "\n\n    Options\n    -------\n" + \
+            "\n".join(lines) + "\n"
+        return func
+    return decorate
