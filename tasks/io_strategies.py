@@ -13,6 +13,8 @@ here, registered in IO_STRATEGIES; nothing else branches on `plan.io`.
 import os
 from typing import Dict, List, Optional, Tuple
 
+from .copies import convert_h5md, write_segment
+
 GUIDELINES, H5MD_PAPER = "Khoshlessan et al. 2019", "Jakupovic and Beckstein 2021"
 FRAME_BYTES = 80  # what a copied frame costs beside its coordinates (time, step, box)
 
@@ -90,7 +92,6 @@ class Split(IOStrategy):
         return tasks if missing else []
 
     def prepare(self, plan, universe, blocks, rank, timer):
-        from .split import write_segment
         for b in blocks:
             write_segment(plan, universe, b, timer)
 
@@ -127,7 +128,6 @@ class H5MD(IOStrategy):
 
     def prepare(self, plan, universe, blocks, rank, timer):
         if rank == 0 and not plan.reads_h5md_input:
-            from .split import convert_h5md
             convert_h5md(plan, universe, timer)
 
     def block_files(self, plan, block):

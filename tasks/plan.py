@@ -77,6 +77,10 @@ class RunPlan:
     def n_blocks(self) -> int:
         return len(self.blocks)
 
+    def frames_per_chunk(self, n_atoms: int) -> int:
+        """Frames read at a time for `n_atoms` atoms (chunk_size)."""
+        return chunk_size(self.chunk_frames, n_atoms)
+
     @property
     def io_strategy(self):
         """The IOStrategy object of `io` (io_strategies.py)."""

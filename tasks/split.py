@@ -7,16 +7,10 @@
 Every output is written under a temporary name and renamed when whole.
 """
 import argparse
-import contextlib
-import fcntl
 import json
 import os
-import time
 
-import numpy as np
-
-from .h5md import H5MDWriter
-from .plan import RunPlan, chunk_size, decode_path_arg
+from .plan import RunPlan, decode_path_arg
 from .readers import open_universe
 from .timing import RankTimer
 
@@ -30,109 +24,6 @@ def check_inputs(plan, timer):
                          f"and {n_atoms} atoms now, {planned} and {plan.n_atoms} planned; "
                          "plan the run again")
     return u
-
-
-def copy_frames(u, start, stop, writer, timer, chunk_frames):
-    """Frames [start, stop) of the Universe's trajectory, every atom, into an
-    H5MDWriter chunk by chunk: the float32 positions, boxes (each frame its own),
-    time (cumulative over chained files, as `trajectory.time`) and step exactly as
-    MDAnalysis gives them, and velocities and forces where the frames have them.
-    No lossy re-encoding: a segment or copy is the input's data, bit for bit."""
-    traj = u.trajectory
-    n_atoms = len(u.atoms)
-    for pos in range(start, stop, chunk_frames):
-        end = min(pos + chunk_frames, stop)
-        n = end - pos
-        coords = np.empty((n, n_atoms, 3), np.float32)
-        boxes = np.zeros((n, 6), np.float32)
-        times = np.empty(n, np.float64)
-        steps = np.empty(n, np.int64)
-        extra = {name: np.empty((n, n_atoms, 3), np.float32) for name in writer.data if name != "position"}
-        with timer.phase("io"):
-            for i, ts in enumerate(traj[pos:end]):
-                coords[i] = ts.positions
-                times[i] = traj.time
-                steps[i] = ts.data.get("step", ts.frame)
-                if ts.dimensions is not None:
-                    boxes[i] = ts.dimensions
-                if "velocity" in extra:
-                    extra["velocity"][i] = ts.velocities
-                if "force" in extra:
-                    extra["force"][i] = ts.forces
-        with timer.phase("convert"):
-            writer.write(times, coords, boxes, steps, extra.get("velocity"), extra.get("force"))
-
-
-def new_writer(u, path, n_frames, compression=None):
-    """An H5MDWriter for all the Universe's atoms, with its velocities and forces if it has them."""
-    ts = u.trajectory.ts
-    return H5MDWriter(path, len(u.atoms), n_frames, compression,
-                      velocities=ts.has_velocities, forces=ts.has_forces)
-
-
-def write_segment(plan, u, block, timer):
-    """One block's frames, all atoms, into an H5MD file of their own."""
-    start, stop = plan.blocks[block]
-    final = plan.segment_path(block)
-    tmp = f"{final}.tmp{os.getpid()}"
-    writer = new_writer(u, tmp, stop - start)
-    try:
-        copy_frames(u, start, stop, writer, timer, chunk_size(plan.chunk_frames, len(u.atoms)))
-    finally:
-        writer.close()
-    os.replace(tmp, final)
-
-
-CONVERSION_SECONDS = "trajflow_conversion_s"  # a root attribute of the H5MD copy
-
-
-def convert_h5md(plan, u, timer):
-    """All frames, all atoms, into one H5MD file, chunk by chunk. A campaign's shared
-    copy is made once: the first task converts under a lock, the others wait for
-    it and reuse it, recording the converting task's time (kept in the file) so
-    that strategies still compare with the conversion counted."""
-    final = plan.h5md_path()
-    os.makedirs(os.path.dirname(final), exist_ok=True)
-    with exclusive(final + ".lock") if plan.shared_h5md else contextlib.nullcontext():
-        if os.path.exists(final):  # written whole and renamed, so complete
-            timer.info["conversion_reused_s"] = reuse_h5md(plan, final)
-            return
-        tmp = f"{final}.tmp{os.getpid()}"
-        writer = new_writer(u, tmp, plan.n_frames, plan.compression)
-        try:
-            copy_frames(u, 0, plan.n_frames, writer, timer, chunk_size(plan.chunk_frames, len(u.atoms)))
-            writer.file.attrs[CONVERSION_SECONDS] = time.time() - timer.t_start
-        finally:
-            writer.close()
-        os.replace(tmp, final)
-
-
-def reuse_h5md(plan, path):
-    """The seconds the existing copy took to make, once it is checked to hold the plan's frames."""
-    import h5py
-    with h5py.File(path, "r") as f:
-        shape = f["particles/trajectory/position/value"].shape
-        seconds = float(f.attrs.get(CONVERSION_SECONDS, 0.0))
-    if shape != (plan.n_frames, plan.n_atoms, 3):
-        raise SystemExit(f"split: the H5MD copy {path} holds {shape[0]} frames of {shape[1]} "
-                         f"atoms, the plan {plan.n_frames} of {plan.n_atoms}: it was made "
-                         "from other inputs; delete it and run again")
-    return seconds
-
-
-@contextlib.contextmanager
-def exclusive(path):
-    """flock(2) on `path` while inside. Where the file system has no locks, none:
-    two tasks then both convert and the last rename wins (same content)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:
-            pass
-        yield
-    finally:
-        os.close(fd)
 
 
 def my_blocks(plan, block, rank, size):

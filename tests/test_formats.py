@@ -312,7 +312,7 @@ def test_trr_segments_carry_the_inputs_float32_and_velocities(tmp_path, solvated
     u = mda.Universe(top, traj)
     start, stop = plan.blocks[1]
     # segments are removed with the run's parts once result.h5 is published: rebuild one
-    from trajflow.tasks.split import write_segment
+    from trajflow.tasks.copies import write_segment
     from trajflow.tasks.timing import RankTimer
     write_segment(plan, u, 1, RankTimer("split", rank=0, size=1))
     seg = mda.Universe(top, plan.segment_path(1))
