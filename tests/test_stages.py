@@ -127,7 +127,6 @@ def test_rmsd_over_h5md_or_dcd_runs_without_importing_mdanalysis(tmp_path, adk, 
     expected = rms.RMSD(mda.Universe(*adk), select="name CA").run().results.rmsd[:, 2]
     with h5py.File(plan.part_path("block_00000")) as f:
         np.testing.assert_allclose(f["rmsd"][()], expected[:len(f["rmsd"])], atol=1e-4)
-    from types import SimpleNamespace
     import dataclasses
     # trajflow's own H5MD holds every frame's exact box: no MDAnalysis even for dihedrals;
     # a user's H5MD gives its box as vectors, turned into dimensions as MDAnalysis does
@@ -136,12 +135,12 @@ def test_rmsd_over_h5md_or_dcd_runs_without_importing_mdanalysis(tmp_path, adk, 
                                 trajectories=[str(tmp_path / "theirs.h5md")])
     assert needs_mdanalysis(users)
     assert needs_mdanalysis(dataclasses.replace(users, io="h5md"))
-    assert needs_mdanalysis(SimpleNamespace(io="shared", builtin=True, analysis="rmsd",
-                                            trajectories=[adk_xtc[1], adk_xtc[1]]))  # a chain
-    assert not needs_mdanalysis(SimpleNamespace(io="shared", builtin=True, analysis="rmsd",
-                                                trajectories=[adk_xtc[1]]))  # xtc.py reads it
-    assert not needs_mdanalysis(SimpleNamespace(io="shared", builtin=True, analysis="rmsd",
-                                                trajectories=[adk[1]]))
+    shared_rmsd = dataclasses.replace(plan, io="shared", analysis="rmsd")
+    assert needs_mdanalysis(dataclasses.replace(
+        shared_rmsd, trajectories=[adk_xtc[1], adk_xtc[1]]))  # a chain
+    assert not needs_mdanalysis(dataclasses.replace(
+        shared_rmsd, trajectories=[adk_xtc[1]]))  # xtc.py reads it
+    assert not needs_mdanalysis(dataclasses.replace(shared_rmsd, trajectories=[adk[1]]))
 
 
 def test_a_campaigns_shared_h5md_copy_is_made_once(tmp_path, solvated, reference_results):
