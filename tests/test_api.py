@@ -42,7 +42,7 @@ def test_bad_input_raises_input_error_before_any_pilot(tmp_path, adk, monkeypatc
     monkeypatch.chdir(tmp_path)
     with pytest.raises(trajflow.InputError, match="does not exist"):
         trajflow.run(adk[0], str(tmp_path / "missing.dcd"), "rmsd")
-    with pytest.raises(trajflow.InputError, match="--io"):
+    with pytest.raises(trajflow.InputError, match="io='nfs'"):
         trajflow.run(adk[0], adk[1], "rmsd", io="nfs")
     with pytest.raises(trajflow.InputError, match="not an MDAnalysis analysis"):
         trajflow.run(adk[0], adk[1], lambda u: u.select_atoms("name CA"))

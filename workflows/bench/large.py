@@ -126,9 +126,9 @@ def run_isolated(script, *args, timeout=3600):
 def our_plan(files, fmt, n, workdir):
     """An rmsd plan over the format's file: io shared (our XTC and DCD readers), or io
     h5md reading the prepared H5MD as its copy (no conversion)."""
-    from trajflow.workflows.run.planning import make_plan, write_plan
+    from trajflow.workflows.run.planning import plan_from_options, write_plan
     traj = files["xtc"] if fmt == "h5md" else files[fmt]
-    plan = make_plan(files["top"], [traj], "rmsd", os.path.join(workdir, f"{fmt}_{n}"),
+    plan = plan_from_options(files["top"], [traj], "rmsd", out=os.path.join(workdir, f"{fmt}_{n}"),
                      io="h5md" if fmt == "h5md" else "shared", mode="mpi", blocks=n, cpus=n)
     if fmt == "h5md":
         plan.shared_h5md = files["h5md"]

@@ -177,10 +177,10 @@ def bench_parallel(top, dcd, workdir, launches=5):
     per launch, best of `launches` (the stage takes a twentieth of a second on a shared
     2-core VM: one descheduled rank would otherwise decide the ratio); the median
     launch's efficiency is reported beside it."""
-    from trajflow.workflows.run.planning import make_plan, write_plan
+    from trajflow.workflows.run.planning import plan_from_options, write_plan
     times = {}
     for n in (1, 2):
-        plan = make_plan(top, [dcd], "rmsd", os.path.join(workdir, f"parallel_{n}"),
+        plan = plan_from_options(top, [dcd], "rmsd", out=os.path.join(workdir, f"parallel_{n}"),
                          mode="mpi", blocks=n, cpus=n)
         times[n] = mpiexec_stage_s(plan, write_plan(plan), launches)
     one, two = min(times[1]), min(times[2])
@@ -199,10 +199,10 @@ def bench_startup(top, dcd, workdir, launches=5):
     without that step a task compiles the kernels itself (jit_start_s). (.pyc
     files are as pip leaves them: compiled at install; an editable trajflow's are
     compiled by the pilot's step.)"""
-    from trajflow.workflows.run.planning import make_plan, write_plan
+    from trajflow.workflows.run.planning import plan_from_options, write_plan
     from trajflow.tasks import kernels
     kernels.build_ahead_of_time()  # warm means what a pilot leaves: the kernels built
-    plan = make_plan(top, [dcd], "rmsd", os.path.join(workdir, "startup"), mode="tasks",
+    plan = plan_from_options(top, [dcd], "rmsd", out=os.path.join(workdir, "startup"), mode="tasks",
                      blocks=2, cpus=2)
     plan_path = write_plan(plan)
     plan.lock.release()
@@ -240,9 +240,9 @@ def bench_startup(top, dcd, workdir, launches=5):
 def mpi_exit_s(top, dcd, workdir, launches):
     """An MPI rank's exit: the analyze stage (2 ranks, RMSD over DCD) under mpiexec, from
     the last rank's last timestamp to mpiexec's end (median of `launches`)."""
-    from trajflow.workflows.run.planning import make_plan, write_plan
+    from trajflow.workflows.run.planning import plan_from_options, write_plan
     from trajflow.workflows.run.pipeline import stage_specs, task_environment
-    plan = make_plan(top, [dcd], "rmsd", os.path.join(workdir, "mpi_exit"), mode="mpi",
+    plan = plan_from_options(top, [dcd], "rmsd", out=os.path.join(workdir, "mpi_exit"), mode="mpi",
                      blocks=2, cpus=2)
     spec = stage_specs(plan, write_plan(plan))["analyze"][0]
     plan.lock.release()
@@ -295,14 +295,14 @@ def bench_user_analysis(workdir, copies=20, rounds=2):
     import MDAnalysis as mda
     from trajflow.tasks.mda_analyses import read_results
     from trajflow.workflows.datasets import solvated_concatenated
-    from trajflow.workflows.run.planning import make_plan, write_plan
+    from trajflow.workflows.run.planning import plan_from_options, write_plan
     from trajflow.workflows.run.pipeline import stage_specs, task_environment
     from trajflow.workflows.bench.large import run_isolated
     top, xtc = solvated_concatenated(copies, "XTC")
     factory_file = os.path.join(workdir, "water_rdf.py")
     with open(factory_file, "w", encoding="utf-8") as fh:
         fh.write(WATER_RDF)
-    plan = make_plan(top, [xtc], f"{factory_file}:water_rdf", os.path.join(workdir, "rdf"),
+    plan = plan_from_options(top, [xtc], f"{factory_file}:water_rdf", out=os.path.join(workdir, "rdf"),
                      mode="mpi", blocks=2, cpus=2)
     specs = stage_specs(plan, write_plan(plan))
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
@@ -387,11 +387,11 @@ def bench_pilot_reuse(workdir):
     own, is what each further run costs once the pilot is up."""
     from trajflow.workflows.datasets import adk_files
     from trajflow.workflows.run.execute import read_outcome, run_plans
-    from trajflow.workflows.run.planning import make_plan, write_plan
+    from trajflow.workflows.run.planning import plan_from_options, write_plan
     top, dcd = adk_files()
     runs = []
     for name in ("first", "second"):
-        plan = make_plan(top, [dcd], "rmsd", os.path.join(workdir, "reuse", name), mode="tasks",
+        plan = plan_from_options(top, [dcd], "rmsd", out=os.path.join(workdir, "reuse", name), mode="tasks",
                          blocks=1, cpus=1)
         runs.append((name, plan, write_plan(plan)))
     t0 = time.time()

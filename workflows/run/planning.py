@@ -335,6 +335,13 @@ def make_plan(spec: RunSpec, cpus: int, *, new_out=True, inputs=None) -> RunPlan
     return plan
 
 
+def plan_from_options(topology, trajectory, analysis, cpus, *, new_out=True, inputs=None,
+                      **options) -> RunPlan:
+    """make_plan of the RunSpec these keyword options make (benchmarks' and tests' way)."""
+    spec = RunSpec(topology=topology, trajectory=trajectory, analysis=analysis, **options)
+    return make_plan(spec, cpus, new_out=new_out, inputs=inputs)
+
+
 def default_out(analysis, parent=None):
     """A new folder (under `parent`, default the current folder) named after the
     analysis and the time."""
