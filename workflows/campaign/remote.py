@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 
+from trajflow.workflows.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from trajflow.workflows.run.execute import read_outcome, record_outcome
 
 POLL_S = 5.0
