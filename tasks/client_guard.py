@@ -34,6 +34,8 @@ import subprocess
 import sys
 import time
 
+from .rundir import write_record
+
 HEARTBEAT = "trajflow.heartbeat"   # touched by the client while it lives
 CANCEL = "trajflow.cancel"         # written by whoever wants the pilot gone now
 CLOSED = "trajflow.closed"         # written by the client when it has cancelled its pilot
@@ -51,14 +53,7 @@ def heartbeat_age(session_dir, since):
         return time.time() - since
 
 
-def _record(path, **fields):
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump({"time": time.time(), **fields}, fh)
-    os.replace(tmp, path)
-
-
-def _alive(pid, born=None):
+def alive(pid, born=None):
     """Whether process `pid` runs (not a zombie); with `born` (its start_time), only
     if it is still that process: pids are reused (pid_max 32768 here, wrapped
     every ~45 min of the test suite), and a guard that took a new process for
@@ -133,7 +128,7 @@ def end_process_tree(root, grace_s=5.0):
             except (ProcessLookupError, PermissionError):
                 pass
         deadline = time.time() + (grace_s if sig == signal.SIGTERM else 0)
-        while time.time() < deadline and any(_alive(p) for p in process_tree(root)):
+        while time.time() < deadline and any(alive(p) for p in process_tree(root)):
             time.sleep(0.2)
 
 
@@ -149,12 +144,12 @@ def guard(session_dir, timeout_s, bootstrap_pid, poll_s=None):
     """Watch until the pilot ends (its bootstrapper is gone) or the client is."""
     poll_s = poll_s or min(5.0, max(0.5, timeout_s / 10.0))
     start = time.time()
-    _record(os.path.join(session_dir, STARTED), host=socket.gethostname(), pid=os.getpid(),
+    write_record(os.path.join(session_dir, STARTED), host=socket.gethostname(), pid=os.getpid(),
             bootstrap_pid=bootstrap_pid, timeout_s=timeout_s,
             job=os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID"))
     started = os.path.join(session_dir, STARTED)
     born = start_time(bootstrap_pid)
-    while _alive(bootstrap_pid, born):
+    while alive(bootstrap_pid, born):
         os.utime(started)  # the guard lives: `--resume` may ask it to end this pilot
         reason = None
         cancel = os.path.join(session_dir, CANCEL)
@@ -190,7 +185,7 @@ def _ended(session_dir, **fields):
     what RADICAL-Pilot never does (its tasks' temp folder on this node)."""
     shutil.rmtree(os.path.join(session_dir, CLIENT_CONFIGS), ignore_errors=True)
     remove_task_tmp(os.path.basename(os.path.normpath(session_dir)))
-    _record(os.path.join(session_dir, ENDED), **fields)
+    write_record(os.path.join(session_dir, ENDED), **fields)
 
 
 def remove_task_tmp(sid):

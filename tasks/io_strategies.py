@@ -13,6 +13,7 @@ here, registered in IO_STRATEGIES; nothing else branches on `plan.io`.
 import os
 from typing import Dict, List, Optional, Tuple
 
+from .rundir import MANIFEST
 from .copies import convert_h5md, write_segment
 
 GUIDELINES, H5MD_PAPER = "Khoshlessan et al. 2019", "Jakupovic and Beckstein 2021"
@@ -32,7 +33,7 @@ class IOStrategy:
 
     def remaining_split_tasks(self, plan, tasks):
         """Of `tasks` (as split_tasks gives them), those a resumed run still needs."""
-        return [] if os.path.exists(plan.path("split", "manifest.json")) else tasks
+        return [] if os.path.exists(plan.path(MANIFEST)) else tasks
 
     def prepare(self, plan, universe, blocks, rank, timer):
         """The split task's work on this rank (`blocks`: the blocks it writes)."""

@@ -14,7 +14,9 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-PLAN_FILE = "plan.json"
+from .rundir import RESULT, SELECTION
+from .rundir import PLAN as PLAN_FILE  # noqa: F401  (the plan's name, for readers of plan.py)
+
 
 
 def balanced_blocks(n_frames: int, n_blocks: int) -> List[Tuple[int, int]]:
@@ -122,7 +124,7 @@ class RunPlan:
 
     def selection_path(self) -> str:
         """The atoms (and dihedral quadruplets) resolved once on the workstation."""
-        return self.path("selection.npz")
+        return self.path(SELECTION)
 
     def save_selection(self, arrays: dict) -> str:
         tmp = self.path("selection.tmp.npz")
@@ -136,7 +138,7 @@ class RunPlan:
 
     def result_path(self) -> str:
         """The file whose presence means the run is complete."""
-        return self.path("backend", "results.pickle") if self.backend else self.path("result.h5")
+        return self.path("backend", "results.pickle") if self.backend else self.path(RESULT)
 
     def progress_path(self, block: int) -> str:
         """An analyze rank's frames done so far (one number), for the progress bar."""

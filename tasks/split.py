@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 
+from .rundir import MANIFEST
 from .plan import RunPlan, decode_path_arg
 from .readers import open_universe
 from .timing import RankTimer
@@ -51,7 +52,7 @@ def main(argv=None):
     plan.io_strategy.prepare(plan, u, my_blocks(plan, args.block, rank, size), rank, timer)
     if rank == 0 and args.block in (None, 0):
         manifest = {"io": plan.io, "n_frames": plan.n_frames, "n_atoms": plan.n_atoms}
-        with open(plan.path("split", "manifest.json"), "w", encoding="utf-8") as fh:
+        with open(plan.path(MANIFEST), "w", encoding="utf-8") as fh:
             json.dump(manifest, fh)
     timer.finish(plan.profile_path(name))
     return 0

@@ -64,12 +64,12 @@ def test_the_guard_knows_its_bootstrapper_by_pid_and_start_time():
     proc = subprocess.Popen(["sleep", "30"])
     try:
         born = client_guard.start_time(proc.pid)
-        assert born is not None and client_guard._alive(proc.pid, born)
-        assert not client_guard._alive(proc.pid, str(int(born) - 1))  # same pid, another process
+        assert born is not None and client_guard.alive(proc.pid, born)
+        assert not client_guard.alive(proc.pid, str(int(born) - 1))  # same pid, another process
     finally:
         proc.kill()
         proc.wait()
-    assert not client_guard._alive(proc.pid, born) and client_guard.start_time(proc.pid) is None
+    assert not client_guard.alive(proc.pid, born) and client_guard.start_time(proc.pid) is None
 
 
 def test_a_stale_heartbeat_ends_the_pilot_tree_and_its_tasks(tmp_path):
@@ -88,7 +88,7 @@ def test_a_stale_heartbeat_ends_the_pilot_tree_and_its_tasks(tmp_path):
         pilot.kill()
     assert 3 <= time.time() - t0 < 15
     pilot.wait(timeout=5)
-    assert not any(os.path.exists(f"/proc/{p}") and client_guard._alive(p) for p in tree)
+    assert not any(os.path.exists(f"/proc/{p}") and client_guard.alive(p) for p in tree)
     record = ended(session)
     assert record["fired"] and "heartbeat" in record["reason"], record
     assert not (session / client_guard.CLIENT_CONFIGS).exists()
@@ -133,7 +133,7 @@ def test_a_pilot_still_running_after_its_client_cancelled_it_is_ended(tmp_path):
         old = time.time() - client_guard.CLOSED_GRACE_S - 1
         os.utime(closed, (old, old))
         assert guard.wait(timeout=30) == 0
-        left = [p for p in tree if os.path.exists(f"/proc/{p}") and client_guard._alive(p)]
+        left = [p for p in tree if os.path.exists(f"/proc/{p}") and client_guard.alive(p)]
     assert not left, left
     record = ended(session)
     assert record["fired"] and "client cancelled this pilot" in record["reason"], record
@@ -142,7 +142,7 @@ def test_a_pilot_still_running_after_its_client_cancelled_it_is_ended(tmp_path):
 def stop_group(proc, tree=()):
     """End the fake pilot's group and what of its `tree` is left (its setsid'd task)."""
     for pid in tree:
-        if client_guard._alive(pid):
+        if client_guard.alive(pid):
             os.kill(pid, signal.SIGKILL)
     try:
         os.killpg(proc.pid, signal.SIGKILL)

@@ -46,7 +46,7 @@ def test_a_truncated_trajectory_is_refused_then_analysed_by_its_whole_frames(tmp
     with pytest.raises(InputError) as err:
         plan_or_error(top, [broken], tmp_path / "refused")
     message = str(err.value)
-    assert broken in message and "97 whole frame(s)" in message and "--allow-truncated" in message
+    assert broken in message and "97 whole frame(s)" in message and "allow_truncated=True" in message
     assert not (tmp_path / "refused").exists()
     plan = plan_or_error(top, [broken], tmp_path / "run", allow_truncated=True)
     assert plan.n_frames == 97 and plan.truncated["frames_in_files"] in (97, 98)
@@ -55,8 +55,8 @@ def test_a_truncated_trajectory_is_refused_then_analysed_by_its_whole_frames(tmp
         np.testing.assert_allclose(f["rmsd"][()], serial_rmsd(top, src, 97), atol=1e-4)
         assert "97" in f.attrs["truncated_input"]
     from trajflow.workflows.run.runs import Run
-    from trajflow.workflows.run.execute import record_outcome
-    record_outcome(plan, "done")
+    from trajflow.tasks.rundir import record_outcome
+    record_outcome(plan.workdir, "done")
     assert "TRUNCATED INPUT" in Run(plan.workdir).summary()
 
 

@@ -386,7 +386,8 @@ def bench_pilot_reuse(workdir):
     its experiments): the second run's whole time, from the first run's end to its
     own, is what each further run costs once the pilot is up."""
     from trajflow.workflows.datasets import adk_files
-    from trajflow.workflows.run.execute import read_outcome, run_plans
+    from trajflow.tasks.rundir import read_outcome
+    from trajflow.workflows.run.execute import run_plans
     from trajflow.workflows.run.planning import plan_from_options, write_plan
     top, dcd = adk_files()
     runs = []

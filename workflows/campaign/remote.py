@@ -15,7 +15,7 @@ import sys
 import time
 
 from trajflow.workflows.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
-from trajflow.workflows.run.execute import read_outcome, record_outcome
+from trajflow.tasks.rundir import read_outcome, record_outcome
 
 POLL_S = 5.0
 

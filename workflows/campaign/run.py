@@ -26,8 +26,9 @@ import time
 from trajflow.tasks.plan import PLAN_FILE, RunPlan
 from trajflow.workflows.campaign.spec import Campaign
 from trajflow.workflows.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, Interrupted
-from trajflow.workflows.run.execute import read_outcome, record_outcome
-from trajflow.workflows.run.planning import RUN_MARKER, InputError, check_outdir, make_plan, read_inputs, write_plan
+from trajflow.tasks.rundir import read_outcome, record_outcome
+from trajflow.tasks.rundir import MARKER as RUN_MARKER
+from trajflow.workflows.run.planning import InputError, check_outdir, make_plan, read_inputs, write_plan
 
 CAMPAIGN_MARKER = ".trajflow-campaign"
 EXPERIMENTS_FILE = "experiments.json"
@@ -322,6 +323,6 @@ def _run_resource(campaign, label, runs, cdir):
             code, error = EXIT_FAILED, f"{type(exc).__name__}: {exc}"
         for e, plan, _ in runs:
             if read_outcome(plan.workdir) is None:
-                record_outcome(plan, "failed", error or "did not run")
+                record_outcome(plan.workdir, "failed", error or "did not run")
         print(f"{label}: ended with exit code {code}" + (f": {error}" if error else ""))
     os._exit(code)

@@ -15,7 +15,7 @@ import os
 import statistics
 
 from trajflow.workflows.profile.advice import comparison_line, prepare_seconds
-from trajflow.workflows.run.execute import read_outcome
+from trajflow.tasks.rundir import read_outcome
 from trajflow.workflows.profile.inspection import fmt_or_na, find_stragglers, load_run, slowest_rank_phases, speedup
 
 COLUMNS = ["experiment", "resource", "analysis", "ranks", "io", "mode", "gather", "repeat", "rep",

@@ -11,6 +11,7 @@ import os
 import sys
 import time
 
+from trajflow.tasks.rundir import REPORT, has_plan
 from trajflow.tasks.analyses import ANALYSES
 from trajflow.workflows.cli.options import add_spec_options, flags_said, spec_from_args
 from trajflow.workflows.datasets import adk_concatenated
@@ -203,7 +204,8 @@ def _run_and_report(plans, spec, pilot_spec, path, resume=False):
 def _summarise(run):
     """A finished run's summary (Run.summary) and its HTML report beside the result."""
     try:
-        html_path = run.profile.to_html(run.plan.path("report.html"), f"trajflow run {run.path}")
+        html_path = run.profile.to_html(run.plan.path(REPORT),
+                                        f"trajflow run {run.path}")
         return (run.summary() + f"\n  timeline and phases: {html_path}  (trajflow inspect "
                 f"{run.path} for the table)")
     except Exception as exc:  # the report must never hide the result
@@ -314,7 +316,7 @@ def cmd_inspect(args):
     if len(args.rundirs) == 1 and is_campaign_dir(args.rundirs[0]) and not args.table:
         return _inspect_campaign(args)
     for d in args.rundirs:
-        if not os.path.exists(os.path.join(d, "plan.json")):
+        if not has_plan(d):
             raise InputError(f"{d!r} is not a trajflow run (no plan.json): give a --out folder of "
                              "trajflow run")
     report = inspect_runs(args.rundirs, args.table)

@@ -24,15 +24,12 @@ import sys
 import tempfile
 import time
 
-from trajflow.tasks.client_guard import _alive
+from trajflow.tasks.client_guard import alive
+from trajflow.tasks.rundir import FETCHED, PLAN, REMOTE as REMOTE_FILE
 
 from trajflow.workflows.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InputError, RunFailed
 from trajflow.workflows.run.spec import PilotSpec, RunSpec, split_options, takes_options
 
-REMOTE_FILE = "remote.json"
-# what a fetch brings back (a run's own small files); split/ and parts/ stay there
-FETCHED = ("result.h5", "plan.json", "outcome.json", "report.html", "client.log",
-           "client_exit.json", "profile/", "radical/", "backend/")
 ENDED = ("done", "failed")  # said once the run's client has ended too (its report written)
 SETTINGS = os.path.join("~", ".config", "trajflow", "remote.toml")
 
@@ -248,7 +245,7 @@ class RemoteRun:
         stream = stream or sys.stderr
         offset, failures, master = 0, 0, None
         while True:
-            if master and not _alive(master):  # (a killed master may linger as a zombie)
+            if master and not alive(master):  # (a killed master may linger as a zombie)
                 print(f"trajflow: the SSH connection to {self.target} was lost; reconnecting",
                       file=stream, flush=True)
                 master = None
@@ -291,7 +288,7 @@ class RemoteRun:
 
 def localise_plan(local_dir):
     """A fetched run's plan.json, its workdir made this folder (inspect and open_run read it)."""
-    plan_file = os.path.join(local_dir, "plan.json")
+    plan_file = os.path.join(local_dir, PLAN)
     if not os.path.exists(plan_file):
         return
     with open(plan_file, encoding="utf-8") as fh:

@@ -33,13 +33,15 @@ import subprocess
 import sys
 import time
 
+from trajflow.tasks.client_guard import alive, start_time
+from trajflow.tasks.rundir import (BATCH_SCRIPT, CLIENT as CLIENT_FILE, CLIENT_EXIT, CLIENT_LOG,
+                                   PLAN, read_outcome, read_record, write_record)
 from trajflow.workflows.cli.main import run_guarded, run_planned
 from trajflow.workflows.errors import EXIT_INPUT, InputError
 from trajflow.workflows.run import resources
 from trajflow.workflows.run.pilot import plan_of
 from trajflow.workflows.run.spec import PilotSpec, RunSpec, command_line
 
-CLIENT_FILE, CLIENT_LOG, BATCH_SCRIPT = "client.json", "client.log", "client.sbatch"
 JOB_MARGIN_MIN = 5  # the client's job outlives its pilot by this: start-up, teardown, report
 
 LIVE_JOB_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
@@ -81,12 +83,11 @@ def start(request, batch=False):
     rundir = plan.workdir
     sys.stdout.flush()
     sys.stderr.flush()
-    from trajflow.tasks.client_guard import _record, start_time
     pid = os.fork()
     if pid:  # the SSH command: name the client, answer and go; the RUNDIR lock stays with it
         # written here, before the answer: a status asked at once must find it (it once
         # did not, written by the child a moment later, and the run looked failed)
-        _record(os.path.join(rundir, CLIENT_FILE), pid=pid, start_time=start_time(pid),
+        write_record(os.path.join(rundir, CLIENT_FILE), pid=pid, start_time=start_time(pid),
                 host=socket.gethostname())
         _answer({"rundir": rundir, "pid": pid, "host": socket.gethostname()})
         os._exit(0)
@@ -147,7 +148,6 @@ def submit_client_job(plan, pilot_spec, request):
     job, whose client resumes the planned run (nothing of it has run yet)."""
     import shutil
     from trajflow.workflows.run.planning import write_plan
-    from trajflow.tasks.client_guard import _record
     cfg = resources.merged_config(pilot_spec.resource)
     write_plan(plan)
     options, script = batch_job(plan, pilot_spec, request, cfg.get("cores_per_node"))
@@ -160,7 +160,7 @@ def submit_client_job(plan, pilot_spec, request):
         shutil.rmtree(plan.workdir, ignore_errors=True)  # planned just now: nothing half-left
         raise InputError(f"sbatch refused the run's client job: {proc.stderr.strip()[-500:]}")
     job = proc.stdout.strip().split(";")[0]
-    _record(os.path.join(plan.workdir, CLIENT_FILE), batch_job=job, host=socket.gethostname())
+    write_record(os.path.join(plan.workdir, CLIENT_FILE), batch_job=job, host=socket.gethostname())
     _answer({"rundir": plan.workdir, "pid": None, "batch_job": job, "host": socket.gethostname()})
     return 0
 
@@ -178,9 +178,8 @@ def job(rundir, request):
 def run_client(rundir, command):
     """The run's client (`command()` with trajflow's signals and exit codes); its
     exit code recorded in RUNDIR/client_exit.json."""
-    from trajflow.tasks.client_guard import _record
     code = run_guarded(lambda _: command(), None)
-    _record(os.path.join(rundir, "client_exit.json"), code=code)
+    write_record(os.path.join(rundir, CLIENT_EXIT), code=code)
     return code
 
 
@@ -192,26 +191,17 @@ def job_state(job_id):
     return state or None
 
 
-def _read_json(path):
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return None
-
-
 def client_state(record):
     """The client a record (client.json) names: its batch job's SLURM state (PENDING,
     RUNNING, ...), RUNNING for a live process (same pid, same start time), or None
     once it has ended."""
-    from trajflow.tasks.client_guard import _alive
-    client = _read_json(record)
+    client = read_record(record)
     if not client:
         return None
     if client.get("batch_job"):
         state = job_state(client["batch_job"])
         return state if state in LIVE_JOB_STATES else None
-    return "RUNNING" if _alive(client["pid"], client["start_time"]) else None
+    return "RUNNING" if alive(client["pid"], client["start_time"]) else None
 
 
 def client_alive(record):
@@ -241,7 +231,6 @@ def run_state(rundir, alive=None):
     """queued (no task has started), running, done or failed. A run whose outcome
     is written is running until its client has ended too: it still writes the
     report and ends the pilot (a fetch at "done" once came before report.html)."""
-    from trajflow.workflows.run.execute import read_outcome
     outcome = read_outcome(rundir)
     if alive is None:
         alive = client_alive(os.path.join(rundir, CLIENT_FILE))
@@ -263,9 +252,9 @@ def status(rundir, log_offset=0):
     record = os.path.join(rundir, CLIENT_FILE)
     client = client_state(record)
     state, outcome = run_state(rundir, client is not None)
-    plan = RunPlan.load(os.path.join(rundir, "plan.json"))
+    plan = RunPlan.load(os.path.join(rundir, PLAN))
     log, log_offset = read_log(os.path.join(rundir, CLIENT_LOG), log_offset)
-    pending = (_read_json(record) or {}).get("batch_job") if client == "PENDING" else None
+    pending = (read_record(record) or {}).get("batch_job") if client == "PENDING" else None
     _answer({"state": state, "outcome": outcome, "client_alive": client is not None,
              "batch_job_pending": pending, "frames_done": frames_done(plan),
              "frames_total": plan.n_frames, "log": log, "log_offset": log_offset})
@@ -280,7 +269,7 @@ def cancel(rundir, wait_s=300):
         state, _ = run_state(rundir, False)
         _answer({"cancelled": False, "state": state, "why": "its client is not running"})
         return 0
-    client = _read_json(record)
+    client = read_record(record)
     if client.get("batch_job"):  # SLURM signals the client (it cancels its pilot), then ends the job
         subprocess.run(["scancel", str(client["batch_job"])], capture_output=True)
     else:
@@ -304,7 +293,6 @@ def campaign_start(out, label, text, resume=False):
     """Check the resource's experiments here (bad input: exit 2, nothing started), then
     run `trajflow campaign FILE --only-resource LABEL` detached from the SSH session."""
     from trajflow.workflows.campaign.spec import Campaign
-    from trajflow.tasks.client_guard import _record, start_time
     from trajflow.workflows.campaign.run import is_campaign_dir
     out, path, record, log = campaign_files(out)
     os.makedirs(os.path.dirname(out), exist_ok=True)
@@ -325,7 +313,7 @@ def campaign_start(out, label, text, resume=False):
     with open(log, "ab") as fh:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=fh,
                                 start_new_session=True)  # the SSH session's end does not reach it
-    _record(record, pid=proc.pid, start_time=start_time(proc.pid), host=socket.gethostname())
+    write_record(record, pid=proc.pid, start_time=start_time(proc.pid), host=socket.gethostname())
     _answer({"out": out, "pid": proc.pid, "host": socket.gethostname()})
     return 0
 
@@ -348,7 +336,7 @@ def campaign_cancel(out, wait_s=300):
     """Ctrl-C to the resource's campaign: it cancels its pilot; wait for it to end."""
     _, _, record, _ = campaign_files(out)
     if client_alive(record):
-        os.kill(_read_json(record)["pid"], signal.SIGINT)
+        os.kill(read_record(record)["pid"], signal.SIGINT)
     _answer({"cancelled": not wait_gone(record, wait_s)})
     return 0
 

@@ -25,6 +25,7 @@ import numpy as np
 from MDAnalysis.analysis.backends import BackendBase
 
 from trajflow.tasks import backend_part
+from trajflow.tasks.rundir import has_plan
 from trajflow.tasks.plan import RunPlan
 from trajflow.workflows.errors import InputError
 from trajflow.workflows.run.pilot import run_plan
@@ -92,7 +93,7 @@ class Backend(BackendBase):
         try:
             run_plan(plan, self.spec, self.pilot_spec, self.pilot)
         finally:  # failed or not, the run is there to inspect
-            if os.path.exists(plan.path("plan.json")):
+            if has_plan(plan.workdir):
                 self.runs.append(Run(plan.workdir))
         with open(plan.result_path(), "rb") as fh:
             return pickle.load(fh)

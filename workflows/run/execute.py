@@ -18,7 +18,9 @@ import time
 from resource import RUSAGE_SELF, getrusage
 from typing import List
 
+from trajflow.tasks.rundir import KEPT_TASK_FILES, OUTCOME
 from trajflow.tasks.client_guard import CLIENT_CONFIGS
+from trajflow.tasks.rundir import read_outcome, record_outcome  # noqa: F401  (their home)
 
 from trajflow.workflows.run import resources
 from trajflow.workflows.run.entk_client import (new_appmanager, reap_local_tasks, remove_id_counters,
@@ -124,15 +126,12 @@ def keep_task_files(outcome, dest_root):
         for path in glob.glob(os.path.join(outcome.sandbox, "*")):
             if path.endswith((".prof", ".out", ".err")) and os.path.isfile(path):
                 shutil.copy2(path, dest)
-        with open(os.path.join(dest, "outcome.json"), "w", encoding="utf-8") as fh:
+        with open(os.path.join(dest, OUTCOME), "w", encoding="utf-8") as fh:
             json.dump(dataclasses.asdict(outcome), fh, indent=1)
         outcome.kept = dest
     except OSError as exc:  # a full disk: the run's own outcome still has to be written
         print(f"trajflow: could not keep the files of task {outcome.name}: {exc}",
               file=sys.stderr)
-
-
-OUTCOME_FILE = "outcome.json"
 
 
 def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_root=None,
@@ -607,10 +606,10 @@ def _run_batch(session, lost, conn, requests, one_at_a_time, close_after):
                 if r.name in ended:
                     continue
                 if os.path.exists(r.plan.result_path()):  # published before the interrupt came
-                    record_outcome(r.plan, "done", note=f"{_interrupted_text()} after the "
+                    record_outcome(r.plan.workdir, "done", note=f"{_interrupted_text()} after the "
                                    "result was complete")
                 else:
-                    record_outcome(r.plan, "failed", _interrupted_text())
+                    record_outcome(r.plan.workdir, "failed", _interrupted_text())
         raise
     results = {}
     for r in requests:
@@ -643,7 +642,7 @@ def _collect(name, plan, run):
                 exit_code=_exit_code(task), sandbox=task.path or "",
                 stderr_tail="" if task.state == "DONE" else _stderr_tail(task.path)))
     for o in outcomes:
-        keep_task_files(o, plan.path("radical"))
+        keep_task_files(o, plan.path(KEPT_TASK_FILES))
     return outcomes
 
 
@@ -654,31 +653,5 @@ def _write_outcome(plan, outcomes, stopped_at, error, disk_note=""):
     retried = [o for o in outcomes if o.state != "DONE" and o not in failed]
     if not complete:
         error = "; ".join(filter(None, [error, disk_note])) or None
-    record_outcome(plan, "done" if complete else "failed", error, stopped_at,
+    record_outcome(plan.workdir, "done" if complete else "failed", error, stopped_at,
                    [o.describe() for o in failed], [o.describe() for o in retried])
-
-
-def record_outcome(plan, status, error=None, stopped_at=None, failed_tasks=(), retried_tasks=(),
-                   note=None):
-    """Write RUNDIR/outcome.json atomically: status "done" or "failed", and why;
-    the tasks that failed for good and those that failed once and were run again.
-    `plan`: the run's plan, or its RUNDIR (a run planned on another machine)."""
-    rundir = plan if isinstance(plan, str) else plan.workdir
-    record = {"run": os.path.basename(rundir), "status": status, "ended": time.time(),
-              "stopped_at": stopped_at, "error": error, "failed_tasks": list(failed_tasks),
-              "retried_tasks": list(retried_tasks)}
-    if note:
-        record["note"] = note
-    tmp = os.path.join(rundir, OUTCOME_FILE + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(record, fh, indent=1)
-    os.replace(tmp, os.path.join(rundir, OUTCOME_FILE))
-
-
-def read_outcome(rundir):
-    """The outcome.json of a run, or None while it has not ended."""
-    try:
-        with open(os.path.join(rundir, OUTCOME_FILE), encoding="utf-8") as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return None

@@ -20,10 +20,10 @@ import shlex
 import threading
 import time
 
+from trajflow.tasks.rundir import SESSIONS
 from trajflow.tasks.client_guard import CANCEL, CLOSED, ENDED, HEARTBEAT, STARTED
 
 DEFAULT_CLIENT_TIMEOUT_S = 300
-SESSION_RECORD = "radical_session"   # RUNDIR file: the session folders that ran this run
 
 
 def guard_bootstrap_command(python, session_dir, timeout_s):
@@ -80,7 +80,7 @@ def heartbeat_period(timeout_s):
 
 def record_session(rundir, session_dir):
     """Note in RUNDIR that `session_dir` ran this run (resume looks there for orphans)."""
-    path = os.path.join(rundir, SESSION_RECORD)
+    path = os.path.join(rundir, SESSIONS)
     try:
         with open(path, encoding="utf-8") as fh:
             known = fh.read().split("\n")
@@ -96,7 +96,7 @@ def live_guards(rundir, fresh_s=30.0):
     recorded, the client not closed): the pilots of clients that died."""
     candidates = set(os.path.dirname(p) for p in glob.glob(os.path.join(rundir, "*", STARTED)))
     try:
-        with open(os.path.join(rundir, SESSION_RECORD), encoding="utf-8") as fh:
+        with open(os.path.join(rundir, SESSIONS), encoding="utf-8") as fh:
             candidates.update(line for line in fh.read().split("\n") if line)
     except OSError:
         pass

@@ -30,8 +30,10 @@ import time
 
 from trajflow.workflows.run import resources
 from trajflow.workflows.errors import InputError, Interrupted, RunFailed
-from trajflow.workflows.run.execute import (PilotProcess, RunRequest, failed_for_good, record_outcome,
-                      remove_partial_files)
+from trajflow.tasks.rundir import PLAN
+from trajflow.tasks.rundir import record_outcome
+from trajflow.workflows.run.execute import (PilotProcess, RunRequest, failed_for_good,
+                                           remove_partial_files)
 from trajflow.workflows.run.heartbeat import cancel_orphans
 from trajflow.workflows.run.planning import full_disk_note, make_plan, plan_for_resume, write_plan
 from trajflow.workflows.run.spec import PilotSpec, RunSpec, split_options, spelled, takes_options
@@ -270,7 +272,7 @@ class Pilot:
         if resume:  # a pilot of this run whose client died must not run beside this one
             cancel_orphans(plan.workdir, self._say)
             remove_partial_files(plan)
-        path = plan.path("plan.json") if resume else write_plan(plan)
+        path = plan.path(PLAN) if resume else write_plan(plan)
         future = RunFuture(RunRequest(self._unique_name(plan), plan, path, spec.retries, resume,
                                       spec.env, spec.progress))
         lock = getattr(plan, "lock", None)  # one run per RUNDIR, until this one has ended
@@ -335,7 +337,7 @@ class Pilot:
                     if run.outcome is None and f.running():  # the child died: say so on disk
                         note = full_disk_note(f.request.plan)
                         why = f"{exc}" + (f"; {note}" if note else "")
-                        record_outcome(f.request.plan, "failed", why)
+                        record_outcome(f.request.plan.workdir, "failed", why)
                         if not isinstance(exc, Interrupted):
                             error = RunFailed(f"run {f.request.name} failed: {why}", run=Run(f.path))
                     f.set_exception(error)

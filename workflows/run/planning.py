@@ -17,13 +17,13 @@ from typing import List, Optional
 from trajflow.tasks import mda_analyses
 
 from trajflow.tasks.analyses import ANALYSES, ANALYSIS_CLASSES
+from trajflow.tasks.rundir import FOLDERS, LOCK, MARKER
 from trajflow.tasks.plan import PLAN_FILE, RunPlan, balanced_blocks
 from trajflow.workflows.run.spec import RunSpec, spelled
 from trajflow.workflows.run import integrity
 from trajflow.workflows.errors import InputError
-from trajflow.workflows.run.rundir_lock import LOCK_FILE, RunLock
+from trajflow.workflows.run.rundir_lock import RunLock
 
-RUN_MARKER = ".trajflow-run"
 
 
 def _check_readable(path, what):
@@ -123,8 +123,8 @@ def check_outdir(out):
     if os.path.exists(out):
         if not os.path.isdir(out):
             raise InputError(f"{spelled('out', out)} exists and is not a folder: choose a new folder name")
-        entries = [e for e in os.listdir(out) if e != LOCK_FILE]  # a lock: see RunLock
-        if entries and not os.path.exists(os.path.join(out, RUN_MARKER)):
+        entries = [e for e in os.listdir(out) if e != LOCK]  # a lock: see RunLock
+        if entries and not os.path.exists(os.path.join(out, MARKER)):
             raise InputError(f"{spelled('out', out)} exists, is not empty and is not a trajflow run: "
                              "choose a new folder (trajflow never writes into other files)")
         if entries:
@@ -445,7 +445,7 @@ def plan_for_resume(rundir) -> RunPlan:
     """The plan of an interrupted run, if its inputs are still the ones it was made from."""
     rundir = os.path.abspath(rundir)
     path = os.path.join(rundir, PLAN_FILE)
-    if not os.path.exists(os.path.join(rundir, RUN_MARKER)) or not os.path.exists(path):
+    if not os.path.exists(os.path.join(rundir, MARKER)) or not os.path.exists(path):
         raise InputError(f"--resume {rundir!r} is not a trajflow run (no {PLAN_FILE}): give the "
                          "--out folder of an earlier trajflow run")
     lock = RunLock(rundir).acquire("--resume")  # refused while the run still goes
@@ -484,9 +484,9 @@ def _resumable(plan, rundir):
 
 def write_plan(plan: RunPlan) -> str:
     """Create RUNDIR and its folders and write plan.json; returns the plan's path."""
-    for sub in ("", "parts", "profile", "split"):
+    for sub in ("",) + FOLDERS:
         os.makedirs(plan.path(sub), exist_ok=True)
-    with open(plan.path(RUN_MARKER), "w", encoding="utf-8") as fh:
+    with open(plan.path(MARKER), "w", encoding="utf-8") as fh:
         fh.write("This folder is a trajflow run.\n")
     plan.save_selection(plan.selected)
     if plan.factory and plan.factory.get("copy"):  # the factory's code travels with the run

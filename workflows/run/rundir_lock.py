@@ -18,7 +18,7 @@ import time
 
 from trajflow.workflows.errors import InputError
 
-LOCK_FILE = ".trajflow-lock"
+from trajflow.tasks.rundir import LOCK as LOCK_FILE
 _HELD = set()  # this process's lock file descriptors
 
 

@@ -14,6 +14,7 @@ machine opens the same way:
 import os
 
 from trajflow.tasks.plan import PLAN_FILE, RunPlan
+from trajflow.tasks.rundir import read_outcome
 from trajflow.workflows.errors import RunFailed
 
 
@@ -58,7 +59,6 @@ class Run:
     def outcome(self):
         """How the run ended (outcome.json as a dict: status "done" or "failed",
         stopped_at, error, failed_tasks), or None while it has not ended."""
-        from trajflow.workflows.run.execute import read_outcome
         return read_outcome(self.path)
 
     @property

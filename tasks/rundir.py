@@ -1,0 +1,90 @@
+"""A run's folder (RUNDIR): every file name and record in it, for both sides.
+
+The workstation (planning, the pilot process, inspection, remote runs) and
+the tasks read and write the same folder; its names live here and nowhere
+else. Standard library only: the pilot's guard (client_guard.py) starts
+before anything else is importable and uses `write_record` too.
+
+    RUNDIR/plan.json            the plan (tasks/plan.py), selection.npz beside it
+    RUNDIR/.trajflow-run        "this folder is a trajflow run"
+    RUNDIR/.trajflow-lock       one run per RUNDIR (workflows/run/rundir_lock.py)
+    RUNDIR/outcome.json         how the run ended, written the moment it has ended
+    RUNDIR/result.h5            the result; its presence means the run is complete
+    RUNDIR/report.html          the HTML report written after the run
+    RUNDIR/radical_session      the RADICAL session folders that ran it
+    RUNDIR/client.json, client.log, client_exit.json, client.sbatch   a remote run's client
+    RUNDIR/split/ parts/ profile/ progress/ radical/ analysis/ backend/
+"""
+import json
+import os
+import time
+
+PLAN = "plan.json"
+SELECTION = "selection.npz"
+MARKER = ".trajflow-run"
+LOCK = ".trajflow-lock"
+OUTCOME = "outcome.json"
+RESULT = "result.h5"
+REPORT = "report.html"
+SESSIONS = "radical_session"
+MANIFEST = os.path.join("split", "manifest.json")
+CLIENT = "client.json"
+CLIENT_LOG = "client.log"
+CLIENT_EXIT = "client_exit.json"
+BATCH_SCRIPT = "client.sbatch"
+REMOTE = "remote.json"        # in a remote run's local folder: where the run lives
+FOLDERS = ("parts", "profile", "split")  # made when the plan is written; others as needed
+KEPT_TASK_FILES = "radical"   # each task's RADICAL profile, stdout and stderr
+# what a fetch brings back from a remote run (its own small files; never split/ or parts/)
+FETCHED = (RESULT, PLAN, OUTCOME, REPORT, CLIENT_LOG, CLIENT_EXIT, "profile/", "radical/",
+           "backend/")
+
+
+def path(rundir, *parts):
+    return os.path.join(rundir, *parts)
+
+
+def is_run(rundir) -> bool:
+    """Whether `rundir` is (or was begun as) a trajflow run."""
+    return os.path.exists(path(rundir, MARKER))
+
+
+def has_plan(rundir) -> bool:
+    return os.path.exists(path(rundir, PLAN))
+
+
+def write_record(file, **fields):
+    """A small JSON record with the time it was written, replaced whole (never half)."""
+    tmp = file + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump({"time": time.time(), **fields}, fh)
+    os.replace(tmp, file)
+
+
+def read_record(file):
+    """A record (JSON) or None when it is not there or not whole."""
+    try:
+        with open(file, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def record_outcome(rundir, status, error=None, stopped_at=None, failed_tasks=(),
+                   retried_tasks=(), note=None):
+    """Write RUNDIR/outcome.json atomically: status "done" or "failed", and why;
+    the tasks that failed for good and those that failed once and were run again."""
+    record = {"run": os.path.basename(rundir), "status": status, "ended": time.time(),
+              "stopped_at": stopped_at, "error": error, "failed_tasks": list(failed_tasks),
+              "retried_tasks": list(retried_tasks)}
+    if note:
+        record["note"] = note
+    tmp = path(rundir, OUTCOME + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(record, fh, indent=1)
+    os.replace(tmp, path(rundir, OUTCOME))
+
+
+def read_outcome(rundir):
+    """The outcome.json of a run, or None while it has not ended."""
+    return read_record(path(rundir, OUTCOME))
