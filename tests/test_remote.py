@@ -319,17 +319,20 @@ def test_a_campaign_resource_runs_on_the_cluster_and_comes_back(cluster, adk):
 def test_the_client_job_keeps_every_path_as_it_is(tmp_path):
     """The batch job's options go on sbatch's command line, its command through bash
     exactly as given: spaces, quotes, $ and % in paths."""
-    import argparse
     import shlex
     from trajflow.tasks.plan import RunPlan
+    from trajflow.workflows.remote.client import run_request
     from trajflow.workflows.remote.side import batch_job
+    from trajflow.workflows.run.spec import PilotSpec, RunSpec
     rundir = str(tmp_path / "runs" / "a b $HOME 'q' 5%")
     plan = RunPlan(workdir=rundir, topology="t", trajectories=["x"], analysis="rmsd",
                    selection="name CA", io="shared", mode="mpi", gather="gatherv", n_frames=1,
                    n_atoms=1, blocks=[(0, 1)])
-    args = argparse.Namespace(cpus=4, walltime=30, queue="debug", project=None)
-    argv = ["--topology", "/data/a b.psf", "--out", rundir]
-    options, script = batch_job(plan, args, argv, cores_per_node=None)
+    pilot = PilotSpec(cpus=4, walltime=30, queue="debug")
+    request = run_request(RunSpec(topology="/data/a b.psf", trajectory=["/data/$x 'y'.dcd"],
+                                  analysis="rmsd", out=rundir), pilot)
+    argv = [request]
+    options, script = batch_job(plan, pilot, request, cores_per_node=None)
     assert options[:2] == ["--ntasks=4", "--time=35"]
     assert f"--output={rundir.replace('%', '%%')}/client.log" in options
     assert "--partition=debug" in options and not any(o.startswith("--account") for o in options)
@@ -339,7 +342,8 @@ def test_the_client_job_keeps_every_path_as_it_is(tmp_path):
     echoed = subprocess.run(["bash", "-c", exec_line.replace("exec ", "printf '%s\\n' ", 1)],
                             capture_output=True, text=True).stdout.splitlines()
     assert echoed[-len(argv) - 1:] == [rundir, *argv]
-    assert batch_job(plan, args, argv, cores_per_node=128)[0][:2] == ["--nodes=1", "--exclusive"]
+    assert batch_job(plan, pilot, request, cores_per_node=128)[0][:2] == ["--nodes=1",
+                                                                           "--exclusive"]
 
 
 def _job_state(job):

@@ -20,13 +20,13 @@ With --batch the client is not left on the login node (sites kill long
 processes there) but submitted as a batch job of its own (RUNDIR/client.sbatch,
 SLURM) that runs `job`: the run's client inside the job, its pilot started in
 that job's allocation through RADICAL's "batch" access schema. client.json
-then names the job, which `status` (squeue) and `cancel` (scancel) ask.
+then names the job, which `status` and `cancel` ask its batch system (batch.py) about.
 """
 import dataclasses
 import json
-import math
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -38,15 +38,13 @@ from trajflow.tasks.rundir import (BATCH_SCRIPT, CLIENT as CLIENT_FILE, CLIENT_E
                                    PLAN, read_outcome, read_record, write_record)
 from trajflow.workflows.cli.main import run_guarded, run_planned
 from trajflow.workflows.errors import EXIT_INPUT, InputError
+from trajflow.workflows.remote.batch import BATCH_SYSTEMS, BatchError
 from trajflow.workflows.run import resources
 from trajflow.workflows.run.pilot import plan_of
+from trajflow.workflows.run.planning import write_plan
 from trajflow.workflows.run.spec import PilotSpec, RunSpec, command_line
 
 JOB_MARGIN_MIN = 5  # the client's job outlives its pilot by this: start-up, teardown, report
-
-LIVE_JOB_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
-                   "RESIZING", "SIGNALING", "STAGE_OUT")
-
 
 def _answer(value):
     print(json.dumps(value), flush=True)
@@ -72,11 +70,10 @@ def start(request, batch=False):
     try:
         with command_line():
             spec, pilot_spec, resume = read_request(request)
-            if batch:
-                check_batch(pilot_spec, resume)
+            system = batch_system(pilot_spec, resume) if batch else None
             plan = plan_of(spec, pilot_spec, resume)
-            if batch:
-                return submit_client_job(plan, pilot_spec, request)
+            if system is not None:
+                return submit_client_job(plan, pilot_spec, request, system)
     except InputError as exc:
         print(f"trajflow: error: {exc}", file=sys.stderr)
         return EXIT_INPUT
@@ -105,8 +102,9 @@ def start(request, batch=False):
     os._exit(code)
 
 
-def check_batch(pilot_spec, resume=None):
-    """InputError unless the run's resource can run its client in a SLURM job."""
+def batch_system(pilot_spec, resume=None):
+    """The resource's batch system (batch.py), which will run the run's client in a job
+    of its own; InputError where it has none trajflow knows, or for a resumed run."""
     if resume:
         raise InputError("--remote-batch starts new runs; resume one with --remote alone")
     try:
@@ -114,53 +112,45 @@ def check_batch(pilot_spec, resume=None):
     except ValueError as exc:
         raise InputError(f"--remote-batch: {exc}")
     manager = resources.merged_config(pilot_spec.resource).get("resource_manager")
-    if manager != "SLURM":
-        raise InputError(f"--remote-batch submits the client with sbatch, and "
-                         f"{pilot_spec.resource} is {manager or 'no batch system'}, not SLURM: "
-                         "use --remote alone")
+    if manager not in BATCH_SYSTEMS:
+        raise InputError(f"--remote-batch submits the client as a batch job, and "
+                         f"{pilot_spec.resource}'s batch system is {manager or 'none'}; trajflow "
+                         f"submits to {', '.join(BATCH_SYSTEMS)}: use --remote alone")
+    return BATCH_SYSTEMS[manager]
 
 
-def batch_job(plan, pilot_spec, request, cores_per_node=None):
-    """(sbatch options, script) of the client's job: the pilot's cores, its walltime and
-    JOB_MARGIN_MIN more. The options go on sbatch's command line, not in #SBATCH lines,
-    so that paths with spaces or quotes arrive as they are."""
-    cpus = pilot_spec.cores_for(plan)
-    if cores_per_node:
-        options = [f"--nodes={math.ceil(cpus / cores_per_node)}", "--exclusive"]
-    else:
-        options = [f"--ntasks={cpus}"]
-    log = os.path.join(plan.workdir, CLIENT_LOG).replace("%", "%%")  # sbatch's % patterns
-    options += [f"--time={pilot_spec.walltime + JOB_MARGIN_MIN}", f"--output={log}",
-                "--open-mode=append", f"--job-name=trajflow-{os.path.basename(plan.workdir)}"[:64]]
-    if pilot_spec.queue:
-        options.append(f"--partition={pilot_spec.queue}")
-    if pilot_spec.project:
-        options.append(f"--account={pilot_spec.project}")
+def batch_job(plan, pilot_spec, request, cores_per_node=None, system=BATCH_SYSTEMS["SLURM"]):
+    """(job options, script) of the client's job: the pilot's cores, its walltime and
+    JOB_MARGIN_MIN more; the script execs the client, every word quoted for bash."""
+    options = system.job_options(
+        cores=pilot_spec.cores_for(plan), minutes=pilot_spec.walltime + JOB_MARGIN_MIN,
+        log=os.path.join(plan.workdir, CLIENT_LOG), queue=pilot_spec.queue,
+        project=pilot_spec.project, cores_per_node=cores_per_node,
+        job_name=f"trajflow-{os.path.basename(plan.workdir)}")
     command = [sys.executable, "-m", "trajflow.workflows.remote.side", "job", plan.workdir,
                request]
-    script = ["#!/bin/bash", "# the run's client, submitted by trajflow as:",
-              "#   sbatch " + shlex.join(options) + " " + BATCH_SCRIPT, "exec " + shlex.join(command)]
+    script = ["#!/bin/bash", f"# the run's client, submitted by trajflow to {system.name} with:",
+              "#   " + shlex.join(options) + " " + BATCH_SCRIPT, "exec " + shlex.join(command)]
     return options, "\n".join(script) + "\n"
 
 
-def submit_client_job(plan, pilot_spec, request):
-    """Write the plan and RUNDIR/client.sbatch and sbatch it; client.json names the
+def submit_client_job(plan, pilot_spec, request, system):
+    """Write the plan and RUNDIR/client.sbatch and submit it; client.json names the
     job, whose client resumes the planned run (nothing of it has run yet)."""
-    import shutil
-    from trajflow.workflows.run.planning import write_plan
     cfg = resources.merged_config(pilot_spec.resource)
     write_plan(plan)
-    options, script = batch_job(plan, pilot_spec, request, cfg.get("cores_per_node"))
+    options, script = batch_job(plan, pilot_spec, request, cfg.get("cores_per_node"), system)
     path = os.path.join(plan.workdir, BATCH_SCRIPT)
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(script)
     plan.lock.release()  # the job's client takes it
-    proc = subprocess.run(["sbatch", "--parsable", *options, path], capture_output=True, text=True)
-    if proc.returncode != 0:
+    try:
+        job = system.submit(path, options)
+    except BatchError as exc:
         shutil.rmtree(plan.workdir, ignore_errors=True)  # planned just now: nothing half-left
-        raise InputError(f"sbatch refused the run's client job: {proc.stderr.strip()[-500:]}")
-    job = proc.stdout.strip().split(";")[0]
-    write_record(os.path.join(plan.workdir, CLIENT_FILE), batch_job=job, host=socket.gethostname())
+        raise InputError(f"{system.name} refused the run's client job: {exc}")
+    write_record(os.path.join(plan.workdir, CLIENT_FILE), batch_job=job,
+                 batch_system=system.name, host=socket.gethostname())
     _answer({"rundir": plan.workdir, "pid": None, "batch_job": job, "host": socket.gethostname()})
     return 0
 
@@ -183,14 +173,6 @@ def run_client(rundir, command):
     return code
 
 
-def job_state(job_id):
-    """SLURM's state of a job (PENDING, RUNNING, ...), or None once it has left the queue."""
-    proc = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True,
-                          text=True)
-    state = proc.stdout.strip()
-    return state or None
-
-
 def client_state(record):
     """The client a record (client.json) names: its batch job's SLURM state (PENDING,
     RUNNING, ...), RUNNING for a live process (same pid, same start time), or None
@@ -199,9 +181,12 @@ def client_state(record):
     if not client:
         return None
     if client.get("batch_job"):
-        state = job_state(client["batch_job"])
-        return state if state in LIVE_JOB_STATES else None
+        return _batch_system(client).status(client["batch_job"])
     return "RUNNING" if alive(client["pid"], client["start_time"]) else None
+
+
+def _batch_system(client):
+    return BATCH_SYSTEMS[client.get("batch_system", "SLURM")]  # records before it was named
 
 
 def client_alive(record):
@@ -270,8 +255,8 @@ def cancel(rundir, wait_s=300):
         _answer({"cancelled": False, "state": state, "why": "its client is not running"})
         return 0
     client = read_record(record)
-    if client.get("batch_job"):  # SLURM signals the client (it cancels its pilot), then ends the job
-        subprocess.run(["scancel", str(client["batch_job"])], capture_output=True)
+    if client.get("batch_job"):  # the job's client is signalled (it cancels its pilot) first
+        _batch_system(client).cancel(client["batch_job"])
     else:
         os.kill(client["pid"], signal.SIGTERM)
     alive = wait_gone(record, wait_s)
