@@ -21,7 +21,12 @@ Names are imported when first used, so the analysis tasks, which import
 RADICAL-Pilot) at start-up. (This file is installed as trajflow/__init__.py.)
 """
 import importlib
+import logging
 from importlib.metadata import PackageNotFoundError, version
+
+# a library says nothing unless asked: a script configures logging, or Progress shows
+# trajflow's own lines on stderr where nobody did (trajflow.workflows.run.progress)
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 try:
     __version__ = version("trajflow")

@@ -7,6 +7,7 @@ import radical.utils  # noqa: F401  radical before logging, or fork() may deadlo
 import argparse
 import dataclasses
 import json
+import logging
 import os
 import sys
 import time
@@ -17,6 +18,7 @@ from trajflow.workflows.cli.options import add_spec_options, flags_said, spec_fr
 from trajflow.workflows.datasets import adk_concatenated
 from trajflow.workflows.errors import (EXIT_FAILED, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK,
                                       InputError, Interrupted, RunFailed)
+from trajflow.workflows.run import progress
 from trajflow.workflows.run.pilot import Pilot, plan_of, stop_on_signals
 from trajflow.workflows.run.planning import make_plan
 from trajflow.workflows.run.spec import PilotSpec, RunSpec, command_line
@@ -395,6 +397,8 @@ def cmd_analyses(args):
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    # trajflow's log records (progress, warnings) on stderr; --quiet: warnings only
+    progress.show_on(sys.stderr, logging.INFO if getattr(args, "progress", True) else logging.WARNING)
     return run_guarded(_command, args)
 
 

@@ -7,11 +7,11 @@ task, its exit code, where its sandbox is and the tail of its stderr.
 import dataclasses
 import glob
 import json
+import logging
 import os
 import multiprocessing
 import shutil
 import signal
-import sys
 import re as regex
 import threading
 import time
@@ -32,6 +32,8 @@ from trajflow.workflows.run.pilot_start import StartWatch
 from trajflow.workflows.run.pipeline import RunPipeline, remaining_specs
 from trajflow.workflows.run.planning import full_disk_note
 from trajflow.workflows.run.rundir_lock import close_inherited
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -130,8 +132,7 @@ def keep_task_files(outcome, dest_root):
             json.dump(dataclasses.asdict(outcome), fh, indent=1)
         outcome.kept = dest
     except OSError as exc:  # a full disk: the run's own outcome still has to be written
-        print(f"trajflow: could not keep the files of task {outcome.name}: {exc}",
-              file=sys.stderr)
+        log.warning("could not keep the files of task %s: %s", outcome.name, exc)
 
 
 def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_root=None,
@@ -154,7 +155,7 @@ def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_
     t0 = time.time()
     if resume:  # a pilot of these runs whose client died must not run beside this one
         for _name, plan, _path in runs:
-            cancel_orphans(plan.workdir, lambda text: print("trajflow: " + text, file=sys.stderr))
+            cancel_orphans(plan.workdir, log.warning)
             remove_partial_files(plan)
     desc = resources.resource_description(resource, walltime, cpus, queue, project)
     requests = [RunRequest(name, plan, path, retries, resume, (envs or {}).get(name))
@@ -247,8 +248,7 @@ class PilotProcess:
                     try:
                         on_run_ended(*payload)
                     except Exception as exc:  # the pilot still runs: never leave it
-                        print(f"trajflow: after run {payload[0]}: {type(exc).__name__}: {exc}",
-                              file=sys.stderr)
+                        log.error("after run %s: %s: %s", payload[0], type(exc).__name__, exc)
                 elif kind == "report":
                     if close_after:
                         self._join()
@@ -288,8 +288,7 @@ class PilotProcess:
     def interrupt(self, why="interrupted"):
         """Cancel the pilot now (its running tasks end), and raise Interrupted."""
         if self.alive:
-            print(f"trajflow: {why}; cancelling the pilot (Ctrl-C again to give up waiting)",
-                  file=sys.stderr, flush=True)
+            log.warning("%s; cancelling the pilot (Ctrl-C again to give up waiting)", why)
             os.kill(self._child.pid, signal.SIGINT)
             self._join()
         raise Interrupted("interrupted by the user; the pilot was cancelled")
@@ -462,8 +461,8 @@ SHUTDOWN_LIMIT_S = 60.0  # the longest the child may take to stop, once it is as
 
 
 def _give_up(where, plans):
-    print(f"trajflow: the process holding the pilot did not stop within {SHUTDOWN_LIMIT_S:.0f} s; "
-          f"it ends now (RADICAL session under {where})", file=sys.stderr, flush=True)
+    log.error("the process holding the pilot did not stop within %.0f s; it ends now (RADICAL "
+              "session under %s)", SHUTDOWN_LIMIT_S, where)
     for plan in plans:
         remove_partial_files(plan)
     os._exit(70)

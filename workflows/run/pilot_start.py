@@ -12,10 +12,12 @@ the start of its job shows (bootstrap_0.out appears); a pilot not active
 caller can start another pilot. On a remote cluster the job's start is not
 visible from here and only activation is reported.
 """
+import logging
 import os
-import sys
 import threading
 import time
+
+log = logging.getLogger(__name__)
 
 AGENT_READY_LIMIT_S = 300.0  # job start -> agent ready took 16-25 s here, +14 s building kernels
 
@@ -53,8 +55,7 @@ class StartWatch:
         try:
             self._watch()
         except Exception as exc:  # never silent: without it a hung start waits out the walltime
-            print(f"trajflow: watching the pilot's start failed: {type(exc).__name__}: {exc}",
-                  file=sys.stderr, flush=True)
+            log.error("watching the pilot's start failed: %s: %s", type(exc).__name__, exc)
 
     def _watch(self):
         import radical.pilot as rp

@@ -6,12 +6,60 @@ the ranks themselves: each analyze rank rewrites a one-number file,
 RUNDIR/progress/analyze.block_NNNNN, at most every 2 s (tasks/timing.py), and
 this polls them; no message per frame travels anywhere. On a terminal each
 run's analyze stage gets a tqdm bar; otherwise a plain line at every quarter.
+
+The lines are records of the `trajflow` logger (INFO; DEBUG for a run asked
+for progress=False), so a script silences or redirects trajflow as any
+library. Where nobody configured logging, the first Progress shows them on
+stderr itself (`show_on`); the `trajflow` command configures it (cli/main.py).
 """
 import glob
-import os
+import logging
 import sys
 import threading
-import time
+
+from tqdm import tqdm
+
+log = logging.getLogger("trajflow")
+_BARS = set()  # the tqdm bars on the screen: lines are written above them
+
+
+class LineHandler(logging.Handler):
+    """trajflow's records as lines on a stream ("trajflow HH:MM:SS ..."), above any bar."""
+
+    def __init__(self, stream=None, level=logging.INFO):
+        super().__init__(level)
+        self.stream = stream or sys.stderr
+        self.setFormatter(logging.Formatter("trajflow %(asctime)s %(message)s", "%H:%M:%S"))
+
+    def emit(self, record):
+        try:
+            text = self.format(record)
+            if _BARS:
+                tqdm.write(text, file=self.stream)
+            else:
+                self.stream.write(text + "\n")
+                self.stream.flush()
+        except Exception:  # noqa: a closed stream must not break a run
+            self.handleError(record)
+
+
+def configured() -> bool:
+    """Whether a handler (other than a NullHandler) would get trajflow's records."""
+    logger = log
+    while logger is not None:
+        if any(not isinstance(h, logging.NullHandler) for h in logger.handlers):
+            return True
+        logger = logger.parent if logger.propagate else None
+    return False
+
+
+def show_on(stream=None, level=logging.INFO):
+    """Show trajflow's records on `stream` (stderr) from `level` up; the handler."""
+    handler = LineHandler(stream, level)
+    log.addHandler(handler)
+    if log.level == logging.NOTSET or log.level > level:
+        log.setLevel(level)
+    return handler
 
 
 def frames_done(plan):
@@ -29,27 +77,27 @@ def frames_done(plan):
 
 
 class Progress:
-    """Progress lines and bars on `stream` (stderr); nothing at all when not `enabled`."""
+    """Progress lines (logged) and bars (on `stream`, stderr); DEBUG records and no bar
+    when not `enabled`. A `stream` given is where this Progress shows its lines too."""
 
     def __init__(self, enabled=True, stream=None, poll_s=1.0):
         self.enabled = enabled
+        self.level = logging.INFO if enabled else logging.DEBUG
         self.stream = stream or sys.stderr
         self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
         self.poll_s = poll_s
+        self._handler = None  # a handler of this Progress's own stream, removed at close
+        if enabled and stream is not None:
+            self._handler = show_on(stream)
+        elif enabled and not configured():
+            show_on(self.stream)  # kept: later lines (and later Pilots) go to stderr too
         self._tracked = {}   # run name -> [plan, tqdm bar or last quarter printed]
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = None
 
     def line(self, text):
-        if not self.enabled:
-            return
-        text = f"trajflow {time.strftime('%H:%M:%S')} {text}"
-        if self.tty and self._tracked:
-            from tqdm import tqdm
-            tqdm.write(text, file=self.stream)
-        else:
-            print(text, file=self.stream, flush=True)
+        log.log(self.level, text)
 
     def stage(self, run_name, plan, stage, kind, text):
         """A stage event of a run: its line, and the analyze stage's bar."""
@@ -67,9 +115,9 @@ class Progress:
                 return
             bar = None
             if self.tty:
-                from tqdm import tqdm
                 bar = tqdm(total=plan.n_frames, desc=f"{run_name} analyze", unit="frame",
                            file=self.stream, leave=False, dynamic_ncols=True)
+                _BARS.add(bar)
             self._tracked[run_name] = [plan, bar if bar is not None else 0]
             if self._thread is None:
                 self._thread = threading.Thread(target=self._poll, daemon=True,
@@ -82,6 +130,7 @@ class Progress:
         if plan is not None:
             self._show(run_name, plan, state)
             if not isinstance(state, int):
+                _BARS.discard(state)
                 state.close()
 
     def _poll(self):
@@ -109,3 +158,6 @@ class Progress:
             self._thread.join()
         for run_name in list(self._tracked):
             self._untrack(run_name)
+        if self._handler is not None:
+            log.removeHandler(self._handler)
+            self._handler = None
