@@ -15,7 +15,6 @@ them, in order, into results.pickle, whose presence means the run is complete.
 import argparse
 import os
 import pickle
-import sys
 import types
 import warnings
 

@@ -24,7 +24,6 @@ heartbeat. Standard library only: it starts before the agent, in every pilot.
     python -m trajflow.tasks.client_guard --session-dir DIR --timeout 300 --bootstrap-pid PID
 """
 import argparse
-import json
 import os
 import shlex
 import shutil

@@ -55,18 +55,18 @@ def test_a_failed_pilot_is_reported_as_failed_not_as_a_ctrl_c(monkeypatch):
     """RADICAL-Pilot ends the main thread with SIGTERM when its pilot FAILED (a SLURM
     job ended by its time limit, seen in CI); that was reported "interrupted by the
     user". Off the pilot: the child's SIGTERM handler with a pilot FAILED, and not."""
-    from trajflow.workflows.run import execute
+    from trajflow.workflows.run import session
 
     class FailedPilot:
         uid, state = "pilot.0000", "FAILED"
-    monkeypatch.setattr(execute, "_PILOT_FAILED", [None])
-    monkeypatch.setattr(execute, "_STOPPED_BY", ["the user"])
-    monkeypatch.setattr(execute, "_SESSION_PILOT", [lambda: FailedPilot()])
+    monkeypatch.setattr(session, "_PILOT_FAILED", [None])
+    monkeypatch.setattr(session, "_STOPPED_BY", ["the user"])
+    monkeypatch.setattr(session, "_SESSION_PILOT", [lambda: FailedPilot()])
     with pytest.raises(KeyboardInterrupt):
-        execute._terminated(signal.SIGTERM, None)
-    assert execute._interrupted_text().startswith("the pilot pilot.0000 failed")
+        session._terminated(signal.SIGTERM, None)
+    assert session._interrupted_text().startswith("the pilot pilot.0000 failed")
     FailedPilot.state = "PMGR_ACTIVE"  # a kill of a healthy session stops it as a Ctrl-C
-    monkeypatch.setattr(execute, "_PILOT_FAILED", [None])
+    monkeypatch.setattr(session, "_PILOT_FAILED", [None])
     with pytest.raises(KeyboardInterrupt):
-        execute._terminated(signal.SIGTERM, None)
-    assert execute._interrupted_text() == "interrupted by a SIGTERM; the pilot was cancelled"
+        session._terminated(signal.SIGTERM, None)
+    assert session._interrupted_text() == "interrupted by a SIGTERM; the pilot was cancelled"

@@ -46,7 +46,7 @@ _WHERE = {
     "Backend": "trajflow.workflows.run.backend",
     "submit_remote": "trajflow.workflows.remote.client",
     "RemoteRun": "trajflow.workflows.remote.client",
-    "Campaign": "trajflow.workflows.campaign.spec",
+    "Campaign": "trajflow.workflows.campaign.run",
     "CampaignResult": "trajflow.workflows.campaign.run",
     "InputError": "trajflow.workflows.errors",
     "RunFailed": "trajflow.workflows.errors",

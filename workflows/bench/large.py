@@ -13,7 +13,6 @@ local pilot against the same stage under plain mpiexec.
 import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ import warnings
 
 import numpy as np
 
+from trajflow.workflows.bench.measure import (analyze_records, mda_rmsd, mpiexec_stage_s,
+                                               slowest_analyze_rank_s)
 from trajflow.workflows.datasets import cache_dir, solvated_concatenated
 
 FORMATS = ("xtc", "dcd", "h5md")
@@ -74,55 +75,6 @@ def build_large(gb, say=print):
     return out
 
 
-MDA_RMSD = """
-import json, sys, time, warnings
-import numpy as np
-warnings.simplefilter("ignore")
-import MDAnalysis as mda
-from MDAnalysis.analysis import rms
-top, path, n_workers, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-u = mda.Universe(top, path)
-t0 = time.perf_counter()
-r = rms.RMSD(u, select="name CA")
-if n_workers == 1:
-    r.run()
-else:
-    r.run(backend="multiprocessing", n_workers=n_workers)
-seconds = time.perf_counter() - t0
-np.save(out, r.results.rmsd[:, 2])
-print(json.dumps(seconds))
-"""
-
-
-def mda_rmsd(top, path, n_workers, workdir, timeout=3600):
-    """(seconds, rmsd) of MDAnalysis' RMSD of CA over the file, serial or multiprocessing,
-    timed inside a Python of its own (see run_isolated)."""
-    out = os.path.join(workdir, f"mda_{n_workers}.npy")
-    seconds = run_isolated(MDA_RMSD, top, path, str(n_workers), out, timeout=timeout)
-    return seconds, np.load(out)
-
-
-def run_isolated(script, *args, timeout=3600):
-    """The last JSON line `python -c script args` prints, run as a user runs MDAnalysis:
-    a Python of its own, in a session of its own, killed with its pool if it hangs.
-    (MDAnalysis' 2-worker pool forked from the trajflow process, which holds
-    radical.utils' fork hooks and threads, hung for good twice in CI: a worker blocked
-    on the pool's queue lock outlived the pool's SIGTERM.)"""
-    import json
-    proc = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # its pool's workers with it
-        proc.communicate()
-        raise RuntimeError(f"MDAnalysis ({' '.join(args[:3])}) did not end within {timeout} s; "
-                           "stopped")
-    if proc.returncode != 0:
-        raise RuntimeError(f"MDAnalysis ({' '.join(args[:3])}) failed: {stderr[-1000:]}")
-    return json.loads(stdout.strip().splitlines()[-1])
-
-
 def our_plan(files, fmt, n, workdir):
     """An rmsd plan over the format's file: io shared (our XTC and DCD readers), or io
     h5md reading the prepared H5MD as its copy (no conversion)."""
@@ -154,9 +106,7 @@ def check_equal(ours, theirs, what):
 
 
 def bench_format(files, fmt, workdir, launches):
-    from trajflow.workflows.bench.small import mpiexec_stage_s
     n_frames = files["copies"] * FRAMES_PER_COPY
-    from trajflow.workflows.bench.small import analyze_records
     ours = {}
     for n in (1, 2):
         plan, path = our_plan(files, fmt, n, workdir)
@@ -181,7 +131,6 @@ def pilot_vs_mpiexec(files, workdir, launches):
     inside one kept local pilot (the runs one after another) and under plain mpiexec;
     and what every other process on this machine (RADICAL's agent and client, EnTK,
     this one) used of the CPUs while the ranks ran, in cores."""
-    from trajflow.workflows.bench.small import mpiexec_stage_s, slowest_analyze_rank_s
     from trajflow.workflows.run.execute import run_plans
     plan, path = our_plan(files, "xtc", 2, os.path.join(workdir, "mpiexec"))
     mpiexec_s = float(np.median(mpiexec_stage_s(plan, path, launches)))
@@ -201,7 +150,6 @@ def pilot_vs_mpiexec(files, workdir, launches):
 
 def analyze_window(plan):
     """[first analyze rank's start, last one's stop] of a run, from its profile records."""
-    from trajflow.workflows.bench.small import analyze_records
     records = analyze_records(plan)
     return min(r["t_start"] for r in records), max(r["t_stop"] for r in records)
 

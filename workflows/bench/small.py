@@ -22,6 +22,8 @@ from trajflow.tasks.analyses import Dihedrals, RMSD
 from trajflow.tasks.plan import chunk_size
 from trajflow.tasks.timing import RankTimer
 from trajflow.tasks.readers import H5MDChunkReader, TrajectoryBlockReader, open_trajectory
+from trajflow.workflows.bench.measure import (analyze_records, mda_rmsd, mpiexec_stage_s,
+                                               run_isolated)
 from trajflow.workflows.datasets import adk_concatenated
 
 
@@ -70,7 +72,6 @@ def bench_rmsd(top, paths, repeats, loop_frames):
     r["mda_rmsd_run_dcd_us"] = per_frame_us(best_of(
         lambda: rms.RMSD(u, select="name CA").run(), 1), n)
     import tempfile
-    from trajflow.workflows.bench.large import mda_rmsd  # its worker pool in a Python of its own
     with tempfile.TemporaryDirectory() as tmp:
         r["mda_mp2_rmsd_run_dcd_us"] = per_frame_us(mda_rmsd(top, paths["DCD"], 2, tmp)[0], n)
 
@@ -142,34 +143,6 @@ def bench_dihedrals(top, paths, repeats, loop_frames):
     dcd = TrajectoryBlockReader(open_trajectory([paths["DCD"]]), analysis.atom_indices)
     r["ours_e2e_dcd_us"] = per_frame_us(best_of(lambda: _ours_e2e(dcd, analysis, n), repeats), n)
     return r
-
-
-def analyze_records(plan):
-    """The analyze ranks' (blocks') profile records of the run's last launch."""
-    records = []
-    for b in range(plan.n_blocks):
-        with open(plan.profile_path(f"analyze.block_{b:05d}")) as fh:
-            records.append(json.loads(fh.readline()))
-    return records
-
-
-def slowest_analyze_rank_s(plan):
-    """The analyze stage's slowest rank's t_total, from its profile records."""
-    return max(r["t_total"] for r in analyze_records(plan))
-
-
-def mpiexec_stage_s(plan, plan_path, launches):
-    """The analyze stage of a written MPI plan under plain `mpiexec -n N`, `launches`
-    times: the slowest rank's t_total of each launch."""
-    from trajflow.workflows.run.pipeline import stage_specs, task_environment
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    spec = stage_specs(plan, plan_path)["analyze"][0]
-    times = []
-    for _ in range(launches):
-        subprocess.run([mpiexec, "-n", str(plan.n_blocks)] + spec.argv(sys.executable), check=True,
-                       env={**os.environ, **task_environment()})
-        times.append(slowest_analyze_rank_s(plan))
-    return times
 
 
 def bench_parallel(top, dcd, workdir, launches=5):
@@ -297,7 +270,6 @@ def bench_user_analysis(workdir, copies=20, rounds=2):
     from trajflow.workflows.datasets import solvated_concatenated
     from trajflow.workflows.run.planning import plan_from_options, write_plan
     from trajflow.workflows.run.pipeline import stage_specs, task_environment
-    from trajflow.workflows.bench.large import run_isolated
     top, xtc = solvated_concatenated(copies, "XTC")
     factory_file = os.path.join(workdir, "water_rdf.py")
     with open(factory_file, "w", encoding="utf-8") as fh:

@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 
+from trajflow.workflows.campaign.folders import resource_log, rundir
 from trajflow.workflows.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from trajflow.tasks.rundir import read_outcome, record_outcome
 
@@ -27,7 +28,6 @@ def remote_out(campaign, label):
 
 def run_remote_resource(campaign, label, cdir, resume):
     """The resource's process (as campaign_run._run_resource): output to logs/<label>.log."""
-    from trajflow.workflows.campaign.run import resource_log, rundir
     with resource_log(cdir, label):
         interrupted = []
         signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))

@@ -13,7 +13,6 @@ experiment's RUNDIR gets outcome.json when it ends, which is what the
 progress lines and `--resume` read: a failed experiment is recorded and the
 others go on.
 """
-import contextlib
 import dataclasses
 import json
 import multiprocessing
@@ -24,25 +23,16 @@ import sys
 import time
 
 from trajflow.tasks.plan import PLAN_FILE, RunPlan
-from trajflow.workflows.campaign.spec import Campaign
+from trajflow.workflows.campaign.folders import (CAMPAIGN_MARKER, EXPERIMENTS_FILE, is_campaign_dir,
+                                                 resource_log, rundir)
+from trajflow.workflows.campaign.remote import run_remote_resource
+from trajflow.workflows.campaign.spec import CampaignSpec
 from trajflow.workflows.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, Interrupted
 from trajflow.tasks.rundir import read_outcome, record_outcome
 from trajflow.tasks.rundir import MARKER as RUN_MARKER
 from trajflow.workflows.run.planning import InputError, check_outdir, make_plan, read_inputs, write_plan
 
-CAMPAIGN_MARKER = ".trajflow-campaign"
-EXPERIMENTS_FILE = "experiments.json"
-
-
-def rundir(cdir, experiment) -> str:
-    return os.path.join(cdir, "runs", experiment.resource, f"{experiment.point}-r{experiment.rep}")
-
-
-def is_campaign_dir(path) -> bool:
-    return os.path.exists(os.path.join(path, CAMPAIGN_MARKER))
-
-
-def input_files(campaign: Campaign):
+def input_files(campaign: CampaignSpec):
     """(topology, [trajectories]); a built-in dataset is built once in the cache."""
     if "dataset" in campaign.input:
         from trajflow.workflows.datasets import adk_concatenated
@@ -51,7 +41,7 @@ def input_files(campaign: Campaign):
     return campaign.input["topology"], campaign.input["trajectory"]
 
 
-def check_resources(campaign: Campaign):
+def check_resources(campaign: CampaignSpec):
     """Each local resource known and valid (a remote one is checked on its machine)."""
     from trajflow.workflows.run import resources
     for label in campaign.resources:
@@ -63,7 +53,7 @@ def check_resources(campaign: Campaign):
             raise InputError(f"[resources.\"{label}\"]: {exc}")
 
 
-def plan_experiments(campaign: Campaign, cdir: str, resume: bool):
+def plan_experiments(campaign: CampaignSpec, cdir: str, resume: bool):
     """{experiment: plan} for every experiment still to run, checked, nothing written.
 
     With `resume`, experiments whose outcome is "done" (and whose result is
@@ -104,7 +94,7 @@ def shared_h5md_path(cdir, checksum, compression):
     return os.path.join(cdir, "shared", f"trajectory-{checksum[:16]}-{compression or 'none'}.h5md")
 
 
-def prepare_dir(campaign: Campaign, out: str, resume: bool) -> str:
+def prepare_dir(campaign: CampaignSpec, out: str, resume: bool) -> str:
     cdir = os.path.abspath(out)
     if resume:
         if not is_campaign_dir(cdir):
@@ -117,7 +107,7 @@ def prepare_dir(campaign: Campaign, out: str, resume: bool) -> str:
     return check_outdir(cdir)
 
 
-def describe(campaign: Campaign, cdir: str, kept=()) -> str:
+def describe(campaign: CampaignSpec, cdir: str, kept=()) -> str:
     """What a run would do: the experiments and each resource's pilot description."""
     from trajflow.workflows.run import resources
     lines = [f"campaign {campaign.name}: {len(campaign.experiments)} experiments "
@@ -143,7 +133,7 @@ def describe(campaign: Campaign, cdir: str, kept=()) -> str:
     return "\n".join(lines)
 
 
-def write_campaign_files(campaign: Campaign, cdir: str, todo: dict):
+def write_campaign_files(campaign: CampaignSpec, cdir: str, todo: dict):
     """The campaign's folder, the file as run, experiments.json, and each plan."""
     os.makedirs(cdir, exist_ok=True)
     with open(os.path.join(cdir, CAMPAIGN_MARKER), "w", encoding="utf-8") as fh:
@@ -198,7 +188,7 @@ class CampaignResult:
         return "\n".join(summary_lines(self.records))
 
 
-def dry_run(campaign: Campaign, out: str, resume=False) -> dict:
+def dry_run(campaign: CampaignSpec, out: str, resume=False) -> dict:
     """What run_campaign would do, checked (inputs read, plans made), nothing written:
     the folder, the experiments (each "to run" or "done, kept"), each resource's
     pilot description, and the same as text."""
@@ -212,7 +202,7 @@ def dry_run(campaign: Campaign, out: str, resume=False) -> dict:
             "text": describe(campaign, cdir, kept)}
 
 
-def run_campaign(campaign: Campaign, out: str, resume=False, progress=True) -> CampaignResult:
+def run_campaign(campaign: CampaignSpec, out: str, resume=False, progress=True) -> CampaignResult:
     """Run the campaign's experiments, one pilot per resource side by side; the
     table is written to CAMPAIGN_DIR/campaign.csv and returned. InputError before
     anything is written; Interrupted (its `result` the table so far) on Ctrl-C.
@@ -228,7 +218,6 @@ def run_campaign(campaign: Campaign, out: str, resume=False, progress=True) -> C
     for label in campaign.resources:
         mine = [(e, *plans[e]) for e in campaign.on(label) if e in plans]
         if campaign.resources[label].remote:
-            from trajflow.workflows.campaign.remote import run_remote_resource
             procs[label] = ctx.Process(target=run_remote_resource, name=f"trajflow-{label}",
                                        args=(campaign, label, cdir, resume))
         elif mine:
@@ -289,19 +278,6 @@ def _follow(campaign, cdir, procs, kept, progress=True) -> bool:
     return interrupted or any(p.exitcode == EXIT_INTERRUPTED for p in procs.values())
 
 
-@contextlib.contextmanager
-def resource_log(cdir, label):
-    """A resource process' output into logs/<label>.log, out of the terminal's
-    foreground group (Ctrl-C comes from the campaign process, once)."""
-    os.setpgid(0, 0)
-    os.makedirs(os.path.join(cdir, "logs"), exist_ok=True)
-    with open(os.path.join(cdir, "logs", f"{label}.log"), "a", buffering=1, encoding="utf-8") as log:
-        os.dup2(log.fileno(), 1)
-        os.dup2(log.fileno(), 2)
-        sys.stdout, sys.stderr = log, log
-        yield
-
-
 def _run_resource(campaign, label, runs, cdir):
     """One resource's process: its pilot, its experiments; output to logs/<label>.log."""
     from trajflow.workflows.run.execute import run_plans
@@ -326,3 +302,34 @@ def _run_resource(campaign, label, runs, cdir):
                 record_outcome(plan.workdir, "failed", error or "did not run")
         print(f"{label}: ended with exit code {code}" + (f": {error}" if error else ""))
     os._exit(code)
+
+
+class Campaign(CampaignSpec):
+    """A campaign file read and checked (CampaignSpec), that runs.
+
+    Examples
+    --------
+    >>> campaign = trajflow.Campaign.load("scaling.toml")
+    >>> campaign.dry_run()["pilots"]            # nothing written or submitted
+    >>> result = campaign.run(out="adk-scaling")
+    >>> result.records, result.failures
+    """
+
+    def dry_run(self, out=None, resume=False) -> dict:
+        """Check everything (inputs read, every plan made) and write nothing: the
+        experiments (each "to run" or "done, kept"), each resource's pilot
+        description, the folder, and all that as "text"."""
+        return dry_run(self, self._folder(out), resume)
+
+    def run(self, out=None, resume=False, progress=True):
+        """Run every experiment (one pilot per resource, the resources side by
+        side) and return the CampaignResult; `resume` keeps what completed in
+        `out`. A failed experiment is recorded in the table, the others go on.
+        Raises InputError before anything is written, Interrupted on Ctrl-C.
+
+        Examples
+        --------
+        >>> result = trajflow.Campaign.load("scaling.toml").run(out="adk-scaling")
+        >>> result.ok, result.failures, result.table_path
+        """
+        return run_campaign(self, self._folder(out), resume, progress)

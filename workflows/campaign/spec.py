@@ -99,15 +99,14 @@ class ResourceSpec:
 
 
 @dataclasses.dataclass
-class Campaign:
-    """A campaign file read and checked: its experiments and resources.
+class CampaignSpec:
+    """A campaign file read and checked: its experiments and resources (the
+    Campaign of campaign/run.py is this, and runs).
 
     Examples
     --------
     >>> campaign = trajflow.Campaign.load("scaling.toml")
-    >>> campaign.dry_run()["pilots"]            # nothing written or submitted
-    >>> result = campaign.run(out="adk-scaling")
-    >>> result.records, result.failures
+    >>> len(campaign.experiments), list(campaign.resources)
     """
     path: str
     name: str
@@ -125,7 +124,7 @@ class Campaign:
     analysis_args: dict = dataclasses.field(default_factory=dict)  # your factory's keywords
 
     @classmethod
-    def load(cls, path) -> "Campaign":
+    def load(cls, path) -> "CampaignSpec":
         """Read and check a campaign file (TOML); InputError naming the problem and the fix.
 
         Examples
@@ -133,33 +132,12 @@ class Campaign:
         >>> campaign = trajflow.Campaign.load("scaling.toml")
         >>> len(campaign.experiments), list(campaign.resources)
         """
-        return load_campaign(path)
-
-    def dry_run(self, out=None, resume=False) -> dict:
-        """Check everything (inputs read, every plan made) and write nothing: the
-        experiments (each "to run" or "done, kept"), each resource's pilot
-        description, the folder, and all that as "text"."""
-        from trajflow.workflows.campaign.run import dry_run
-        return dry_run(self, self._folder(out), resume)
-
-    def run(self, out=None, resume=False, progress=True):
-        """Run every experiment (one pilot per resource, the resources side by
-        side) and return the CampaignResult; `resume` keeps what completed in
-        `out`. A failed experiment is recorded in the table, the others go on.
-        Raises InputError before anything is written, Interrupted on Ctrl-C.
-
-        Examples
-        --------
-        >>> result = trajflow.Campaign.load("scaling.toml").run(out="adk-scaling")
-        >>> result.ok, result.failures, result.table_path
-        """
-        from trajflow.workflows.campaign.run import run_campaign
-        return run_campaign(self, self._folder(out), resume, progress)
+        return load_campaign(path, cls)
 
     def _folder(self, out):
         return os.path.abspath(out or os.path.join(os.getcwd(), self.name))
 
-    def only(self, resource: str) -> "Campaign":
+    def only(self, resource: str) -> "CampaignSpec":
         """This campaign with one resource's experiments only, run on this machine
         (how the cluster side of a remote resource runs it)."""
         spec = dataclasses.replace(self.resources[resource], remote="", remote_python="",
@@ -240,7 +218,7 @@ def _check_choice(value, key, where):
         raise InputError(f"{where}: {key} = {value} must be at least 1")
 
 
-def load_campaign(path) -> Campaign:
+def load_campaign(path, cls=None) -> "CampaignSpec":
     """Read and check a campaign file; InputError naming the problem and the fix."""
     path = os.path.abspath(path)
     if not os.path.isfile(path):
@@ -299,7 +277,7 @@ def load_campaign(path) -> Campaign:
     if not name or name.startswith(".") or any(ch in name for ch in "/\\\0"):
         raise InputError(f"[campaign] name = {name!r}: it names the campaign's folder; use "
                          "letters, digits, '.', '-' or '_' (or give --out)")
-    return Campaign(path=path, name=name, analysis=analysis, analysis_args=c.get("analysis_args", {}),
+    return (cls or CampaignSpec)(path=path, name=name, analysis=analysis, analysis_args=c.get("analysis_args", {}),
                     select=c.get("select", ""),
                     design=design, repeats=c.get("repeats", 1), retries=c.get("retries", 1),
                     chunk=c.get("chunk", 0), compression=c.get("compression", ""),

@@ -262,7 +262,7 @@ def cmd_demo(args):
 
 
 def cmd_campaign(args):
-    from trajflow.workflows.campaign.spec import Campaign
+    from trajflow.workflows.campaign.run import Campaign
     campaign = Campaign.load(args.file)
     if args.only_resource:
         if args.only_resource not in campaign.resources:
@@ -286,7 +286,6 @@ def cmd_campaign(args):
 
 
 def cmd_resources(args):
-    import json
     from trajflow.workflows.run import resources
     if args.show:
         try:
@@ -311,7 +310,7 @@ def cmd_resources(args):
 
 def cmd_inspect(args):
     from trajflow.workflows.profile.inspection import inspect_runs, summary_text, write_csv, write_json
-    from trajflow.workflows.campaign.run import is_campaign_dir
+    from trajflow.workflows.campaign.folders import is_campaign_dir
     if not args.rundirs and not args.table:
         raise InputError("nothing to inspect: give one or more RUNDIRs (--out folders of "
                          "trajflow run), a campaign folder, or --table FILE.csv")
@@ -353,7 +352,6 @@ def _inspect_campaign(args):
     if args.csv:
         print(f"CSV: {write_table(rows, args.csv)}")
     if args.json:
-        import json
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(rows, fh, indent=1)
         print(f"JSON: {args.json}")
@@ -361,7 +359,6 @@ def _inspect_campaign(args):
 
 
 def cmd_bench(args):
-    import json
     from trajflow.workflows.bench.small import format_table, run_bench, run_bench_large
     if min(args.copies, args.repeats, args.loop_frames, args.startup_launches, args.launches) < 1:
         raise InputError("--copies, --repeats, --loop-frames, --startup-launches and --launches "

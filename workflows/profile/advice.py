@@ -13,7 +13,7 @@ import glob
 import math
 import os
 
-from trajflow.tasks.io_strategies import GUIDELINES, H5MD_PAPER
+from trajflow.tasks.io_strategies import GUIDELINES
 
 REFERENCES = {
     "Khoshlessan et al. 2019": (

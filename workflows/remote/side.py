@@ -277,8 +277,8 @@ def campaign_files(out):
 def campaign_start(out, label, text, resume=False):
     """Check the resource's experiments here (bad input: exit 2, nothing started), then
     run `trajflow campaign FILE --only-resource LABEL` detached from the SSH session."""
-    from trajflow.workflows.campaign.spec import Campaign
-    from trajflow.workflows.campaign.run import is_campaign_dir
+    from trajflow.workflows.campaign.run import Campaign
+    from trajflow.workflows.campaign.folders import is_campaign_dir
     out, path, record, log = campaign_files(out)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(path, "w", encoding="utf-8") as fh:

@@ -32,8 +32,8 @@ from trajflow.workflows.run import resources
 from trajflow.workflows.errors import InputError, Interrupted, RunFailed
 from trajflow.tasks.rundir import PLAN
 from trajflow.tasks.rundir import record_outcome
-from trajflow.workflows.run.execute import (PilotProcess, RunRequest, failed_for_good,
-                                           remove_partial_files)
+from trajflow.workflows.run.execute import PilotProcess, RunRequest
+from trajflow.workflows.run.outcomes import failed_for_good, remove_partial_files
 from trajflow.workflows.run.heartbeat import cancel_orphans
 from trajflow.workflows.run.planning import full_disk_note, make_plan, plan_for_resume, write_plan
 from trajflow.workflows.run.spec import PilotSpec, RunSpec, split_options, spelled, takes_options

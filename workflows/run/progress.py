@@ -9,8 +9,9 @@ run's analyze stage gets a tqdm bar; otherwise a plain line at every quarter.
 
 The lines are records of the `trajflow` logger (INFO; DEBUG for a run asked
 for progress=False), so a script silences or redirects trajflow as any
-library. Where nobody configured logging, the first Progress shows them on
-stderr itself (`show_on`); the `trajflow` command configures it (cli/main.py).
+library: a handler added to the `trajflow` logger gets them. Where it has
+none, the first Progress shows them on stderr itself (`show_on`); the
+`trajflow` command does the same with its --quiet (cli/main.py).
 """
 import glob
 import logging
@@ -44,19 +45,17 @@ class LineHandler(logging.Handler):
 
 
 def configured() -> bool:
-    """Whether a handler (other than a NullHandler) would get trajflow's records."""
-    logger = log
-    while logger is not None:
-        if any(not isinstance(h, logging.NullHandler) for h in logger.handlers):
-            return True
-        logger = logger.parent if logger.propagate else None
-    return False
+    """Whether the `trajflow` logger has a handler of its own (not the NullHandler): a
+    script that wants trajflow's records elsewhere adds one before its first run."""
+    return any(not isinstance(h, logging.NullHandler) for h in log.handlers)
 
 
 def show_on(stream=None, level=logging.INFO):
-    """Show trajflow's records on `stream` (stderr) from `level` up; the handler."""
+    """Show trajflow's records on `stream` (stderr) from `level` up; the handler. They
+    then stay out of the root logger's handlers (no line twice)."""
     handler = LineHandler(stream, level)
     log.addHandler(handler)
+    log.propagate = False
     if log.level == logging.NOTSET or log.level > level:
         log.setLevel(level)
     return handler

@@ -1,0 +1,156 @@
+"""How every task of a run ended, told truthfully, and the run's outcome.json.
+
+EnTK reports a pipeline DONE and returns normally even when a task FAILED, so
+every task's final state is checked here; a failure is reported with the
+task, its exit code, where its sandbox is and the tail of its stderr. Each
+task's RADICAL profile, stdout and stderr are kept in RUNDIR/radical/.
+"""
+import dataclasses
+import glob
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from typing import List
+
+from trajflow.tasks.rundir import KEPT_TASK_FILES, OUTCOME, record_outcome
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class TaskOutcome:
+    pipeline: str
+    stage: str        # split, analyze or reduce
+    attempt: int
+    name: str
+    state: str
+    exit_code: object
+    sandbox: str
+    stderr_tail: str
+    kept: str = ""    # where RUNDIR keeps its profile, stdout and stderr (the sandbox goes)
+
+    def describe(self) -> str:
+        lines = [f"task {self.pipeline}/{self.stage}/{self.name} (attempt {self.attempt}) "
+                 f"ended {self.state}"
+                 + (f" with exit code {self.exit_code}" if self.exit_code is not None else "")]
+        if self.kept or self.sandbox:
+            lines.append(f"  files: {self.kept}" if self.kept else f"  sandbox: {self.sandbox}")
+        if self.stderr_tail:
+            lines.append("  stderr (last lines):")
+            lines += ["    " + l for l in self.stderr_tail.splitlines()]
+        return "\n".join(lines)
+
+
+def failed_for_good(outcomes):
+    """Tasks whose last attempt did not end DONE."""
+    last = {}
+    for o in outcomes:
+        last[(o.pipeline, o.stage, o.name)] = o
+    return [o for o in last.values() if o.state != "DONE"]
+
+
+@dataclasses.dataclass
+class RunReport:
+    outcomes: List[TaskOutcome]
+    results: dict            # run name -> result path or None
+    session_dir: str
+    wall_s: float
+
+    stopped: dict = dataclasses.field(default_factory=dict)  # run name -> stage it stopped at
+    client_peak_rss_mib: float = 0.0  # of the process that held the EnTK/RADICAL session
+    errors: dict = dataclasses.field(default_factory=dict)   # run name -> why it did not run
+
+    @property
+    def failed(self):
+        return failed_for_good(self.outcomes)
+
+    @property
+    def retried(self):
+        failed = self.failed
+        return [o for o in self.outcomes if o.state != "DONE" and o not in failed]
+
+    @property
+    def ok(self):
+        return not self.failed and not any(self.stopped.values()) and not self.errors \
+            and all(self.results.values())
+
+
+def _stderr_tail(sandbox, n=15, patience_s=3.0):
+    """The last lines of a task's stderr in its sandbox. The FAILED state can
+    reach the client a moment before the file system shows the task's last
+    writes, so an empty or missing file is looked at again for a few seconds."""
+    if not sandbox or not os.path.isdir(sandbox):
+        return ""
+    deadline = time.time() + patience_s
+    while True:
+        errs = sorted(glob.glob(os.path.join(sandbox, "*.err")))
+        text = ""
+        if errs:
+            with open(errs[0], errors="replace") as fh:
+                text = "".join(fh.readlines()[-n:]).rstrip()
+        if text or time.time() > deadline:
+            return text
+        time.sleep(0.2)
+
+
+def _exit_code(task):
+    m = re.search(r"exit code:?\s*(-?\d+)", str(task.exception_detail or ""))
+    return int(m.group(1)) if m else None
+
+
+def keep_task_files(outcome, dest_root):
+    """Copy a task's RADICAL profile, stdout and stderr from the pilot sandbox
+    into RUNDIR/radical/, so that RUNDIR alone is enough to inspect the run."""
+    if not outcome.sandbox or not os.path.isdir(outcome.sandbox):
+        return
+    dest = os.path.join(dest_root, f"{outcome.stage}.{outcome.name}.attempt{outcome.attempt}")
+    try:
+        os.makedirs(dest, exist_ok=True)
+        for path in glob.glob(os.path.join(outcome.sandbox, "*")):
+            if path.endswith((".prof", ".out", ".err")) and os.path.isfile(path):
+                shutil.copy2(path, dest)
+        with open(os.path.join(dest, OUTCOME), "w", encoding="utf-8") as fh:
+            json.dump(dataclasses.asdict(outcome), fh, indent=1)
+        outcome.kept = dest
+    except OSError as exc:  # a full disk: the run's own outcome still has to be written
+        log.warning("could not keep the files of task %s: %s", outcome.name, exc)
+
+
+def remove_partial_files(plan):
+    """Remove what killed tasks left half-written (see RunPlan.partial_files); only
+    once no task of the run can be running."""
+    for path in plan.partial_files():
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+
+
+def collect(name, plan, run):
+    """The final state of every task of one run; their RADICAL files kept in RUNDIR/radical/."""
+    outcomes = []
+    for stage in run.pipeline.stages:
+        stage_name, _, attempt = stage.name.partition(".attempt")
+        for task in stage.tasks:
+            outcomes.append(TaskOutcome(
+                pipeline=name, stage=stage_name, attempt=int(attempt or 1),
+                name=task.name, state=task.state,
+                exit_code=_exit_code(task), sandbox=task.path or "",
+                stderr_tail="" if task.state == "DONE" else _stderr_tail(task.path)))
+    for o in outcomes:
+        keep_task_files(o, plan.path(KEPT_TASK_FILES))
+    return outcomes
+
+
+def write_outcome(plan, outcomes, stopped_at, error, disk_note=""):
+    """RUNDIR/outcome.json: how the run ended, written the moment it has ended."""
+    failed = failed_for_good(outcomes)
+    complete = os.path.exists(plan.result_path()) and not failed and not stopped_at and not error
+    retried = [o for o in outcomes if o.state != "DONE" and o not in failed]
+    if not complete:
+        error = "; ".join(filter(None, [error, disk_note])) or None
+    record_outcome(plan.workdir, "done" if complete else "failed", error, stopped_at,
+                   [o.describe() for o in failed], [o.describe() for o in retried])

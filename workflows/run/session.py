@@ -1,0 +1,322 @@
+"""The process that holds the pilot (the child of PilotProcess, execute.py).
+
+It owns one RADICAL session at a time (EnTK's AppManager and its pilot),
+serves batches of runs sent by its parent, and tells the parent every event
+and every run's end. It stops on SIGINT (its parent's interrupt, or its
+client's death seen by the heartbeat) by cancelling the pilot in order, and
+never takes longer than SHUTDOWN_LIMIT_S to stop.
+"""
+import logging
+import os
+import shutil
+import signal
+import threading
+import time
+from resource import RUSAGE_SELF, getrusage
+
+from trajflow.tasks.client_guard import CLIENT_CONFIGS
+from trajflow.tasks.rundir import record_outcome
+from trajflow.workflows.run import resources
+from trajflow.workflows.run.entk_client import (new_appmanager, reap_local_tasks, remove_id_counters,
+                                                remove_local_sandbox, shutdown, working_dir)
+from trajflow.workflows.run.heartbeat import (CLOSED, DEFAULT_CLIENT_TIMEOUT_S, Heartbeat,
+                                              guard_bootstrap_command, heartbeat_period,
+                                              record_session)
+from trajflow.workflows.run.outcomes import RunReport, collect, remove_partial_files, write_outcome
+from trajflow.workflows.run.pilot_start import StartWatch
+from trajflow.workflows.run.pipeline import RunPipeline, remaining_specs
+from trajflow.workflows.run.planning import full_disk_note
+from trajflow.workflows.run.rundir_lock import close_inherited
+
+log = logging.getLogger(__name__)
+
+
+def _was_interrupted(exc):
+    return isinstance(exc, KeyboardInterrupt) or isinstance(exc.__cause__, KeyboardInterrupt)
+
+
+_STOPPED_BY = ["the user"]  # who asked the child to stop: the user, or its client's death
+_PILOT_FAILED = [None]      # what RADICAL-Pilot said when it ended the child's main thread
+
+
+def serve(conn, pilot, session_root, parent_end, client_pid, client_timeout, keep_sandbox):
+    """The child: one RADICAL session, batches of runs until "close" (or a Ctrl-C).
+
+    While its client (the parent) lives, it touches the session's heartbeat,
+    which the pilot's guard watches (`client_timeout` s; 0: no guard); when the
+    client is gone it stops as on a Ctrl-C: the pilot cancelled in order."""
+    parent_end.close()  # else its sends would never fail once the parent is gone
+    close_inherited()   # RUNDIR locks are the parent's (see rundir_lock)
+    os.setsid()
+    # Its stop is SIGINT (from the parent's interrupt, or _client_gone); a script
+    # started with & or nohup gives its children SIGINT ignored, which left the
+    # child deaf to both and the parent joining it forever (seen).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _terminated)
+    _start_group_reaper()
+    resources.activate_venv()
+    resources.activate_configs()
+    os.environ.setdefault("RADICAL_PROFILE", "TRUE")
+    os.environ.setdefault("RADICAL_LOG_LVL", "WARNING")
+    os.environ.setdefault("RADICAL_REPORT", "FALSE")
+    session = _Session(conn, pilot, session_root, client_pid, client_timeout, keep_sandbox)
+    ending = ("closed", None)
+    in_flight = []  # the plans of the batch being run: their partial files go at the end
+    try:
+        with working_dir(session_root):
+            session.open()
+            lost = None  # why the pilot is gone, once EnTK gave up
+            while True:
+                kind, batch = conn.recv()
+                if kind == "close":
+                    break
+                in_flight[:] = [r.plan for r in batch["requests"]]
+                report, lost = _run_batch(session, lost, conn, **batch)
+                in_flight.clear()
+                if batch["close_after"]:  # the report goes once the pilot is cancelled
+                    ending = ("report", report)
+                    break
+                _send(conn, ("report", report))
+    except BaseException as exc:  # noqa: the parent must hear of every ending
+        ending = (("error", _interrupted_text()) if _PILOT_FAILED[0]
+                  else ("interrupted", _interrupted_text()) if _was_interrupted(exc)
+                  else ("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        # bounded: a failed session close (ENOSPC, seen) once left this process waiting
+        # forever on RADICAL's proxy process in multiprocessing's exit hook
+        watchdog = threading.Timer(SHUTDOWN_LIMIT_S, _give_up, args=(session_root, in_flight))
+        watchdog.daemon = True  # never keeps the process alive; it only cuts a hang short
+        watchdog.start()
+        session.close(ending[0])  # the pilot cancelled before the parent hears the end
+        for plan in in_flight:      # no task of theirs runs any more
+            remove_partial_files(plan)
+        try:
+            _send(conn, ending)
+            if ending[0] != "closed":
+                _send(conn, ("closed", None))
+        except (BrokenPipeError, OSError):
+            pass
+        conn.close()
+
+
+class _Session:
+    """The child's RADICAL session: its AppManager (and pilot), its folder, the
+    heartbeat the pilot's guard watches, the watch on the pilot's start.
+    `renew()` replaces it by a new one (a pilot whose start hung)."""
+
+    def __init__(self, conn, pilot, session_root, client_pid, client_timeout, keep_sandbox):
+        self.conn, self.pilot, self.session_root = conn, pilot, session_root
+        self.client_pid, self.client_timeout = client_pid, client_timeout
+        self.keep_sandbox = keep_sandbox
+        self.local = resources.is_local(pilot["resource"])
+        self.appman = self.dir = self.beat = self.configs = self.watch = None
+        self.renewed = False  # a session replaced once already is not replaced again
+
+    def open(self):
+        self.appman = new_appmanager(self.pilot, autoterminate=False, base_path=self.session_root,
+                                     rts_config={"sandbox_cleanup": not self.keep_sandbox
+                                                 and not self.local, "db_cleanup": False})
+        self.dir = os.path.join(self.session_root, self.appman.sid)
+        os.makedirs(self.dir, exist_ok=True)
+        self.configs = os.path.join(self.dir, CLIENT_CONFIGS)
+        python = resources.task_python(self.pilot["resource"])
+        guard = [guard_bootstrap_command(python, self.dir, self.client_timeout)]
+        resources.session_configs(self.configs, self.pilot["resource"], self.pilot["cpus"],
+                                  (guard if self.client_timeout else [])
+                                  + [resources.kernels_bootstrap_entry(python)]
+                                  + _test_start_delay())
+        self.beat = Heartbeat(self.dir, self.client_pid, _client_gone,
+                              heartbeat_period(self.client_timeout or DEFAULT_CLIENT_TIMEOUT_S)
+                              ).start()
+        _send(self.conn, ("session", self.dir))
+        self.watch = StartWatch(self.appman, self._active, self.local).start()
+        _SESSION_PILOT[0] = self.watch.pilot
+
+    def _active(self, uid):  # EnTK tells nobody: between the request and this, the
+        # time is the batch queue's and the agent's start
+        _send(self.conn, ("event", ("pilot", None, "active", f"active ({uid})")))
+
+    def close(self, how):
+        """Cancel the pilot; on this machine end its leftover tasks and remove its
+        sandbox (each run's folder holds its tasks' files by then; on a cluster
+        RADICAL-Pilot cleans up, asked through EnTK's rts_config)."""
+        if self.appman is None:
+            return
+        hung = self.watch is not None and self.watch.hung
+        try:
+            shutdown(self.appman, self.local)
+        finally:
+            remove_id_counters(self.appman.sid)
+            if self.local:
+                reap_local_tasks(self.appman.sid)
+                if not self.keep_sandbox:
+                    remove_local_sandbox(self.appman, self.dir,
+                                         keep_logs=bool(_PILOT_FAILED[0] or hung))
+            self.appman = None
+        if self.beat is not None:
+            self.beat.stop()
+            try:
+                with open(os.path.join(self.dir, CLOSED), "w") as fh:
+                    fh.write(f"the client cancelled its pilot ({how})\n")
+            except OSError:  # a full disk: the guard then ends the pilot by the heartbeat
+                pass
+        if self.configs is not None:
+            shutil.rmtree(self.configs, ignore_errors=True)
+        self.beat = self.configs = self.watch = None
+
+    def renew(self):
+        """A new session and pilot for the same batch; the old one's folder says why."""
+        self.close("its start hung")
+        self.renewed = True
+        self.open()
+
+
+SHUTDOWN_LIMIT_S = 60.0  # the longest the child may take to stop, once it is asked to
+
+
+def _give_up(where, plans):
+    log.error("the process holding the pilot did not stop within %.0f s; it ends now (RADICAL "
+              "session under %s)", SHUTDOWN_LIMIT_S, where)
+    for plan in plans:
+        remove_partial_files(plan)
+    os._exit(70)
+
+
+def _start_group_reaper(poll_s=1.0):
+    """Fork a small process that, when this one ends however it ends (SIGKILL
+    included), ends what is left of its process group: RADICAL's client
+    components (its session proxy, seen living on for good after a SIGKILL;
+    a local pilot's bootstrapper and agent). It sits in a group of its own,
+    holds no descriptor of ours, and runs no Python cleanup."""
+    group = os.getpid()
+    if os.fork():
+        return
+    try:
+        os.setpgid(0, 0)
+        os.closerange(3, 65536)
+        while os.getppid() == group:
+            time.sleep(poll_s)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(group, sig)
+            except ProcessLookupError:
+                break
+            time.sleep(2.0)
+    finally:
+        os._exit(0)
+
+
+def _client_gone():
+    """The heartbeat found the client gone: stop as a Ctrl-C would (in the main thread)."""
+    _STOPPED_BY[0] = "the end of the trajflow process that started it"
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def _terminated(signum, frame):
+    """SIGTERM in the child: RADICAL-Pilot's own way to stop the main thread when
+    its pilot FAILED (ru.cancel_main_thread; a batch job ended by its time limit,
+    seen), which was reported as "interrupted by the user"; or a kill."""
+    pilot = _SESSION_PILOT[0]() if _SESSION_PILOT[0] else None
+    if getattr(pilot, "state", None) == "FAILED":
+        _PILOT_FAILED[0] = (f"the pilot {pilot.uid} failed (RADICAL-Pilot: its job ended before "
+                            "the runs did: the walltime ran out, or the job was killed or "
+                            "could not start; the batch system's and RADICAL's logs are in "
+                            "the session folder)")
+    else:
+        _STOPPED_BY[0] = "a SIGTERM"
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+_SESSION_PILOT = [None]  # returns the current session's pilot (for _terminated)
+
+
+def _interrupted_text():
+    return _PILOT_FAILED[0] or f"interrupted by {_STOPPED_BY[0]}; the pilot was cancelled"
+
+
+def _test_start_delay():
+    """Testing hook: $TRAJFLOW_TEST_PILOT_START_DELAY_S (the first pilot of a child
+    only) delays the pilot's bootstrap, as a start that hangs would."""
+    delay = os.environ.pop("TRAJFLOW_TEST_PILOT_START_DELAY_S", None)
+    return [resources.pre_bootstrap_entry(f"sleep {float(delay):g}")] if delay else []
+
+
+_SEND_LOCK = threading.Lock()  # the child's threads share one pipe to the parent
+
+
+def _send(conn, message):
+    with _SEND_LOCK:
+        conn.send(message)
+
+
+def _run_batch(session, lost, conn, requests, one_at_a_time, close_after):
+    """Run one batch on the session's AppManager: (RunReport, why the pilot is gone
+    or None). A pilot whose start hung (see pilot_start) is replaced once, by a
+    new session: nothing of the batch had run on it."""
+    t0 = time.time()
+    python = resources.task_python(session.pilot["resource"])
+
+    def event(run_name):  # called from EnTK's thread, which runs the stages' post_exec
+        return lambda stage, kind, text: _send(conn, ("event", (run_name, stage, kind, text)))
+
+    def pipeline(r):
+        return RunPipeline(r.plan, r.plan_path, python, r.name, r.retries,
+                           remaining_specs(r.plan, r.plan_path) if r.resume else None,
+                           r.env, on_event=event(r.name))
+    pipelines = {r.name: pipeline(r) for r in requests}
+    batches = [[r] for r in requests] if one_at_a_time else [list(requests)]
+    for r in requests:  # a later --resume finds this pilot here, should its client die
+        record_session(r.plan.workdir, session.dir)
+    outcomes, errors, ended = [], {}, set()
+    try:
+        for batch in batches:
+            if lost:  # EnTK gave up on an earlier batch and took the pilot with it
+                errors.update({r.name: f"not run: {lost}" for r in batch})
+                continue
+            while True:
+                session.appman.workflow = set(pipelines[r.name].pipeline for r in batch)
+                try:
+                    session.appman.run()
+                except Exception as exc:
+                    if _was_interrupted(exc):
+                        raise
+                    hung = session.watch.hung
+                    if hung and not session.renewed:
+                        _send(conn, ("event", ("pilot", None, "restarted",
+                                               f"{hung}; starting another")))
+                        session.renew()
+                        pipelines.update({r.name: pipeline(r) for r in requests
+                                          if r.name not in ended})
+                        for r in requests:
+                            record_session(r.plan.workdir, session.dir)
+                        continue
+                    lost = hung or f"EnTK failed: {type(exc).__name__}: {exc}"
+                    errors.update({r.name: lost for r in batch})
+                break
+            for r in batch:
+                disk = full_disk_note(r.plan)  # before the partial files give space back
+                remove_partial_files(r.plan)    # first: a full disk fails what follows
+                done = collect(r.name, r.plan, pipelines[r.name])
+                outcomes += done
+                write_outcome(r.plan, done, pipelines[r.name].stopped_at, errors.get(r.name),
+                               disk)
+                ended.add(r.name)
+                _send(conn, ("ended", (r.name, done)))
+    except BaseException as exc:
+        if _was_interrupted(exc):  # the runs that had not ended say so on disk
+            for r in requests:
+                if r.name in ended:
+                    continue
+                if os.path.exists(r.plan.result_path()):  # published before the interrupt came
+                    record_outcome(r.plan.workdir, "done", note=f"{_interrupted_text()} after the "
+                                   "result was complete")
+                else:
+                    record_outcome(r.plan.workdir, "failed", _interrupted_text())
+        raise
+    results = {}
+    for r in requests:
+        path = r.plan.result_path()
+        results[r.name] = path if os.path.exists(path) and r.name not in errors else None
+    stopped = {name: run.stopped_at for name, run in pipelines.items()}
+    peak = getrusage(RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+    return RunReport(outcomes, results, session.dir, time.time() - t0, stopped, peak, errors), lost
