@@ -103,3 +103,17 @@ def slurm():
     yield
     if started:
         subprocess.run(["bash", SLURM_SCRIPT, "stop"], capture_output=True)
+
+
+LAYERS = ("unit", "stages", "pilot")  # tests/<layer>/: see the README's "Tests"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Each test is marked with its layer, from its folder; the pilot layer is also
+    `entk` (it starts real RADICAL pilots), whatever its module says."""
+    for item in items:
+        layer = next((p for p in item.path.parts[::-1] if p in LAYERS), None)
+        if layer is not None:
+            item.add_marker(getattr(pytest.mark, layer))
+        if layer == "pilot":
+            item.add_marker(pytest.mark.entk)

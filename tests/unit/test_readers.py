@@ -230,7 +230,7 @@ def test_memory_is_bounded_by_the_chunk(adk, tmp_path):
 
 def convert_with_the_split_stage(tmp_path, top, trajs):
     """The H5MD file the split stage writes for a run (its task program, as the pilot runs it)."""
-    from stages import run_spec
+    from run_stages import run_spec
     from trajflow.workflows.run.pipeline import stage_specs
     from plans import make_plan
     from trajflow.workflows.run.planning import write_plan

@@ -23,9 +23,9 @@ import pytest
 from trajflow.workflows.run.execute import run_plans
 from plans import make_plan
 from trajflow.workflows.run.planning import write_plan
+from paths import FACTORIES
 
 pytestmark = pytest.mark.entk
-FACTORIES = os.path.join(os.path.dirname(__file__), "analyses", "factories.py")
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import h5py
 import numpy as np
 import pytest
 
-from stages import run_spec, run_stages
+from run_stages import run_spec, run_stages
 from trajflow.workflows.run.pipeline import remaining_specs, stage_specs
 from plans import make_plan
 from trajflow.workflows.run.planning import InputError, plan_for_resume, write_plan

@@ -183,7 +183,7 @@ def test_a_campaign_runs_your_own_analysis_with_its_args(tmp_path, adk):
     and one experiment run through its stages equals MDAnalysis' serial run."""
     import MDAnalysis as mda
     from MDAnalysis.analysis.base import AnalysisFromFunction
-    from stages import run_stages
+    from run_stages import run_stages
     from trajflow.workflows.campaign.run import plan_experiments
     from trajflow.workflows.run.planning import write_plan
     from trajflow.workflows.run.results import open_result

@@ -1,10 +1,22 @@
 """The task programs, run as the pilot runs them (python -m ..., mpiexec -n N), without EnTK.
 
-For every io x mode x gather and N in {1, 2, 3}: rmsd within 1e-4 Å of
-MDAnalysis' rms.RMSD and dihedral features within 1e-6 of cos/sin of its
-Ramachandran angles, on the AdK DCD and on an XTC made from it, and on
-MDAnalysis' solvated AdK (GRO/XTC: a triclinic box with the protein broken
-across it, so every path must carry the box). On that large periodic box
+rmsd within 1e-4 Å of MDAnalysis' rms.RMSD and dihedral features within 1e-6
+of cos/sin of its Ramachandran angles, on the AdK DCD and on an XTC made from
+it, and on MDAnalysis' solvated AdK (GRO/XTC: a triclinic box with the protein
+broken across it, so every path must carry the box).
+
+Which combinations, and why not all of them. The factors touch different code:
+the io strategy and the file format choose the reader (our DCD and XTC readers,
+trajflow's H5MD copies and segments), so io x format x analysis runs in full;
+mode and gather (mpi+gatherv, mpi+rma, tasks) choose how results reach reduce,
+and N how the frames are cut into blocks (1; 2 even; 3 uneven: 33/33/32).
+Those meet the readers only through a block's first frame and length, which
+every pair of levels exercises: the cases are a covering array in which every
+pair of levels of (io, mode+gather, N, analysis, format) occurs at least once
+(`test_the_matrix_covers_every_pair` checks it), 12 runs instead of the full
+108 on AdK, 18 instead of 54 on the periodic system (every io x mode+gather x N
+pair, both analyses) and 12 instead of 24 for its TRR and DCD. The full product
+found nothing in 479-test CI runs that a pair did not. On that large periodic box
 MDAnalysis computes the angles from float32 coordinates after a float32
 minimum image, and its features agree with ours (float64 after the same
 float32 box vectors) to ~1e-5 (9.6e-6 seen): there the tolerance is 2e-5. The
@@ -19,11 +31,32 @@ import h5py
 import numpy as np
 import pytest
 
-from stages import plan_and_run
+from run_stages import plan_and_run
 
 STRATEGIES = [("shared", "mpi", "gatherv"), ("shared", "mpi", "rma"), ("shared", "tasks", "gatherv"),
               ("split", "mpi", "gatherv"), ("split", "mpi", "rma"), ("split", "tasks", "gatherv"),
               ("h5md", "mpi", "gatherv"), ("h5md", "mpi", "rma"), ("h5md", "tasks", "gatherv")]
+MODES = STRATEGIES[:3]  # (mode, gather) levels, by io "shared": mpi+gatherv, mpi+rma, tasks
+FORMATS = [("dcd", "rmsd"), ("dcd", "dihedrals"), ("xtc", "rmsd"), ("xtc", "dihedrals")]
+IOS = ["shared", "split", "h5md"]
+
+
+def _covering(rows_b):
+    """(io, mode, gather, N, b) with io = a, mode+gather = (a + b) % 3, N = 1 + (a + 2b) % 3
+    for a in 0..2 and each b: (a, b) -> (mode+gather, N) is one-to-one for b in 0..2, so
+    every pair of levels occurs (checked by test_the_matrix_covers_every_pair)."""
+    return [(IOS[a], MODES[(a + b) % 3][1], MODES[(a + b) % 3][2], 1 + (a + 2 * b) % 3, b)
+            for a in range(3) for b in rows_b]
+
+
+ADK_CASES = [(io, mode, gather, n, *FORMATS[b][::-1])
+             for io, mode, gather, n, b in _covering(range(4))]        # (.., analysis, fmt)
+PERIODIC_CASES = [(io, mode, gather, n, analysis) for io, mode, gather, n, _ in _covering(range(3))
+                  for analysis in ("rmsd", "dihedrals")]
+PERIODIC_FORMAT_CASES = [(io, mode, gather, ("rmsd", "dihedrals")[(i + j) % 2], fmt)
+                         for i, (io, mode, gather) in enumerate(
+                             s for s in STRATEGIES if s[2] == "gatherv")
+                         for j, fmt in enumerate(("trr", "dcd"))]
 TOLERANCE = {"rmsd": 1e-4, "features": 1e-6}
 PERIODIC_TOLERANCE = {"rmsd": 1e-4, "features": 2e-5}
 
@@ -40,10 +73,28 @@ def check_result(path, expected, analysis, n_blocks, io, mode, tolerance=TOLERAN
         assert f.attrs["analysis"] == analysis
 
 
-@pytest.mark.parametrize("fmt", ["dcd", "xtc"])
-@pytest.mark.parametrize("analysis", ["rmsd", "dihedrals"])
-@pytest.mark.parametrize("n", [1, 2, 3])
-@pytest.mark.parametrize("io,mode,gather", STRATEGIES)
+def _pairs(rows, names):
+    return {(i, j, row[i], row[j]) for row in rows for i in range(len(names))
+            for j in range(i + 1, len(names))}
+
+
+def test_the_matrix_covers_every_pair():
+    levels = [IOS, [m[1:] for m in MODES], [1, 2, 3], ["rmsd", "dihedrals"], ["dcd", "xtc"]]
+    rows = [(io, (mode, gather), n, analysis, fmt) for io, mode, gather, n, analysis, fmt in ADK_CASES]
+    want = {(i, j, x, y) for i in range(5) for j in range(i + 1, 5)
+            for x in levels[i] for y in levels[j]}
+    assert want <= _pairs(rows, levels) and len(rows) == 12
+    rows = [(io, (mode, gather), n, analysis) for io, mode, gather, n, analysis in PERIODIC_CASES]
+    want = {(i, j, x, y) for i in range(4) for j in range(i + 1, 4)
+            for x in levels[i] for y in levels[j]}
+    assert want <= _pairs(rows, levels[:4]) and len(rows) == 18
+    rows = [(io, mode, analysis, fmt) for io, mode, _, analysis, fmt in PERIODIC_FORMAT_CASES]
+    lv = [IOS, ["mpi", "tasks"], ["rmsd", "dihedrals"], ["trr", "dcd"]]
+    want = {(i, j, x, y) for i in range(4) for j in range(i + 1, 4) for x in lv[i] for y in lv[j]}
+    assert want <= _pairs(rows, lv) and len(rows) == 12
+
+
+@pytest.mark.parametrize("io,mode,gather,n,analysis,fmt", ADK_CASES)
 def test_result_equals_mdanalysis(tmp_path, adk, adk_xtc, reference_results,
                                   io, mode, gather, n, analysis, fmt):
     top, traj = adk if fmt == "dcd" else adk_xtc
@@ -53,9 +104,7 @@ def test_result_equals_mdanalysis(tmp_path, adk, adk_xtc, reference_results,
     assert os.listdir(plan.path("parts")) == []  # the result is the run's one copy
 
 
-@pytest.mark.parametrize("analysis", ["rmsd", "dihedrals"])
-@pytest.mark.parametrize("n", [1, 2, 3])
-@pytest.mark.parametrize("io,mode,gather", STRATEGIES)
+@pytest.mark.parametrize("io,mode,gather,n,analysis", PERIODIC_CASES)
 def test_periodic_result_equals_mdanalysis(tmp_path, solvated, reference_results,
                                            io, mode, gather, n, analysis):
     top, traj = solvated
@@ -65,9 +114,7 @@ def test_periodic_result_equals_mdanalysis(tmp_path, solvated, reference_results
                  PERIODIC_TOLERANCE)
 
 
-@pytest.mark.parametrize("fmt", ["trr", "dcd"])
-@pytest.mark.parametrize("analysis", ["rmsd", "dihedrals"])
-@pytest.mark.parametrize("io,mode,gather", [s for s in STRATEGIES if s[2] == "gatherv"])
+@pytest.mark.parametrize("io,mode,gather,analysis,fmt", PERIODIC_FORMAT_CASES)
 def test_periodic_formats_equal_mdanalysis(tmp_path, solvated_trr, solvated_dcd, reference_results,
                                            io, mode, gather, analysis, fmt):
     top, traj = solvated_trr if fmt == "trr" else solvated_dcd
@@ -147,7 +194,7 @@ def test_a_campaigns_shared_h5md_copy_is_made_once(tmp_path, solvated, reference
     """Two h5md runs naming one shared copy (as a campaign's experiments do) start their
     split tasks together: one converts, under a lock, the other waits and reuses the
     copy, charged the conversion's time; both results equal MDAnalysis (periodic system)."""
-    from stages import run_side_by_side, run_stages
+    from run_stages import run_side_by_side, run_stages
     from trajflow.workflows.profile.advice import prepare_seconds
     from trajflow.workflows.run.pipeline import stage_specs
     from plans import make_plan

@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 import trajflow
+from paths import EXAMPLES
 
-EXAMPLE = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "rmsd_and_rdf.py")
+EXAMPLE = os.path.join(EXAMPLES, "rmsd_and_rdf.py")
 
 
 def test_the_public_names_are_all_there():

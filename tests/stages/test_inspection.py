@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from stages import plan_and_run
+from run_stages import plan_and_run
 from trajflow.workflows.profile.inspection import find_stragglers, inspect_runs, summary_text
 
 TRAJFLOW = os.path.join(os.path.dirname(sys.executable), "trajflow")

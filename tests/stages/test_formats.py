@@ -24,6 +24,7 @@ from MDAnalysis.lib.mdamath import triclinic_box, triclinic_vectors
 from trajflow.tasks import units
 from trajflow.tasks.h5md import H5MDError
 from trajflow.tasks.readers import open_block_reader
+from paths import FACTORIES
 
 pytestmark = pytest.mark.timeout(600)
 warnings.filterwarnings("ignore", module="MDAnalysis")
@@ -267,7 +268,7 @@ STRATEGIES = [("shared", "tasks"), ("split", "mpi"), ("split", "tasks"), ("h5md"
 
 
 def check_against_mdanalysis(tmp_path, top, traj, analysis, reference_results, io, mode, tolerance):
-    from stages import plan_and_run
+    from run_stages import plan_and_run
     path, plan = plan_and_run(tmp_path / f"run-{io}-{mode}", top, [traj], analysis, io=io, mode=mode,
                               blocks=2, cpus=2, chunk=3, side_by_side=True)
     expected = reference_results(top, [traj], analysis)
@@ -305,7 +306,7 @@ def test_split_segments_keep_any_xtc_precision(tmp_path, adk, reference_results,
 def test_trr_segments_carry_the_inputs_float32_and_velocities(tmp_path, solvated_trr):
     """TRR segments went through Å -> nm -> Å (1 ulp on 6.7 % of coordinates);
     the H5MD segment holds MDAnalysis' own float32 positions and velocities."""
-    from stages import plan_and_run
+    from run_stages import plan_and_run
     top, traj = solvated_trr
     _, plan = plan_and_run(tmp_path / "run", top, [traj], "rmsd", io="split", mode="tasks",
                            blocks=2, cpus=2, side_by_side=True)
@@ -348,9 +349,9 @@ with mda.Writer({traj!r}, n_atoms=len(u.atoms)) as w:
 def test_user_analysis_on_a_box_missing_in_the_first_frame(tmp_path, solvated):
     """A user's analysis through the split segments and the H5MD copy sees every
     frame's own box and the input's exact coordinates, as a serial run does."""
-    from stages import plan_and_run
+    from run_stages import plan_and_run
     from trajflow.workflows.run.results import open_result
-    factories = os.path.join(os.path.dirname(__file__), "analyses", "factories.py")
+    factories = FACTORIES
     top, traj = boxed_late(tmp_path, "xtc", solvated)
     import importlib.util
     spec = importlib.util.spec_from_file_location("factories", factories)

@@ -133,7 +133,7 @@ def test_a_runs_records_written_as_a_table_give_the_same_flags(tmp_path, adk):
     """A real MPI run with 1 s of I/O injected into rank 2, its records written in the
     documented format (as a user's own script would), judged from the table: the
     same flag, member, cause and numbers as from the run itself."""
-    from stages import plan_and_run
+    from run_stages import plan_and_run
     from trajflow.workflows.profile.inspection import load_run
     from trajflow.workflows.profile.stragglers import phase_times
     run = tmp_path / "run"

@@ -18,10 +18,11 @@ import time
 import h5py
 import numpy as np
 import pytest
+from paths import TESTS
 
 pytestmark = pytest.mark.entk
 
-HERE = os.path.dirname(__file__)
+HERE = TESTS
 CLUSTER_SH = os.path.join(HERE, "ssh", "cluster.sh")
 VENV = os.environ.get("TRAJFLOW_REMOTE_VENV", "/opt/trajflow-remote-venv")
 PORT = os.environ.get("TRAJFLOW_SSHD_PORT", "2222")

@@ -8,7 +8,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from stages import plan_and_run
+from run_stages import plan_and_run
 from trajflow.workflows.profile.inspection import group_key, inspect_runs
 from trajflow.workflows.profile.report_html import write_html
 from trajflow.workflows.profile.stragglers import judge

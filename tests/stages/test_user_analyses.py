@@ -18,11 +18,11 @@ import h5py
 import numpy as np
 import pytest
 
-from stages import plan_and_run
+from paths import FACTORIES
+from run_stages import plan_and_run
 from trajflow.tasks.mda_analyses import read_results
 from trajflow.workflows.run.results import open_result
 
-FACTORIES = os.path.join(os.path.dirname(__file__), "analyses", "factories.py")
 TRAJFLOW = os.path.join(os.path.dirname(sys.executable), "trajflow")
 sys.path.insert(0, os.path.dirname(FACTORIES))
 import factories  # noqa: E402  the same functions, for the serial runs

@@ -7,7 +7,7 @@ import h5py
 import numpy as np
 import pytest
 
-from stages import run_stages
+from run_stages import run_stages
 from plans import make_plan
 from trajflow.workflows.run.planning import InputError, write_plan
 
