@@ -108,3 +108,19 @@ def test_run_help_and_python_help_say_the_same_defaults():
             flag = f.metadata["flag"] or "--" + f.name.replace("_", "-")
             shown = "none" if f.default is None else str(f.default)
             assert flag in text and f"(default: {shown})" in text, f.name
+
+
+def test_every_run_option_not_a_factor_is_a_campaign_key(tmp_path):
+    from trajflow.workflows.campaign.spec import RUN_KEYS, SCHEMA, load_campaign
+    assert {"analysis_args", "select", "chunk", "compression", "retries",
+            "allow_truncated"} <= set(RUN_KEYS) <= set(SCHEMA["campaign"])
+    text = ('[campaign]\nanalysis = "rmsd"\nretries = 3\nallow_truncated = true\n'
+            '[input]\ndataset = "adk"\ncopies = 1\n'
+            '[resources."local.localhost"]\nwalltime = 5\n[factors]\nranks = [1]\n')
+    (tmp_path / "c.toml").write_text(text)
+    campaign = load_campaign(str(tmp_path / "c.toml"))
+    spec = campaign.run_spec(campaign.experiments[0], "t.psf", ["x.dcd"], str(tmp_path / "r"))
+    assert spec.retries == 3 and spec.allow_truncated and spec.chunk == 0
+    (tmp_path / "bad.toml").write_text(text.replace("retries = 3", "retries = -1"))
+    with pytest.raises(InputError, match=r"\[campaign\]: retries=-1: give 0 or more"):
+        load_campaign(str(tmp_path / "bad.toml"))

@@ -65,8 +65,8 @@ def plan_experiments(campaign: CampaignSpec, cdir: str, resume: bool):
     if not local:  # every experiment is planned on its own machine
         return {}, []
     top, trajs = input_files(campaign)
-    inputs = read_inputs(top, trajs, campaign.analysis, campaign.select or None,
-                         campaign.analysis_args)  # once for all
+    inputs = read_inputs(top, trajs, campaign.analysis, campaign.option("select"),
+                         campaign.option("args"), campaign.option("allow_truncated"))  # once for all
     todo, kept = {}, []
     for e in local:
         d = rundir(cdir, e)
@@ -84,7 +84,7 @@ def plan_experiments(campaign: CampaignSpec, cdir: str, resume: bool):
         todo[e] = make_plan(campaign.run_spec(e, top, trajs, d),
                             campaign.pilot(e.resource)["cpus"], new_out=False, inputs=inputs)
         if e.io == "h5md":
-            todo[e].shared_h5md = shared_h5md_path(cdir, inputs.checksum, campaign.compression)
+            todo[e].shared_h5md = shared_h5md_path(cdir, inputs.checksum, campaign.option("compression"))
     return todo, kept
 
 
@@ -288,7 +288,7 @@ def _run_resource(campaign, label, runs, cdir):
             report = run_plans([(e.id, plan, path) for e, plan, path in runs], label,
                                pilot["walltime"], pilot["cpus"], pilot.get("queue"),
                                pilot.get("project"), session_root=os.path.join(cdir, "sessions", label),
-                               retries=campaign.retries, one_at_a_time=not campaign.concurrent,
+                               retries=campaign.option("retries"), one_at_a_time=not campaign.concurrent,
                                client_timeout=campaign.resources[label].client_timeout)
             for o in report.failed:
                 print(o.describe())

@@ -33,18 +33,24 @@ from typing import Dict, List
 from trajflow.tasks.analyses import ANALYSES
 from trajflow.workflows.errors import InputError
 from trajflow.workflows.run.planning import ANALYSIS_FORMS
-from trajflow.workflows.run.spec import RunSpec, option_choices, option_default
+from trajflow.workflows.run.spec import RunSpec, option_choices, option_default, value_type
 
 DESIGNS = ("factorial", "list")
 DATASETS = ("adk",)
 DATASET_FORMATS = ("DCD", "XTC", "H5MD")
 
+# RunSpec's options: levels in [factors] ("blocks" is ranks), or given by the input, the
+# campaign folder or the experiment; every other one is a [campaign] key of its own
+FACTOR_OPTIONS = ("io", "mode", "gather", "repeat", "blocks")
+_NOT_KEYS = FACTOR_OPTIONS + ("topology", "trajectory", "analysis", "out", "env", "progress")
+RUN_KEYS = {f.metadata["toml"] or f.name: f for f in dataclasses.fields(RunSpec)
+            if f.name not in _NOT_KEYS}
+
 # table -> key -> (type, required); a list type means "a list of these, or one"
 SCHEMA = {
-    "campaign": {"name": (str, False), "analysis": (str, True), "analysis_args": (dict, False),
-                 "select": (str, False),
-                 "design": (str, False), "repeats": (int, False), "retries": (int, False),
-                 "chunk": (int, False), "compression": (str, False), "concurrent": (bool, False)},
+    "campaign": {"name": (str, False), "analysis": (str, True), "design": (str, False),
+                 "repeats": (int, False), "concurrent": (bool, False),
+                 **{key: (value_type(f), False) for key, f in RUN_KEYS.items()}},
     "input": {"topology": (str, False), "trajectory": ([str], False), "dataset": (str, False),
               "copies": (int, False), "format": (str, False)},
     "resource": {"walltime": (int, True), "cpus": (int, False), "queue": (str, False),
@@ -111,17 +117,21 @@ class CampaignSpec:
     path: str
     name: str
     analysis: str
-    select: str
     design: str
     repeats: int
-    retries: int
-    chunk: int
-    compression: str
     concurrent: bool
     input: dict
     resources: Dict[str, ResourceSpec]
     experiments: List[Experiment]
-    analysis_args: dict = dataclasses.field(default_factory=dict)  # your factory's keywords
+    run_options: dict = dataclasses.field(default_factory=dict)  # RunSpec's, as the file gives
+
+    def option(self, name):
+        """A run option of every experiment: the file's value, else RunSpec's default."""
+        return self.run_options.get(name, option_default(name))
+
+    @property
+    def analysis_args(self) -> dict:
+        return self.option("args") or {}
 
     @classmethod
     def load(cls, path) -> "CampaignSpec":
@@ -147,11 +157,9 @@ class CampaignSpec:
 
     def run_spec(self, e: Experiment, topology, trajectories, out) -> RunSpec:
         """The RunSpec of one experiment: the file's run keys and the experiment's levels."""
-        return RunSpec(topology=topology, trajectory=trajectories, analysis=self.analysis,
-                       args=self.analysis_args or None, select=self.select or None, io=e.io,
+        return RunSpec(topology=topology, trajectory=trajectories, analysis=self.analysis, io=e.io,
                        mode=e.mode, gather=option_default("gather") if e.gather == "-" else e.gather,
-                       blocks=e.ranks, repeat=e.repeat, chunk=self.chunk,
-                       compression=self.compression or None, retries=self.retries, out=out)
+                       blocks=e.ranks, repeat=e.repeat, out=out, **self.run_options)
 
     def remote_labels(self) -> List[str]:
         """The resources whose experiments run by a campaign on another machine."""
@@ -241,9 +249,13 @@ def load_campaign(path, cls=None) -> "CampaignSpec":
     design = c.get("design", "factorial")
     if design not in DESIGNS:
         raise InputError(f"[campaign] design = {design!r}: choose one of {', '.join(DESIGNS)}")
-    for key in ("repeats", "retries", "chunk"):
-        if c.get(key, 1) < (1 if key == "repeats" else 0):
-            raise InputError(f"[campaign] {key} = {c[key]} is too small")
+    if c.get("repeats", 1) < 1:
+        raise InputError(f"[campaign] repeats = {c['repeats']} is too small")
+    run_options = {f.name: c[key] for key, f in RUN_KEYS.items() if key in c}
+    try:
+        RunSpec(**run_options)  # RunSpec's own checks, with its messages
+    except InputError as exc:
+        raise InputError(f"[campaign]: {exc}")
     inputs = _check_input(data["input"], base)
     resources = _check_resources(data["resources"])
     if "factors" not in data and design == "factorial":
@@ -277,12 +289,11 @@ def load_campaign(path, cls=None) -> "CampaignSpec":
     if not name or name.startswith(".") or any(ch in name for ch in "/\\\0"):
         raise InputError(f"[campaign] name = {name!r}: it names the campaign's folder; use "
                          "letters, digits, '.', '-' or '_' (or give --out)")
-    return (cls or CampaignSpec)(path=path, name=name, analysis=analysis, analysis_args=c.get("analysis_args", {}),
-                    select=c.get("select", ""),
-                    design=design, repeats=c.get("repeats", 1), retries=c.get("retries", 1),
-                    chunk=c.get("chunk", 0), compression=c.get("compression", ""),
-                    concurrent=c.get("concurrent", False), input=inputs,
-                    resources=resources, experiments=experiments)
+    return (cls or CampaignSpec)(path=path, name=name, analysis=analysis, design=design,
+                                 repeats=c.get("repeats", 1),
+                                 concurrent=c.get("concurrent", False), input=inputs,
+                                 resources=resources, experiments=experiments,
+                                 run_options=run_options)
 
 
 def _analysis(analysis, base):

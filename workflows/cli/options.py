@@ -7,17 +7,8 @@ the spec's default is the only one, as in the API.
 import argparse
 import dataclasses
 import json
-import typing
 
-from trajflow.workflows.run.spec import spelled
-
-
-def _value_type(field):
-    """int, float, str, list or dict: what the field holds, Optional taken off."""
-    kind = field.type
-    if typing.get_origin(kind) is typing.Union:
-        kind = next(a for a in typing.get_args(kind) if a is not type(None))
-    return typing.get_origin(kind) or kind
+from trajflow.workflows.run.spec import spelled, value_type
 
 
 def _json_object(text):
@@ -39,7 +30,7 @@ def add_spec_options(parser, spec, only=None):
         meta = f.metadata
         if not meta["command_line"] or (only is not None and f.name not in only):
             continue
-        kind = _value_type(f)
+        kind = value_type(f)
         flag = meta["flag"] or "--" + f.name.replace("_", "-")
         shown = "none" if f.default is None else f.default
         common = dict(dest=f.name, default=argparse.SUPPRESS)

@@ -19,6 +19,7 @@ import difflib
 import inspect
 import json
 import os
+import typing
 from typing import Any, Dict, List, Optional
 
 from trajflow.tasks.analyses import ANALYSIS_CLASSES
@@ -239,6 +240,14 @@ _META = {f.name: dict(f.metadata) for spec in SPECS for f in dataclasses.fields(
 def option_default(name):
     """The default of option `name` (a campaign's factor takes it as its one level)."""
     return next(f.default for spec in SPECS for f in dataclasses.fields(spec) if f.name == name)
+
+
+def value_type(field):
+    """int, float, str, bool, list or dict: what a field holds, Optional taken off."""
+    kind = field.type
+    if typing.get_origin(kind) is typing.Union:
+        kind = next(a for a in typing.get_args(kind) if a is not type(None))
+    return typing.get_origin(kind) or kind
 
 
 def option_choices(name):
