@@ -5,9 +5,11 @@ keys listed below, and an unknown key is an error that names it and the keys
 allowed, so a typo ("rank" for "ranks") is not silently a default.
 
     [campaign]                 name, analysis (required: rmsd, dihedrals, FILE.py:NAME or
-                               module:NAME), analysis_args (a table: your factory's keyword
-                               arguments), select, design ("factorial" | "list"),
-                               repeats, retries, chunk, compression, concurrent
+                               module:NAME), design ("factorial" | "list"), repeats,
+                               concurrent, and every run option that is not a factor
+                               (RUN_KEYS, from RunSpec: analysis_args (a table: your
+                               factory's keyword arguments), select, chunk, compression,
+                               retries, allow_truncated)
     [input]                    topology + trajectory (a file or a list), or
                                dataset = "adk" with copies and format (DCD, XTC, H5MD)
     [resources."<label>"]      walltime (minutes, required), cpus, queue, project,
