@@ -362,11 +362,18 @@ def _uid(user):
     return pwd.getpwnam(user).pw_uid
 
 
-def test_the_run_arguments_sent_to_the_cluster_leave_out_the_workstations_own():
-    from trajflow.workflows.remote.client import Connection, run_argv
-    argv = ["run", "--remote", "me@host:2200", "--topology", "a b.psf", "--detach",
-            "--remote-python=/opt/py", "--local", "here", "--out", "$HOME/x 'y'"]
-    assert run_argv(argv[1:]) == ["--topology", "a b.psf", "--out", "$HOME/x 'y'"]
+def test_the_run_sent_to_the_cluster_is_its_specs_not_the_workstations_flags():
+    from trajflow.workflows.cli.main import build_parser, specs_from_args
+    from trajflow.workflows.remote.client import Connection, run_request
+    from trajflow.workflows.remote.side import read_request
+    argv = ["run", "--remote", "me@host:2200", "--topology", "a b.psf", "--trajectory", "x.dcd",
+            "--analysis", "rmsd", "--detach", "--remote-python=/opt/py", "--local", "here",
+            "--out", "$HOME/x 'y'", "--io", "h5md", "--cpus", "4"]
+    spec, pilot = specs_from_args(build_parser().parse_args(argv))
+    request = run_request(spec, pilot)
+    assert "remote" not in request and "/opt/py" not in request and "here" not in request
+    assert read_request(request) == (spec, pilot, None)  # the cluster's side reads it back whole
+    assert spec.out == "$HOME/x 'y'" and spec.io == "h5md" and pilot.cpus == 4
     conn = Connection("me@host:2200", "/opt/py")
     assert (conn.destination, conn.port) == ("me@host", "2200")
     with pytest.raises(Exception, match=r"give \[user@\]host\[:port\]"):
