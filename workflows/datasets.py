@@ -8,6 +8,7 @@ is ever committed; the cache is rebuilt if it is missing or incomplete.
 import os
 
 import numpy as np
+from trajflow.tasks.h5md import H5MDWriter
 
 
 def cache_dir() -> str:
@@ -40,7 +41,6 @@ def concatenated(top, traj, name, copies, fmt, folder=None):
     H5MD), boxes kept, time and step running on monotonically across copies."""
     import MDAnalysis as mda
     import warnings
-    from trajflow.tasks.h5md import H5MDWriter
     folder = folder or cache_dir()
     path = os.path.join(folder, f"{name}.{fmt.lower()}")
     if os.path.exists(path):

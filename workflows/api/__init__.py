@@ -26,6 +26,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 # a library says nothing unless asked: a script configures logging, or Progress shows
 # trajflow's own lines on stderr where nobody did (trajflow.workflows.run.progress)
+
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 try:

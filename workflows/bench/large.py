@@ -21,8 +21,13 @@ import warnings
 import numpy as np
 
 from trajflow.workflows.bench.measure import (analyze_records, mda_rmsd, mpiexec_stage_s,
-                                               slowest_analyze_rank_s)
+                                              slowest_analyze_rank_s)
 from trajflow.workflows.datasets import cache_dir, solvated_concatenated
+from trajflow.workflows.errors import InputError
+from trajflow.workflows.run.execute import run_plans
+from trajflow.workflows.run.pipeline import stage_specs, task_environment
+from trajflow.workflows.run.planning import plan_from_options, write_plan
+from trajflow.workflows.run.results import open_result
 
 FORMATS = ("xtc", "dcd", "h5md")
 FRAMES_PER_COPY = 10  # the solvated AdK XTC of MDAnalysisTests
@@ -50,7 +55,6 @@ def build_large(gb, say=print):
                if not os.path.exists(os.path.join(cache_dir(), f"solvated_x{copies}.{f}"))}
     free = shutil.disk_usage(cache_dir()).free
     if sum(missing.values()) > 0.95 * free:
-        from trajflow.workflows.errors import InputError
         raise InputError(f"the large benchmark needs {sum(missing.values()) / 1e9:.1f} GB more in "
                          f"{cache_dir()} and {free / 1e9:.1f} GB are free: free some space, point "
                          "TRAJFLOW_CACHE at a larger disk, or lower --large-gb")
@@ -78,7 +82,6 @@ def build_large(gb, say=print):
 def our_plan(files, fmt, n, workdir):
     """An rmsd plan over the format's file: io shared (our XTC and DCD readers), or io
     h5md reading the prepared H5MD as its copy (no conversion)."""
-    from trajflow.workflows.run.planning import plan_from_options, write_plan
     traj = files["xtc"] if fmt == "h5md" else files[fmt]
     plan = plan_from_options(files["top"], [traj], "rmsd", out=os.path.join(workdir, f"{fmt}_{n}"),
                      io="h5md" if fmt == "h5md" else "shared", mode="mpi", blocks=n, cpus=n)
@@ -91,8 +94,6 @@ def our_plan(files, fmt, n, workdir):
 
 def our_result(plan, path):
     """Reduce the last launch's parts into result.h5 and read its rmsd."""
-    from trajflow.workflows.run.pipeline import stage_specs, task_environment
-    from trajflow.workflows.run.results import open_result
     spec = stage_specs(plan, path)["reduce"][0]
     subprocess.run(spec.argv(sys.executable), check=True, env={**os.environ, **task_environment()})
     return open_result(plan.workdir)["rmsd"]
@@ -131,7 +132,6 @@ def pilot_vs_mpiexec(files, workdir, launches):
     inside one kept local pilot (the runs one after another) and under plain mpiexec;
     and what every other process on this machine (RADICAL's agent and client, EnTK,
     this one) used of the CPUs while the ranks ran, in cores."""
-    from trajflow.workflows.run.execute import run_plans
     plan, path = our_plan(files, "xtc", 2, os.path.join(workdir, "mpiexec"))
     mpiexec_s = float(np.median(mpiexec_stage_s(plan, path, launches)))
     runs = [(f"r{k}",) + our_plan(files, "xtc", 2, os.path.join(workdir, f"pilot{k}"))

@@ -19,12 +19,18 @@ import numpy as np
 
 from trajflow.tasks import kernels
 from trajflow.tasks.analyses import Dihedrals, RMSD
+from trajflow.tasks.mda_analyses import read_results
 from trajflow.tasks.plan import chunk_size
+from trajflow.tasks.readers import H5MDChunkReader, open_trajectory, TrajectoryBlockReader
+from trajflow.tasks.rundir import read_outcome
 from trajflow.tasks.timing import RankTimer
-from trajflow.tasks.readers import H5MDChunkReader, TrajectoryBlockReader, open_trajectory
+from trajflow.workflows.bench.large import format_large, run_large
 from trajflow.workflows.bench.measure import (analyze_records, mda_rmsd, mpiexec_stage_s,
-                                               run_isolated)
-from trajflow.workflows.datasets import adk_concatenated
+                                              run_isolated)
+from trajflow.workflows.datasets import adk_concatenated, adk_files, solvated_concatenated
+from trajflow.workflows.run.execute import run_plans
+from trajflow.workflows.run.pipeline import stage_specs, task_environment
+from trajflow.workflows.run.planning import plan_from_options, write_plan
 
 
 def best_of(fn, repeats):
@@ -150,7 +156,6 @@ def bench_parallel(top, dcd, workdir, launches=5):
     per launch, best of `launches` (the stage takes a twentieth of a second on a shared
     2-core VM: one descheduled rank would otherwise decide the ratio); the median
     launch's efficiency is reported beside it."""
-    from trajflow.workflows.run.planning import plan_from_options, write_plan
     times = {}
     for n in (1, 2):
         plan = plan_from_options(top, [dcd], "rmsd", out=os.path.join(workdir, f"parallel_{n}"),
@@ -172,8 +177,6 @@ def bench_startup(top, dcd, workdir, launches=5):
     without that step a task compiles the kernels itself (jit_start_s). (.pyc
     files are as pip leaves them: compiled at install; an editable trajflow's are
     compiled by the pilot's step.)"""
-    from trajflow.workflows.run.planning import plan_from_options, write_plan
-    from trajflow.tasks import kernels
     kernels.build_ahead_of_time()  # warm means what a pilot leaves: the kernels built
     plan = plan_from_options(top, [dcd], "rmsd", out=os.path.join(workdir, "startup"), mode="tasks",
                      blocks=2, cpus=2)
@@ -213,8 +216,6 @@ def bench_startup(top, dcd, workdir, launches=5):
 def mpi_exit_s(top, dcd, workdir, launches):
     """An MPI rank's exit: the analyze stage (2 ranks, RMSD over DCD) under mpiexec, from
     the last rank's last timestamp to mpiexec's end (median of `launches`)."""
-    from trajflow.workflows.run.planning import plan_from_options, write_plan
-    from trajflow.workflows.run.pipeline import stage_specs, task_environment
     plan = plan_from_options(top, [dcd], "rmsd", out=os.path.join(workdir, "mpi_exit"), mode="mpi",
                      blocks=2, cpus=2)
     spec = stage_specs(plan, write_plan(plan))["analyze"][0]
@@ -266,10 +267,6 @@ def bench_user_analysis(workdir, copies=20, rounds=2):
     the minutes the bench takes falls on both; the best of each side counts.
     Both results are checked to agree."""
     import MDAnalysis as mda
-    from trajflow.tasks.mda_analyses import read_results
-    from trajflow.workflows.datasets import solvated_concatenated
-    from trajflow.workflows.run.planning import plan_from_options, write_plan
-    from trajflow.workflows.run.pipeline import stage_specs, task_environment
     top, xtc = solvated_concatenated(copies, "XTC")
     factory_file = os.path.join(workdir, "water_rdf.py")
     with open(factory_file, "w", encoding="utf-8") as fh:
@@ -333,7 +330,6 @@ def bench_entk_overhead(workdir):
     pilot start (process launch to the pilot active), first task (pilot active to
     the first task submitted), task span (first submitted to last done) and
     teardown (last task done to process exit)."""
-    from trajflow.workflows.datasets import adk_files
     top, dcd = adk_files()
     out = os.path.join(workdir, "entk")
     trajflow = os.path.join(os.path.dirname(sys.executable), "trajflow")
@@ -357,10 +353,6 @@ def bench_pilot_reuse(workdir):
     """Two one-block runs through one pilot, one after another (as a campaign runs
     its experiments): the second run's whole time, from the first run's end to its
     own, is what each further run costs once the pilot is up."""
-    from trajflow.workflows.datasets import adk_files
-    from trajflow.tasks.rundir import read_outcome
-    from trajflow.workflows.run.execute import run_plans
-    from trajflow.workflows.run.planning import plan_from_options, write_plan
     top, dcd = adk_files()
     runs = []
     for name in ("first", "second"):
@@ -414,8 +406,6 @@ def run_bench_large(gb=2.0, launches=3, with_entk=True, startup_launches=5, work
     """The gigabyte-scale case (bench_large.py) and a task's start-up and exit."""
     import tempfile
     import MDAnalysis as mda
-    from trajflow.workflows.bench.large import run_large
-    from trajflow.workflows.datasets import adk_files
     warnings.filterwarnings("ignore")
     result = {"system": {"machine": platform.machine(), "python": platform.python_version(),
                          "cpus": os.cpu_count(), "numpy": np.__version__,
@@ -458,7 +448,6 @@ def format_table(result):
         lines.append(f"AdK x{result['system']['n_frames'] // 98}: {result['system']['n_frames']} "
                      f"frames, {result['system']['n_atoms']} atoms, {result['system']['n_ca']} CA")
     if "large" in result:
-        from trajflow.workflows.bench.large import format_large
         lines += format_large(result)
     for section in ("rmsd", "dihedrals"):
         if section not in result:

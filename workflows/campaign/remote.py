@@ -14,9 +14,10 @@ import signal
 import sys
 import time
 
+from trajflow.tasks.rundir import read_outcome, record_outcome
 from trajflow.workflows.campaign.folders import resource_log, rundir
 from trajflow.workflows.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
-from trajflow.tasks.rundir import read_outcome, record_outcome
+from trajflow.workflows.remote.client import connect, default_python, localise_plan
 
 POLL_S = 5.0
 
@@ -48,7 +49,6 @@ def run_remote_resource(campaign, label, cdir, resume):
 def follow_remote_campaign(campaign, label, cdir, resume, interrupted):
     """Start the resource's campaign there, follow and fetch until it has ended;
     the error that kept it from running, or None."""
-    from trajflow.workflows.remote.client import connect, default_python
     spec = campaign.resources[label]
     conn = connect(spec.remote, spec.remote_python or default_python(spec.remote, label))
     try:
@@ -84,7 +84,6 @@ def follow_remote_campaign(campaign, label, cdir, resume, interrupted):
 
 def fetch_runs(conn, remote_runs, local_runs):
     """Each experiment's own files (remote.py's FETCHED), with paths in plan.json made local."""
-    from trajflow.workflows.remote.client import localise_plan
     os.makedirs(local_runs, exist_ok=True)
     conn.fetch(remote_runs, local_runs, depth=1)
     for name in os.listdir(local_runs):

@@ -23,19 +23,24 @@ import sys
 import time
 
 from trajflow.tasks.plan import PLAN_FILE, RunPlan
-from trajflow.workflows.campaign.folders import (CAMPAIGN_MARKER, EXPERIMENTS_FILE, is_campaign_dir,
-                                                 resource_log, rundir)
+from trajflow.tasks.rundir import MARKER as RUN_MARKER, read_outcome, record_outcome
+from trajflow.workflows.campaign.folders import (CAMPAIGN_MARKER, EXPERIMENTS_FILE,
+                                                 is_campaign_dir, resource_log, rundir)
 from trajflow.workflows.campaign.remote import run_remote_resource
 from trajflow.workflows.campaign.spec import CampaignSpec
+from trajflow.workflows.campaign.table import (experiment_rows, summary_lines, TABLE_FILE,
+                                               write_table)
+from trajflow.workflows.datasets import adk_concatenated
 from trajflow.workflows.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, Interrupted
-from trajflow.tasks.rundir import read_outcome, record_outcome
-from trajflow.tasks.rundir import MARKER as RUN_MARKER
-from trajflow.workflows.run.planning import InputError, check_outdir, make_plan, read_inputs, write_plan
+from trajflow.workflows.run import resources
+from trajflow.workflows.run.execute import run_plans
+from trajflow.workflows.run.planning import (check_outdir, InputError, make_plan, read_inputs,
+                                             write_plan)
+
 
 def input_files(campaign: CampaignSpec):
     """(topology, [trajectories]); a built-in dataset is built once in the cache."""
     if "dataset" in campaign.input:
-        from trajflow.workflows.datasets import adk_concatenated
         top, traj = adk_concatenated(campaign.input["copies"], campaign.input["format"])
         return top, [traj]
     return campaign.input["topology"], campaign.input["trajectory"]
@@ -43,7 +48,6 @@ def input_files(campaign: CampaignSpec):
 
 def check_resources(campaign: CampaignSpec):
     """Each local resource known and valid (a remote one is checked on its machine)."""
-    from trajflow.workflows.run import resources
     for label in campaign.resources:
         if campaign.resources[label].remote:
             continue
@@ -109,7 +113,6 @@ def prepare_dir(campaign: CampaignSpec, out: str, resume: bool) -> str:
 
 def describe(campaign: CampaignSpec, cdir: str, kept=()) -> str:
     """What a run would do: the experiments and each resource's pilot description."""
-    from trajflow.workflows.run import resources
     lines = [f"campaign {campaign.name}: {len(campaign.experiments)} experiments "
              f"({campaign.design} design, {campaign.repeats} repeat(s) each) of "
              f"{campaign.analysis} on {len(campaign.resources)} resource(s); folder {cdir}"]
@@ -168,7 +171,6 @@ class CampaignResult:
 
     @property
     def table_path(self):
-        from trajflow.workflows.campaign.table import TABLE_FILE
         return os.path.join(self.path, TABLE_FILE)
 
     @property
@@ -180,11 +182,9 @@ class CampaignResult:
         return not self.interrupted and not self.failures
 
     def to_csv(self, path):
-        from trajflow.workflows.campaign.table import write_table
         return write_table(self.records, path)
 
     def summary(self):
-        from trajflow.workflows.campaign.table import summary_lines
         return "\n".join(summary_lines(self.records))
 
 
@@ -227,7 +227,6 @@ def run_campaign(campaign: CampaignSpec, out: str, resume=False, progress=True) 
             continue
         procs[label].start()
     interrupted = _follow(campaign, cdir, procs, kept, progress)
-    from trajflow.workflows.campaign.table import TABLE_FILE, experiment_rows, write_table
     rows = experiment_rows(cdir)
     write_table(rows, os.path.join(cdir, TABLE_FILE))
     result = CampaignResult(cdir, rows, interrupted)
@@ -280,7 +279,6 @@ def _follow(campaign, cdir, procs, kept, progress=True) -> bool:
 
 def _run_resource(campaign, label, runs, cdir):
     """One resource's process: its pilot, its experiments; output to logs/<label>.log."""
-    from trajflow.workflows.run.execute import run_plans
     with resource_log(cdir, label):
         pilot = campaign.pilot(label)
         code, error = EXIT_OK, None

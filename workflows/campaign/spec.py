@@ -33,9 +33,11 @@ import tomllib
 from typing import Dict, List
 
 from trajflow.tasks.analyses import ANALYSES
+from trajflow.tasks.mda_analyses import parse_spec
 from trajflow.workflows.errors import InputError
 from trajflow.workflows.run.planning import ANALYSIS_FORMS
-from trajflow.workflows.run.spec import RunSpec, option_choices, option_default, value_type
+from trajflow.workflows.run.resources import resource_description
+from trajflow.workflows.run.spec import option_choices, option_default, RunSpec, value_type
 
 DESIGNS = ("factorial", "list")
 DATASETS = ("adk",)
@@ -173,7 +175,6 @@ class CampaignSpec:
     def pilot(self, resource: str) -> dict:
         """The pilot description of a resource: its walltime, queue, project, and
         cores for its largest experiment (or the cpus the file gives)."""
-        from trajflow.workflows.run.resources import resource_description
         spec = self.resources[resource]
         largest = max((e.ranks for e in self.on(resource)), default=1)
         return resource_description(resource, spec.walltime, spec.cpus or largest,
@@ -300,7 +301,6 @@ def load_campaign(path, cls=None) -> "CampaignSpec":
 
 def _analysis(analysis, base):
     """rmsd, dihedrals, module:NAME, or FILE.py:NAME with FILE relative to the campaign file."""
-    from trajflow.tasks.mda_analyses import parse_spec
     if analysis in ANALYSES:
         return analysis
     try:

@@ -14,9 +14,10 @@ import json
 import os
 import statistics
 
-from trajflow.workflows.profile.advice import comparison_line, prepare_seconds
 from trajflow.tasks.rundir import read_outcome
-from trajflow.workflows.profile.inspection import fmt_or_na, find_stragglers, load_run, slowest_rank_phases, speedup
+from trajflow.workflows.profile.advice import comparison_line, prepare_seconds
+from trajflow.workflows.profile.inspection import (find_stragglers, fmt_or_na, load_run,
+                                                   slowest_rank_phases, speedup)
 
 COLUMNS = ["experiment", "resource", "analysis", "ranks", "io", "mode", "gather", "repeat", "rep",
            "status", "t_total", "t_prepare", "t_IO", "t_compute", "t_wait", "t_comm", "t_open",

@@ -12,16 +12,26 @@ import os
 import sys
 import time
 
-from trajflow.tasks.rundir import REPORT, has_plan
 from trajflow.tasks.analyses import ANALYSES
+from trajflow.tasks.mda_analyses import parallelisable_classes
+from trajflow.tasks.rundir import has_plan, REPORT
+from trajflow.workflows.bench.small import format_table, run_bench, run_bench_large
+from trajflow.workflows.campaign.folders import is_campaign_dir
+from trajflow.workflows.campaign.run import Campaign
+from trajflow.workflows.campaign.table import experiment_rows, summary_lines, write_table
 from trajflow.workflows.cli.options import add_spec_options, flags_said, spec_from_args
 from trajflow.workflows.datasets import adk_concatenated
 from trajflow.workflows.errors import (EXIT_FAILED, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK,
-                                      InputError, Interrupted, RunFailed)
-from trajflow.workflows.run import progress
+                                       InputError, Interrupted, RunFailed)
+from trajflow.workflows.profile.inspection import inspect_runs, summary_text, write_csv, write_json
+from trajflow.workflows.profile.report_html import write_campaign_html, write_html
+from trajflow.workflows.profile.trace import write_trace
+from trajflow.workflows.remote import client as remote
+from trajflow.workflows.remote.client import add_remote_commands, add_remote_options
+from trajflow.workflows.run import pilot, progress, resources
 from trajflow.workflows.run.pilot import Pilot, plan_of, stop_on_signals
 from trajflow.workflows.run.planning import make_plan
-from trajflow.workflows.run.spec import PilotSpec, RunSpec, command_line
+from trajflow.workflows.run.spec import command_line, PilotSpec, RunSpec
 
 RUN_FIELDS = tuple(f.name for f in dataclasses.fields(RunSpec))
 RESUMED_OPTIONS = ("retries", "progress")  # a resumed run's own; the rest are its plan's
@@ -45,7 +55,6 @@ def build_parser():
     run = sub.add_parser("run", help="analyse a trajectory on a pilot",
                          description="Analyse a trajectory on a RADICAL pilot; writes RUNDIR/result.h5.")
     add_run_options(run)
-    from trajflow.workflows.remote.client import add_remote_commands, add_remote_options
     add_remote_options(run)
     demo = sub.add_parser("demo", help="the main job on its default: AdK x100, rmsd and dihedrals",
                           description="Build AdK (MDAnalysisTests PSF/DCD) concatenated 100x "
@@ -241,7 +250,6 @@ def cmd_run(args):
                          "batch job there (here, run trajflow inside your own job with "
                          "--access-schema batch)")
     if args.remote:
-        from trajflow.workflows.remote import client as remote
         return remote.cmd_run_remote(args, *specs_from_args(args))
     return run_planned(*plan_from_args(args), resume=bool(args.resume))
 
@@ -262,7 +270,6 @@ def cmd_demo(args):
 
 
 def cmd_campaign(args):
-    from trajflow.workflows.campaign.run import Campaign
     campaign = Campaign.load(args.file)
     if args.only_resource:
         if args.only_resource not in campaign.resources:
@@ -286,7 +293,6 @@ def cmd_campaign(args):
 
 
 def cmd_resources(args):
-    from trajflow.workflows.run import resources
     if args.show:
         try:
             resources.check_resource(args.show)
@@ -309,8 +315,6 @@ def cmd_resources(args):
 
 
 def cmd_inspect(args):
-    from trajflow.workflows.profile.inspection import inspect_runs, summary_text, write_csv, write_json
-    from trajflow.workflows.campaign.folders import is_campaign_dir
     if not args.rundirs and not args.table:
         raise InputError("nothing to inspect: give one or more RUNDIRs (--out folders of "
                          "trajflow run), a campaign folder, or --table FILE.csv")
@@ -323,11 +327,9 @@ def cmd_inspect(args):
     report = inspect_runs(args.rundirs, args.table)
     print(summary_text(report))
     if args.trace:
-        from trajflow.workflows.profile.trace import write_trace
         write_trace(report, args.trace)
         print(f"trace (open in https://ui.perfetto.dev or chrome://tracing): {args.trace}")
     if args.html:
-        from trajflow.workflows.profile.report_html import write_html
         write_html(report, args.html)
         print(f"HTML report: {args.html}")
     if args.json:
@@ -340,13 +342,11 @@ def cmd_inspect(args):
 
 
 def _inspect_campaign(args):
-    from trajflow.workflows.campaign.table import experiment_rows, summary_lines, write_table
     cdir = os.path.abspath(args.rundirs[0])
     rows = experiment_rows(cdir)
     for line in summary_lines(rows):
         print(line)
     if args.html:
-        from trajflow.workflows.profile.report_html import write_campaign_html
         write_campaign_html(rows, cdir, args.html)
         print(f"HTML report: {args.html}")
     if args.csv:
@@ -359,7 +359,6 @@ def _inspect_campaign(args):
 
 
 def cmd_bench(args):
-    from trajflow.workflows.bench.small import format_table, run_bench, run_bench_large
     if min(args.copies, args.repeats, args.loop_frames, args.startup_launches, args.launches) < 1:
         raise InputError("--copies, --repeats, --loop-frames, --startup-launches and --launches "
                          "must be at least 1")
@@ -381,7 +380,6 @@ def cmd_bench(args):
 
 
 def cmd_analyses(args):
-    from trajflow.tasks.mda_analyses import parallelisable_classes
     import MDAnalysis
     classes = parallelisable_classes()
     print(f"MDAnalysis {MDAnalysis.__version__}: {len(classes)} analyses can be split over "
@@ -418,12 +416,10 @@ def run_guarded(command, args):
 
 def _interrupted_code():
     """130 for Ctrl-C; 128 + N for a stop signal N (143 SIGTERM, 129 SIGHUP), as shells do."""
-    from trajflow.workflows.run import pilot
     return 128 + pilot.stopped_by if pilot.stopped_by else EXIT_INTERRUPTED
 
 
 def _command(args):
-    from trajflow.workflows.remote import client as remote
     return {"run": cmd_run, "demo": cmd_demo, "bench": cmd_bench, "campaign": cmd_campaign,
             "resources": cmd_resources, "inspect": cmd_inspect, "analyses": cmd_analyses,
             "status": remote.cmd_status, "follow": remote.cmd_follow, "fetch": remote.cmd_fetch,

@@ -14,6 +14,7 @@ import math
 import os
 
 from trajflow.tasks.io_strategies import GUIDELINES
+from trajflow.workflows.profile.stragglers import phase_times
 
 REFERENCES = {
     "Khoshlessan et al. 2019": (
@@ -71,7 +72,6 @@ def run_times(records, rundir=None):
     I/O and compute), the analyze stage, the split or conversion, the launch of the
     tasks (RADICAL's share and the ranks' start-up), the span of the tasks and, where
     the pilot's start is known, the wait for it."""
-    from trajflow.workflows.profile.stragglers import phase_times
     analyze = [r for r in records if r["task"] == "analyze"]
     first = min(r["t_start"] - r.get("t_launch", 0.0) for r in records)
     last = max(r["t_stop"] for r in records)

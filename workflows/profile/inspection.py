@@ -14,10 +14,11 @@ import glob
 import json
 import os
 from trajflow.tasks.plan import PLAN_FILE, RunPlan
-
 from trajflow.workflows.profile.advice import advice, compare_strategies
-from trajflow.workflows.profile.stragglers import MIN_GROUP, describe, judge, judged_groups, phase_times
+from trajflow.workflows.profile.stragglers import (describe, judge, judged_groups, MIN_GROUP,
+                                                   phase_times)
 from trajflow.workflows.profile.timing_tables import read_tables
+
 
 
 def load_run(rundir):

@@ -11,8 +11,10 @@ import html
 import io
 import os
 
-from trajflow.workflows.profile.inspection import straggler_lines
-from trajflow.workflows.profile.stragglers import PHASES, phase_times, rank_list
+from trajflow.workflows.campaign.table import COLUMNS, curve_points
+from trajflow.workflows.profile.advice import pilot_span
+from trajflow.workflows.profile.inspection import rank_spans, straggler_lines
+from trajflow.workflows.profile.stragglers import describe, phase_times, PHASES, rank_list
 
 COLOURS = {"open_topology": "#8c564b", "open_trajectory": "#c49c94", "io": "#1f77b4",
            "compute": "#2ca02c", "wait": "#d62728", "comm": "#9467bd", "write": "#ff7f0e",
@@ -54,8 +56,6 @@ def interactive_timeline(records, flags, pilots=None):
     from bokeh.models import ColumnDataSource, HoverTool
     from bokeh.plotting import figure
     from bokeh.resources import Resources
-    from trajflow.workflows.profile.inspection import rank_spans
-    from trajflow.workflows.profile.stragglers import describe
     pilots = {run: span for run, span in (pilots or {}).items() if span}
     rows = sorted(records, key=lambda r: (r["run"], r["t_start"], r.get("rank", 0)))
     labels, seen = [], {}
@@ -198,7 +198,6 @@ def render(report, title="trajflow inspection"):
         for run, a in report["advice"].items()) + "".join(
         f"<li>{html.escape(line)}</li>" for line in report.get("comparisons", [])) + "</ul>")
     if records:
-        from trajflow.workflows.profile.advice import pilot_span
         pilots = {os.path.basename(r["workdir"]): pilot_span(r["workdir"]) for r in report["runs"]}
         parts.append("<h2>Timeline</h2>" + interactive_timeline(records, flags, pilots))
         parts.append("<p><small>pilot: the pilot's bootstrapper from its start to its end "
@@ -299,7 +298,6 @@ def campaign_phase_bars(rows):
 
 def write_campaign_html(rows, cdir, path):
     """The campaign's resources compared: scaling curves, phases, and the whole table."""
-    from trajflow.workflows.campaign.table import COLUMNS, curve_points
     curves = curve_points(rows)
     parts = [f"<h1>trajflow campaign {html.escape(os.path.basename(cdir))}</h1>",
              f"<p>Folder: {html.escape(cdir)}. {sum(r['status'] == 'done' for r in rows)} of "

@@ -26,9 +26,11 @@ import time
 
 from trajflow.tasks.client_guard import alive
 from trajflow.tasks.rundir import FETCHED, PLAN, REMOTE as REMOTE_FILE
-
 from trajflow.workflows.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InputError, RunFailed
+from trajflow.workflows.run.runs import Run
 from trajflow.workflows.run.spec import PilotSpec, RunSpec, split_options, takes_options
+
+import trajflow
 
 ENDED = ("done", "failed")  # said once the run's client has ended too (its report written)
 SETTINGS = os.path.join("~", ".config", "trajflow", "remote.toml")
@@ -147,7 +149,6 @@ def connect(target, python=None):
 
 def _checked(conn, target, python):
     """`conn` once the cluster has answered with this trajflow, else InputError."""
-    import trajflow
     try:
         proc = conn.remote_side("version", timeout=120)
     except ConnectionLost as exc:
@@ -275,7 +276,6 @@ class RemoteRun:
 
     def fetch(self):
         """Bring the run's own files here; the Run, and the bytes fetched."""
-        from trajflow.workflows.run.runs import Run
         fetched = self.conn.fetch(self.remote_dir, self.local)
         localise_plan(self.local)
         return Run(self.local), fetched

@@ -34,15 +34,20 @@ import sys
 import time
 
 from trajflow.tasks.client_guard import alive, start_time
+from trajflow.tasks.plan import RunPlan
 from trajflow.tasks.rundir import (BATCH_SCRIPT, CLIENT as CLIENT_FILE, CLIENT_EXIT, CLIENT_LOG,
                                    PLAN, read_outcome, read_record, write_record)
+from trajflow.workflows.campaign.folders import is_campaign_dir
+from trajflow.workflows.campaign.run import Campaign
 from trajflow.workflows.cli.main import run_guarded, run_planned
 from trajflow.workflows.errors import EXIT_INPUT, InputError
 from trajflow.workflows.remote.batch import BATCH_SYSTEMS, BatchError
 from trajflow.workflows.run import resources
 from trajflow.workflows.run.pilot import plan_of
 from trajflow.workflows.run.planning import write_plan
-from trajflow.workflows.run.spec import PilotSpec, RunSpec, command_line
+from trajflow.workflows.run.progress import frames_done
+from trajflow.workflows.run.spec import command_line, PilotSpec, RunSpec
+import trajflow
 
 JOB_MARGIN_MIN = 5  # the client's job outlives its pilot by this: start-up, teardown, report
 
@@ -51,7 +56,6 @@ def _answer(value):
 
 
 def version():
-    import trajflow
     _answer({"trajflow": trajflow.__version__, "python": sys.executable,
              "host": socket.gethostname()})
     return 0
@@ -232,8 +236,6 @@ def run_state(rundir, alive=None):
 
 
 def status(rundir, log_offset=0):
-    from trajflow.tasks.plan import RunPlan
-    from trajflow.workflows.run.progress import frames_done
     record = os.path.join(rundir, CLIENT_FILE)
     client = client_state(record)
     state, outcome = run_state(rundir, client is not None)
@@ -277,8 +279,6 @@ def campaign_files(out):
 def campaign_start(out, label, text, resume=False):
     """Check the resource's experiments here (bad input: exit 2, nothing started), then
     run `trajflow campaign FILE --only-resource LABEL` detached from the SSH session."""
-    from trajflow.workflows.campaign.run import Campaign
-    from trajflow.workflows.campaign.folders import is_campaign_dir
     out, path, record, log = campaign_files(out)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(path, "w", encoding="utf-8") as fh:

@@ -15,7 +15,7 @@ import time
 
 from trajflow.workflows.errors import Interrupted
 from trajflow.workflows.run import resources
-from trajflow.workflows.run.heartbeat import DEFAULT_CLIENT_TIMEOUT_S, cancel_orphans
+from trajflow.workflows.run.heartbeat import cancel_orphans, DEFAULT_CLIENT_TIMEOUT_S
 from trajflow.workflows.run.outcomes import remove_partial_files
 from trajflow.workflows.run.session import serve
 

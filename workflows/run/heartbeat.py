@@ -20,8 +20,9 @@ import shlex
 import threading
 import time
 
-from trajflow.tasks.rundir import SESSIONS
 from trajflow.tasks.client_guard import CANCEL, CLOSED, ENDED, HEARTBEAT, STARTED
+from trajflow.tasks.rundir import SESSIONS
+from trajflow.workflows.run.resources import pre_bootstrap_entry
 
 DEFAULT_CLIENT_TIMEOUT_S = 300
 
@@ -31,7 +32,6 @@ def guard_bootstrap_command(python, session_dir, timeout_s):
     the bootstrapper's pid (`$$`, expanded by the bootstrapper's shell). A guard
     that cannot start is reported in the bootstrapper's log and never fails the
     pilot."""
-    from trajflow.workflows.run.resources import pre_bootstrap_entry
     return pre_bootstrap_entry(
         shlex.join([python, "-m", "trajflow.tasks.client_guard", "--session-dir", session_dir,
                     "--timeout", f"{timeout_s:g}"])

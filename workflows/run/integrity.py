@@ -15,6 +15,8 @@ import dataclasses
 import os
 import warnings
 from typing import Optional
+from trajflow.tasks.dcd import DCDFile
+from trajflow.tasks.h5md import H5MDBlockReader, H5MDError, is_h5md
 
 
 @dataclasses.dataclass
@@ -33,8 +35,6 @@ def unreadable(path) -> Optional[str]:
     """Why the file cannot be analysed as it is, whatever its length (so not a
     truncation --allow-truncated could pass), or None: a DCD whose frames are not
     laid out as its header says, an H5MD file trajflow's reader refuses (units)."""
-    from trajflow.tasks.dcd import DCDFile
-    from trajflow.tasks.h5md import H5MDBlockReader, H5MDError, is_h5md
     if str(path).lower().endswith(".dcd"):
         layout = DCDFile.from_header(str(path))
         return None if layout is None else layout.layout_problem()

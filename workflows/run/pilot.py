@@ -28,17 +28,16 @@ import signal
 import threading
 import time
 
-from trajflow.workflows.run import resources
+from trajflow.tasks.rundir import PLAN, record_outcome
 from trajflow.workflows.errors import InputError, Interrupted, RunFailed
-from trajflow.tasks.rundir import PLAN
-from trajflow.tasks.rundir import record_outcome
+from trajflow.workflows.run import resources
 from trajflow.workflows.run.execute import PilotProcess, RunRequest
-from trajflow.workflows.run.outcomes import failed_for_good, remove_partial_files
 from trajflow.workflows.run.heartbeat import cancel_orphans
+from trajflow.workflows.run.outcomes import failed_for_good, remove_partial_files
 from trajflow.workflows.run.planning import full_disk_note, make_plan, plan_for_resume, write_plan
-from trajflow.workflows.run.spec import PilotSpec, RunSpec, split_options, spelled, takes_options
 from trajflow.workflows.run.progress import Progress
 from trajflow.workflows.run.runs import Run
+from trajflow.workflows.run.spec import PilotSpec, RunSpec, spelled, split_options, takes_options
 
 COALESCE_S = 0.3  # runs submitted this close together go to the pilot as one batch
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)

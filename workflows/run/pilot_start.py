@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 import time
+from trajflow.workflows.run.entk_client import local_sandbox
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,5 @@ def job_started(pilot) -> bool:
     """Whether the pilot's job has started: its bootstrapper's output file
     (bootstrap_0.out, opened by the job itself, also before the pre_bootstrap_0
     commands run) is in the sandbox."""
-    from trajflow.workflows.run.entk_client import local_sandbox
     sandbox = local_sandbox(pilot)
     return bool(sandbox) and os.path.exists(os.path.join(sandbox, "bootstrap_0.out"))

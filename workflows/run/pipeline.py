@@ -9,7 +9,7 @@ import os
 from typing import Dict, List
 
 from trajflow.tasks.parts import is_whole
-from trajflow.tasks.plan import RunPlan, encode_path_arg
+from trajflow.tasks.plan import encode_path_arg, RunPlan
 
 
 @dataclasses.dataclass

@@ -15,14 +15,15 @@ import warnings
 from typing import List, Optional
 
 from trajflow.tasks import mda_analyses
-
 from trajflow.tasks.analyses import ANALYSES, ANALYSIS_CLASSES
+from trajflow.tasks.h5md import missing_box
+from trajflow.tasks.plan import balanced_blocks, PLAN_FILE, RunPlan
 from trajflow.tasks.rundir import FOLDERS, LOCK, MARKER
-from trajflow.tasks.plan import PLAN_FILE, RunPlan, balanced_blocks
-from trajflow.workflows.run.spec import RunSpec, spelled
-from trajflow.workflows.run import integrity
 from trajflow.workflows.errors import InputError
+from trajflow.workflows.run import integrity
 from trajflow.workflows.run.rundir_lock import RunLock
+from trajflow.workflows.run.spec import RunSpec, spelled
+
 
 
 
@@ -79,8 +80,6 @@ def check_boxes(trajectories, analysis):
     """Refuse an H5MD input that lost its box for an analysis that applies the
     minimum image: it would run, and silently give another answer."""
     from MDAnalysis.lib.util import guess_format
-    from trajflow.tasks.analyses import ANALYSIS_CLASSES
-    from trajflow.tasks.h5md import missing_box
     if not ANALYSIS_CLASSES[analysis].need_boxes:
         return
     for t in trajectories:
@@ -431,7 +430,6 @@ def check_space(plan, margin=1.1):
 
 def resolve_selection(u, selection, analysis) -> dict:
     """The analysis' atoms, resolved here once (the tasks get them from selection.npz)."""
-    from trajflow.tasks.analyses import ANALYSIS_CLASSES
     try:
         return ANALYSIS_CLASSES[analysis].select(u, selection)
     except ValueError as exc:

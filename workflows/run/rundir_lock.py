@@ -16,9 +16,9 @@ import os
 import socket
 import time
 
+from trajflow.tasks.rundir import LOCK as LOCK_FILE
 from trajflow.workflows.errors import InputError
 
-from trajflow.tasks.rundir import LOCK as LOCK_FILE
 _HELD = set()  # this process's lock file descriptors
 
 

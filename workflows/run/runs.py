@@ -16,6 +16,9 @@ import os
 from trajflow.tasks.plan import PLAN_FILE, RunPlan
 from trajflow.tasks.rundir import read_outcome
 from trajflow.workflows.errors import RunFailed
+from trajflow.workflows.profile.inspection import inspect_runs, straggler_lines, summary_text
+from trajflow.workflows.profile.report_html import write_html
+from trajflow.workflows.run.results import open_result
 
 
 class Run:
@@ -79,7 +82,6 @@ class Run:
                                 f"{'ended ' + outcome['status'] if outcome else 'has not ended'}"
                                 f"{': ' + outcome['error'] if outcome.get('error') else ''}); "
                                 "see run.outcome", run=self)
-            from trajflow.workflows.run.results import open_result
             self._results = open_result(self.result_path)
         return self._results
 
@@ -136,7 +138,6 @@ class Profile:
     """
 
     def __init__(self, rundirs):
-        from trajflow.workflows.profile.inspection import inspect_runs
         self.rundirs = [os.path.abspath(d) for d in rundirs]
         self.report = inspect_runs(self.rundirs)
         self.records = self.report["records"]
@@ -156,20 +157,17 @@ class Profile:
 
     def to_html(self, path, title=None):
         """Write the offline HTML report (timeline, phases, stragglers); returns `path`."""
-        from trajflow.workflows.profile.report_html import write_html
         write_html(self.report, path, title or f"trajflow {', '.join(self.rundirs)}")
         return path
 
     def summary_lines(self):
         """Stragglers and advice in a few lines (what the CLI prints after a run)."""
-        from trajflow.workflows.profile.inspection import straggler_lines
         lines = straggler_lines(self.stragglers, self.records)
         lines += ["advice: " + text for text in self.advice.values()]
         return lines
 
     def table(self):
         """The phase table, stragglers, advice and scaling as text (`trajflow inspect`)."""
-        from trajflow.workflows.profile.inspection import summary_text
         return summary_text(self.report)
 
 

@@ -17,14 +17,15 @@ from resource import RUSAGE_SELF, getrusage
 from trajflow.tasks.client_guard import CLIENT_CONFIGS
 from trajflow.tasks.rundir import record_outcome
 from trajflow.workflows.run import resources
-from trajflow.workflows.run.entk_client import (new_appmanager, reap_local_tasks, remove_id_counters,
-                                                remove_local_sandbox, shutdown, working_dir)
-from trajflow.workflows.run.heartbeat import (CLOSED, DEFAULT_CLIENT_TIMEOUT_S, Heartbeat,
-                                              guard_bootstrap_command, heartbeat_period,
+from trajflow.workflows.run.entk_client import (new_appmanager, reap_local_tasks,
+                                                remove_id_counters, remove_local_sandbox, shutdown,
+                                                working_dir)
+from trajflow.workflows.run.heartbeat import (CLOSED, DEFAULT_CLIENT_TIMEOUT_S,
+                                              guard_bootstrap_command, Heartbeat, heartbeat_period,
                                               record_session)
-from trajflow.workflows.run.outcomes import RunReport, collect, remove_partial_files, write_outcome
+from trajflow.workflows.run.outcomes import collect, remove_partial_files, RunReport, write_outcome
 from trajflow.workflows.run.pilot_start import StartWatch
-from trajflow.workflows.run.pipeline import RunPipeline, remaining_specs
+from trajflow.workflows.run.pipeline import remaining_specs, RunPipeline
 from trajflow.workflows.run.planning import full_disk_note
 from trajflow.workflows.run.rundir_lock import close_inherited
 
