@@ -363,7 +363,8 @@ def _uid(user):
 
 
 def test_the_run_sent_to_the_cluster_is_its_specs_not_the_workstations_flags():
-    from trajflow.workflows.cli.main import build_parser, specs_from_args
+    from trajflow.workflows.cli.commands import specs_from_args
+    from trajflow.workflows.cli.parser import build_parser
     from trajflow.workflows.remote.client import Connection, run_request
     from trajflow.workflows.remote.side import read_request
     argv = ["run", "--remote", "me@host:2200", "--topology", "a b.psf", "--trajectory", "x.dcd",

@@ -9,7 +9,7 @@ import pytest
 
 import trajflow
 from trajflow.workflows.campaign.spec import FACTOR_CHOICES, FACTOR_DEFAULTS
-from trajflow.workflows.cli.main import build_parser
+from trajflow.workflows.cli.parser import build_parser
 from trajflow.workflows.errors import InputError
 from trajflow.workflows.run.spec import PilotSpec, RunSpec, command_line, spelled
 

@@ -36,8 +36,8 @@ except PackageNotFoundError:  # run from a source tree that is not installed
 
 # public name -> the module that defines it
 _WHERE = {
-    "run": "trajflow.workflows.run.pilot",
-    "resume": "trajflow.workflows.run.pilot",
+    "run": "trajflow.workflows.run.api",
+    "resume": "trajflow.workflows.run.api",
     "Pilot": "trajflow.workflows.run.pilot",
     "RunFuture": "trajflow.workflows.run.pilot",
     "Run": "trajflow.workflows.run.runs",

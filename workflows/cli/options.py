@@ -8,7 +8,10 @@ import argparse
 import dataclasses
 import json
 
-from trajflow.workflows.run.spec import spelled, value_type
+from trajflow.workflows.run.spec import RunSpec, spelled, value_type
+
+RUN_FIELDS = tuple(f.name for f in dataclasses.fields(RunSpec))
+RESUMED_OPTIONS = ("retries", "progress")  # a resumed run's own; the rest are its plan's
 
 
 def _json_object(text):

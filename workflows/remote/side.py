@@ -39,11 +39,12 @@ from trajflow.tasks.rundir import (BATCH_SCRIPT, CLIENT as CLIENT_FILE, CLIENT_E
                                    PLAN, read_outcome, read_record, write_record)
 from trajflow.workflows.campaign.folders import is_campaign_dir
 from trajflow.workflows.campaign.run import Campaign
-from trajflow.workflows.cli.main import run_guarded, run_planned
+from trajflow.workflows.cli.commands import run_planned
+from trajflow.workflows.cli.main import run_guarded
 from trajflow.workflows.errors import EXIT_INPUT, InputError
 from trajflow.workflows.remote.batch import BATCH_SYSTEMS, BatchError
 from trajflow.workflows.run import resources
-from trajflow.workflows.run.pilot import plan_of
+from trajflow.workflows.run.api import plan_of
 from trajflow.workflows.run.planning import write_plan
 from trajflow.workflows.run.progress import frames_done
 from trajflow.workflows.run.spec import command_line, PilotSpec, RunSpec

@@ -28,7 +28,7 @@ from trajflow.tasks import backend_part
 from trajflow.tasks.plan import RunPlan
 from trajflow.tasks.rundir import has_plan
 from trajflow.workflows.errors import InputError
-from trajflow.workflows.run.pilot import run_plan
+from trajflow.workflows.run.api import run_plan
 from trajflow.workflows.run.planning import default_out
 from trajflow.workflows.run.runs import Run
 from trajflow.workflows.run.spec import PilotSpec, RunSpec, split_options, takes_options

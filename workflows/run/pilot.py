@@ -1,4 +1,5 @@
-"""Runs from Python: `trajflow.run(...)` for one, a `Pilot` for several on one pilot.
+"""A `Pilot`: one RADICAL pilot held for several runs (`trajflow.run`, api.py, makes
+one of its own for one run).
 
     >>> import trajflow
     >>> from MDAnalysisTests.datafiles import PSF, DCD
@@ -21,10 +22,8 @@ it) go to the pilot as one batch and run side by side; a run submitted while
 a batch runs starts when that batch has ended.
 """
 import concurrent.futures
-import contextlib
 import dataclasses
 import os
-import signal
 import threading
 import time
 
@@ -34,49 +33,13 @@ from trajflow.workflows.run import resources
 from trajflow.workflows.run.execute import PilotProcess, RunRequest
 from trajflow.workflows.run.heartbeat import cancel_orphans
 from trajflow.workflows.run.outcomes import failed_for_good, remove_partial_files
-from trajflow.workflows.run.planning import full_disk_note, make_plan, plan_for_resume, write_plan
+from trajflow.workflows.run.planning import full_disk_note, make_plan, write_plan
 from trajflow.workflows.run.progress import Progress
 from trajflow.workflows.run.runs import Run
+from trajflow.workflows.run.signals import stop_on_signals
 from trajflow.workflows.run.spec import PilotSpec, RunSpec, spelled, split_options, takes_options
 
 COALESCE_S = 0.3  # runs submitted this close together go to the pilot as one batch
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-stopped_by = None  # the stop signal that last interrupted a run, if one did
-
-
-@contextlib.contextmanager
-def stop_on_signals(also_sigint=False):
-    """SIGTERM (a batch system's or a user's kill) and SIGHUP (a dropped SSH
-    session) stop a run as Ctrl-C does: the pilot is cancelled in order, its
-    tasks end, the outcome is recorded, Interrupted is raised. Only in the
-    main thread (Python delivers signals there); the handlers before are put
-    back after. `also_sigint`: Ctrl-C too where it was ignored (a command
-    started with & from a script inherits SIGINT ignored)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    owner = os.getpid()
-
-    def stop(signum, frame):
-        global stopped_by
-        if os.getpid() != owner:  # a forked child (a multiprocessing worker): die as by default
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        stopped_by = signum
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-    signals = STOP_SIGNALS + ((signal.SIGINT,) if also_sigint else ())
-    before = {sig: signal.getsignal(sig) for sig in signals}
-    for sig in signals:
-        signal.signal(sig, stop if sig != signal.SIGINT else signal.default_int_handler)
-    try:
-        yield
-    finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
-
-
 class RunFuture(concurrent.futures.Future):
     """A run submitted to a Pilot: ``.result()`` waits and gives its Run (or raises
     RunFailed / Interrupted), ``.done()``, ``.cancel()`` (True only while it
@@ -376,89 +339,3 @@ class Pilot:
         """A line about one run: said unless that run was asked for progress=False."""
         if future.request.progress:
             self._say(text)
-
-
-@takes_options(RunSpec, PilotSpec, skip=("retries", "env", "progress") + tuple(
-    f.name for f in dataclasses.fields(RunSpec)))
-def resume(rundir, *, pilot=None, retries=1, env=None, progress=True, **options) -> Run:
-    """Run again only what an interrupted or failed run is missing (`trajflow run --resume`).
-
-    The run's own options are its plan's; `retries`, `env`, `progress` and the
-    pilot's options (below) are this attempt's. InputError if its inputs or its
-    analysis code changed since it was planned, or if it is complete already.
-
-    Examples
-    --------
-    >>> try:
-    ...     run = trajflow.run(PSF, DCD, "rmsd", out="runs/adk")
-    ... except trajflow.RunFailed:
-    ...     run = trajflow.resume("runs/adk")     # only the missing blocks, then reduce
-    """
-    spec = RunSpec(retries=retries, env=env, progress=progress)
-    pilot_spec = PilotSpec(**split_options(options, PilotSpec)[0])
-    return run_plan(plan_for_resume(rundir), spec, pilot_spec, pilot, resume=True)
-
-
-def run_plan(plan, spec, pilot_spec, pilot=None, resume=False) -> Run:
-    """A planned run on `pilot`, or on a pilot of its own sized for it (its RADICAL
-    session in RUNDIR), started and cancelled around it; the Run, or RunFailed."""
-    if pilot is not None:
-        return pilot.submit_plan(plan, spec, resume=resume).result()
-    own_spec = dataclasses.replace(pilot_spec, cpus=pilot_spec.cores_for(plan),
-                                   path=pilot_spec.path or plan.workdir)
-    with Pilot(progress=spec.progress, **dataclasses.asdict(own_spec)) as own:
-        return own.submit_plan(plan, spec, resume=resume).result()
-
-
-@takes_options(RunSpec, PilotSpec)
-def run(topology, trajectory, analysis, *, pilot=None, **options) -> Run:
-    """Analyse a trajectory on a pilot and return the finished Run.
-
-    `topology` a topology MDAnalysis reads; `trajectory` one file or a list
-    (one trajectory, in order); `analysis` a built-in name, "FILE.py:NAME" /
-    "module:NAME" (a function NAME(universe, **args) returning a parallelisable
-    MDAnalysis analysis) or such a function itself (sent by value with
-    cloudpickle). `pilot`: run on this Pilot; otherwise a pilot of its own is
-    started with the pilot's options below and cancelled at the end. Every
-    other option is RunSpec's or PilotSpec's, listed below with its default
-    (the same as `trajflow run --help`).
-
-    Returns
-    -------
-    Run
-        ``run.results`` (arrays), ``run.profile``, ``run.path``, ...
-
-    Raises
-    ------
-    InputError
-        bad input, found before anything is written or started.
-    RunFailed
-        a task failed for good; ``exc.failed_tasks``, ``exc.run``.
-    Interrupted
-        Ctrl-C; the pilot was cancelled and its tasks ended.
-
-    Examples
-    --------
-    >>> from MDAnalysis.analysis.rdf import InterRDF
-    >>> rdf = trajflow.run(GRO, XTC, lambda u: InterRDF(u.select_atoms("name OW"),
-    ...                                                u.select_atoms("name OW"), nbins=75),
-    ...                    io="h5md", blocks=2)
-    >>> rdf.results.rdf
-    """
-    run_options, pilot_options = split_options(options, RunSpec, PilotSpec)
-    spec = RunSpec(topology=topology, trajectory=trajectory, analysis=analysis, **run_options)
-    if pilot is not None:
-        if pilot_options:
-            raise InputError(f"{', '.join(pilot_options)}: options of the pilot, which is given "
-                             "(pilot=): set them when you make the Pilot")
-        return pilot.submit(topology, trajectory, analysis, **run_options).result()
-    pilot_spec = PilotSpec(**pilot_options)
-    return run_plan(plan_of(spec, pilot_spec), spec, pilot_spec)
-
-
-def plan_of(spec, pilot_spec, resume=None):
-    """The checked plan of a run for a pilot of `pilot_spec` (nothing written), or with
-    `resume` the plan of that interrupted run; InputError naming the problem."""
-    if resume:
-        return plan_for_resume(resume)
-    return make_plan(spec, pilot_spec.cpus or pilot_spec.blocks_for(spec))

@@ -1,0 +1,256 @@
+"""The `trajflow` commands: each parses nothing and prints what its library call gives."""
+import dataclasses
+import json
+import os
+import sys
+import time
+
+from trajflow.tasks.analyses import ANALYSES
+from trajflow.tasks.mda_analyses import parallelisable_classes
+from trajflow.tasks.rundir import has_plan, REPORT
+from trajflow.workflows.bench.small import format_table, run_bench, run_bench_large
+from trajflow.workflows.campaign.folders import is_campaign_dir
+from trajflow.workflows.campaign.run import Campaign
+from trajflow.workflows.campaign.table import experiment_rows, summary_lines, write_table
+from trajflow.workflows.cli.options import flags_said, RESUMED_OPTIONS, RUN_FIELDS, spec_from_args
+from trajflow.workflows.datasets import adk_concatenated
+from trajflow.workflows.errors import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK,
+                                       InputError, Interrupted, RunFailed)
+from trajflow.workflows.profile.inspection import inspect_runs, summary_text, write_csv, write_json
+from trajflow.workflows.profile.report_html import write_campaign_html, write_html
+from trajflow.workflows.profile.trace import write_trace
+from trajflow.workflows.remote import client as remote
+from trajflow.workflows.run import resources
+from trajflow.workflows.run.api import plan_of
+from trajflow.workflows.run.pilot import Pilot
+from trajflow.workflows.run.planning import make_plan
+from trajflow.workflows.run.spec import PilotSpec, RunSpec
+
+
+def _run_and_report(plans, spec, pilot_spec, path, resume=False):
+    """Run the plans on one pilot (the API's Pilot), each run's summary and HTML
+    report written as soon as it has ended (while the pilot is shut down), then
+    printed; the exit code."""
+    import concurrent.futures
+    t0 = time.time()
+    runs, futures = {}, {}
+
+    def finished(future):
+        try:
+            runs[future] = future.result()
+        except RunFailed as exc:
+            runs[future] = exc.run
+    try:
+        cpus = pilot_spec.cpus or max(pilot_spec.cores_for(plan) for plan in plans)
+        own = dataclasses.replace(pilot_spec, cpus=cpus, path=path)
+        with Pilot(progress=spec.progress, **dataclasses.asdict(own)) as pilot:
+            futures = {pilot.submit_plan(plan, spec, resume=resume): plan for plan in plans}
+            pilot.close(wait=False)  # no more runs: the pilot ends with the last one
+            for future in concurrent.futures.as_completed(futures):
+                finished(future)
+    except Interrupted:  # the exit code must say what is on disk: complete results are done
+        if not futures or not all(f.done() and not f.cancelled() and f.exception() is None
+                                  for f in futures):
+            raise
+        print("trajflow: interrupted after every run had completed; the results are whole",
+              file=sys.stderr)
+        for future in futures:
+            if future not in runs:
+                finished(future)
+    # summarised once the pilot has ended: its profile (the pilot's start and end) is kept
+    summaries = {future: _summarise(runs[future]) for future in futures}
+    failed = False
+    for future, plan in futures.items():
+        run = runs[future]
+        outcome = run.outcome or {}
+        for text in outcome.get("retried_tasks", []):
+            print("retried (failed, then run again): " + text.splitlines()[0], file=sys.stderr)
+        for text in outcome.get("failed_tasks", []):
+            print(text, file=sys.stderr)
+        name = future.request.name
+        if outcome.get("error"):
+            print(f"{name}: {outcome['error']}", file=sys.stderr)
+        if outcome.get("stopped_at"):
+            print(f"{name}: stopped after the {outcome['stopped_at']} stage failed; later stages "
+                  "did not run", file=sys.stderr)
+        failed |= not run.ok
+        print(summaries[future])
+    print(f"RADICAL session: {pilot.session_dir}   wall time: {time.time() - t0:.1f} s")
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def _summarise(run):
+    """A finished run's summary (Run.summary) and its HTML report beside the result."""
+    try:
+        html_path = run.profile.to_html(run.plan.path(REPORT),
+                                        f"trajflow run {run.path}")
+        return (run.summary() + f"\n  timeline and phases: {html_path}  (trajflow inspect "
+                f"{run.path} for the table)")
+    except Exception as exc:  # the report must never hide the result
+        return f"{run.path}: (no profile summary: {exc})"
+
+
+def specs_from_args(args):
+    """(RunSpec, PilotSpec) of the flags given; InputError for a bad value."""
+    return spec_from_args(RunSpec, args), spec_from_args(PilotSpec, args)
+
+
+def plan_from_args(args):
+    """The run `trajflow run` asks for, planned (InputError for bad input, nothing written),
+    with its specs: (plan, RunSpec, PilotSpec)."""
+    spec, pilot_spec = specs_from_args(args)
+    if args.resume:
+        given = flags_said(args, RunSpec, [f for f in RUN_FIELDS if f not in RESUMED_OPTIONS])
+        if given:
+            raise InputError(f"--resume takes the run's options from its plan: drop "
+                             f"{', '.join(given)}")
+    return plan_of(spec, pilot_spec, args.resume), spec, pilot_spec
+
+
+def run_planned(plan, spec, pilot_spec, resume=False):
+    return _run_and_report([plan], spec, pilot_spec, plan.workdir, resume=resume)
+
+
+def cmd_run(args):
+    if args.remote_batch and not args.remote:
+        raise InputError("--remote-batch needs --remote HOST: it submits the run's client as a "
+                         "batch job there (here, run trajflow inside your own job with "
+                         "--access-schema batch)")
+    if args.remote:
+        return remote.cmd_run_remote(args, *specs_from_args(args))
+    return run_planned(*plan_from_args(args), resume=bool(args.resume))
+
+
+def cmd_demo(args):
+    spec, pilot_spec = specs_from_args(args)
+    out = os.path.abspath(args.out or f"trajflow-demo-{time.strftime('%Y%m%d-%H%M%S')}")
+    ranks = pilot_spec.blocks_for(spec)
+    print(f"building the demo trajectory (AdK x{args.copies}) in the cache, once ...")
+    top, traj = adk_concatenated(args.copies, "DCD")
+    print(f"  {traj}")
+    plans = [make_plan(dataclasses.replace(spec, topology=top, trajectory=[traj], analysis=name,
+                                           out=os.path.join(out, name), blocks=ranks), ranks)
+             for name in ANALYSES]
+    print(f"running {' and '.join(ANALYSES)} on {pilot_spec.resource} with {ranks} MPI "
+          "ranks ...")
+    return _run_and_report(plans, spec, pilot_spec, out)
+
+
+def cmd_campaign(args):
+    campaign = Campaign.load(args.file)
+    if args.only_resource:
+        if args.only_resource not in campaign.resources:
+            raise InputError(f"--only-resource {args.only_resource!r}: the file's resources are "
+                             f"{', '.join(campaign.resources)}")
+        campaign = campaign.only(args.only_resource)
+    if args.dry_run:
+        print(campaign.dry_run(args.out, args.resume)["text"])
+        print("\n--dry-run: nothing submitted, no campaign folder written")
+        return EXIT_OK
+    try:
+        result = campaign.run(args.out, args.resume)
+    except Interrupted as exc:
+        print(exc.result.summary())
+        print(f"trajflow: {exc}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(result.summary())
+    print(f"campaign table: {result.table_path}\n(trajflow inspect {result.path} --html FILE "
+          "compares the resources)")
+    return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def cmd_resources(args):
+    if args.show:
+        try:
+            resources.check_resource(args.show)
+        except ValueError as exc:
+            raise InputError(str(exc))
+        sources = resources.resource_sources().get(args.show, [])
+        print(f"# {args.show}: from {' + '.join(sources) or 'RADICAL-Pilot'} "
+              "(later ones merged over earlier ones)")
+        print(json.dumps(resources.merged_config(args.show), indent=2, sort_keys=True))
+        return EXIT_OK
+    sources = resources.resource_sources()
+    shown = sorted(l for l, s in sources.items() if args.all or s != ["radical"])
+    print(f"{'resource':32s} config from")
+    for label in shown:
+        print(f"{label:32s} {' + '.join(sources[label])}")
+    if not args.all:
+        print(f"({len(sources) - len(shown)} more of RADICAL-Pilot's own: --all lists them; "
+              "`trajflow resources LABEL` shows one)")
+    return EXIT_OK
+
+
+def cmd_inspect(args):
+    if not args.rundirs and not args.table:
+        raise InputError("nothing to inspect: give one or more RUNDIRs (--out folders of "
+                         "trajflow run), a campaign folder, or --table FILE.csv")
+    if len(args.rundirs) == 1 and is_campaign_dir(args.rundirs[0]) and not args.table:
+        return _inspect_campaign(args)
+    for d in args.rundirs:
+        if not has_plan(d):
+            raise InputError(f"{d!r} is not a trajflow run (no plan.json): give a --out folder of "
+                             "trajflow run")
+    report = inspect_runs(args.rundirs, args.table)
+    print(summary_text(report))
+    if args.trace:
+        write_trace(report, args.trace)
+        print(f"trace (open in https://ui.perfetto.dev or chrome://tracing): {args.trace}")
+    if args.html:
+        write_html(report, args.html)
+        print(f"HTML report: {args.html}")
+    if args.json:
+        write_json(report, args.json)
+        print(f"JSON: {args.json}")
+    if args.csv:
+        write_csv(report, args.csv)
+        print(f"CSV: {args.csv}")
+    return EXIT_OK
+
+
+def _inspect_campaign(args):
+    cdir = os.path.abspath(args.rundirs[0])
+    rows = experiment_rows(cdir)
+    for line in summary_lines(rows):
+        print(line)
+    if args.html:
+        write_campaign_html(rows, cdir, args.html)
+        print(f"HTML report: {args.html}")
+    if args.csv:
+        print(f"CSV: {write_table(rows, args.csv)}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(rows, fh, indent=1)
+        print(f"JSON: {args.json}")
+    return EXIT_OK
+
+
+def cmd_bench(args):
+    if min(args.copies, args.repeats, args.loop_frames, args.startup_launches, args.launches) < 1:
+        raise InputError("--copies, --repeats, --loop-frames, --startup-launches and --launches "
+                         "must be at least 1")
+    if not args.large_gb > 0:
+        raise InputError(f"--large-gb must be more than 0, got {args.large_gb}")
+    if args.scale == "large":
+        result = run_bench_large(args.large_gb, args.launches, with_entk=not args.no_entk,
+                                 startup_launches=args.startup_launches)
+    else:
+        result = run_bench(args.copies, args.repeats, args.loop_frames,
+                           with_parallel=not args.no_parallel, with_entk=not args.no_entk,
+                           user_copies=args.user_copies, startup_launches=args.startup_launches)
+    print(format_table(result))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(result, fh, indent=1)
+        print(f"numbers written to {args.json}")
+    return EXIT_OK
+
+
+def cmd_analyses(args):
+    import MDAnalysis
+    classes = parallelisable_classes()
+    print(f"MDAnalysis {MDAnalysis.__version__}: {len(classes)} analyses can be split over "
+          "blocks (build one in your factory: --analysis FILE.py:NAME)")
+    for name, module in classes.items():
+        print(f"  {name:28s} {module}")
+    return EXIT_OK

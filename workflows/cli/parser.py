@@ -1,0 +1,129 @@
+"""`trajflow`'s argument parser: its commands and their options (a run's from the specs)."""
+import argparse
+import dataclasses
+
+from trajflow.workflows.cli.options import RESUMED_OPTIONS, add_spec_options
+from trajflow.workflows.remote.client import add_remote_commands, add_remote_options
+from trajflow.workflows.run.spec import PilotSpec, RunSpec
+
+
+def add_run_options(p):
+    """Every option of a run and of its pilot (RunSpec, PilotSpec), and --resume."""
+    add_spec_options(p, RunSpec)
+    add_spec_options(p, PilotSpec)
+    p.add_argument("--resume", metavar="RUNDIR", default=None,
+                   help="instead of a new run: re-run only the blocks an interrupted run is "
+                        "missing; refused if its inputs changed (default: a new run)")
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="trajflow",
+        description="Parallel MD trajectory analysis (split -> analyze -> reduce) on RADICAL-EnTK.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="analyse a trajectory on a pilot",
+                         description="Analyse a trajectory on a RADICAL pilot; writes RUNDIR/result.h5.")
+    add_run_options(run)
+    add_remote_options(run)
+    demo = sub.add_parser("demo", help="the main job on its default: AdK x100, rmsd and dihedrals",
+                          description="Build AdK (MDAnalysisTests PSF/DCD) concatenated 100x "
+                                      "(9,800 frames) once in a cache folder, then run rmsd and "
+                                      "dihedrals on one local pilot with 2 MPI ranks.")
+    demo.add_argument("--out", default=None, metavar="DIR",
+                      help="folder for the two runs (default: ./trajflow-demo-<time>)")
+    demo.add_argument("--copies", type=int, default=100, metavar="K",
+                      help="how many times to concatenate AdK's 98 frames (default: 100)")
+    add_spec_options(demo, PilotSpec)
+    add_spec_options(demo, RunSpec, only=RESUMED_OPTIONS)
+    insp = sub.add_parser("inspect", help="phase table, stragglers and advice for finished runs",
+                          description="Read RUNDIR(s) alone (plan, per-rank records, RADICAL task "
+                                      "profiles) and print a phase table per task and rank, the "
+                                      "stragglers with the numbers behind them, and the papers' "
+                                      "advice; with several runs of one input, S(N) and E(N).")
+    insp.add_argument("rundirs", nargs="*", metavar="RUNDIR",
+                      help="one or more trajflow runs, or one campaign folder (then the "
+                           "campaign table, and --html compares its resources)")
+    insp.add_argument("--table", action="append", default=[], metavar="FILE.csv",
+                      help="judge a per-rank timing table of any tool (columns: rank and any of "
+                           "group, host, frames, t_open, t_io, t_compute, t_wait, t_comm, "
+                           "t_write, t_total; see the README); repeat for several")
+    insp.add_argument("--trace", default=None, metavar="FILE.json",
+                      help="write the timeline as a Chrome Trace Event file for Perfetto or "
+                           "chrome://tracing (default: none)")
+    insp.add_argument("--html", default=None, metavar="FILE",
+                      help="write a self-contained offline HTML report (default: none)")
+    insp.add_argument("--json", default=None, metavar="FILE",
+                      help="write every record and flag as JSON (default: none)")
+    insp.add_argument("--csv", default=None, metavar="FILE",
+                      help="write every record and flag as CSV (default: none)")
+    camp = sub.add_parser("campaign", help="run the experiments of a campaign file on one or "
+                                           "more resources, concurrently",
+                          description="Expand a campaign file (TOML: input, analysis, resources, "
+                                      "factors with levels) into experiments and run them: one "
+                                      "pilot per resource, the resources side by side, every "
+                                      "experiment in its own RUNDIR under CAMPAIGN_DIR/runs/, "
+                                      "the table in CAMPAIGN_DIR/campaign.csv.")
+    camp.add_argument("file", metavar="FILE.toml", help="the campaign file (see the README)")
+    camp.add_argument("--out", default=None, metavar="CAMPAIGN_DIR",
+                      help="the campaign's folder (default: ./<campaign name>)")
+    camp.add_argument("--dry-run", action="store_true",
+                      help="print the experiments and each resource's pilot; submit and write "
+                           "nothing")
+    camp.add_argument("--resume", action="store_true",
+                      help="keep the experiments of CAMPAIGN_DIR that completed, run the rest")
+    camp.add_argument("--only-resource", default=None, metavar="LABEL",
+                      help="run only this resource's experiments, on this machine even where "
+                           "the file says remote (how a remote resource's campaign runs there)")
+    res = sub.add_parser("resources", help="list the resources trajflow can use, or show one",
+                         description="List every RADICAL-Pilot resource label (RADICAL's own, "
+                                     "trajflow's shipped configs, your ~/.radical), or show the "
+                                     "merged config RADICAL-Pilot will use for one.")
+    res.add_argument("show", nargs="?", metavar="LABEL", default=None,
+                     help="show this resource's merged config as JSON (default: list all)")
+    res.add_argument("--all", action="store_true",
+                     help="list every RADICAL-Pilot label, not only the ones trajflow or you "
+                          "configured")
+    sub.add_parser("analyses", help="list the installed MDAnalysis analyses --analysis "
+                                    "FILE.py:NAME can run (those that declare themselves "
+                                    "parallelisable)",
+                   description="List the analysis classes of the installed MDAnalysis that "
+                               "declare themselves parallelisable, with their modules.")
+    bench = sub.add_parser("bench", help="our kernels and readers against MDAnalysis, the papers' "
+                                         "loops and mdtraj, side by side",
+                           description="Measure, in one run on AdK concatenated K times (DCD, XTC "
+                                       "and H5MD, built once in the cache), microseconds per frame "
+                                       "and the ratios the targets are stated in.")
+    bench.add_argument("--copies", type=int, default=100, metavar="K",
+                       help="how many times to concatenate AdK's 98 frames (default: 100)")
+    bench.add_argument("--repeats", type=int, default=3, metavar="R",
+                       help="best of R runs for our code (default: 3)")
+    bench.add_argument("--loop-frames", type=int, default=200, metavar="F",
+                       help="frames timed for the slow per-frame baselines (default: 200)")
+    bench.add_argument("--no-parallel", action="store_true",
+                       help="skip the analyze stage under mpiexec -n 1 and -n 2, best of 5 launches "
+                            "each (default: run it)")
+    bench.add_argument("--no-entk", action="store_true",
+                       help="skip the one-block EnTK run on a local pilot and two runs on one "
+                            "kept pilot, ~45 s (default: run it)")
+    bench.add_argument("--user-copies", type=int, default=20, metavar="K",
+                       help="your-own-analysis row: InterRDF (water O-O) on the solvated AdK "
+                            "(GRO/XTC, 10 frames) repeated K times, trajflow's 2 ranks against "
+                            "MDAnalysis' 2-worker run; 0 skips it (default: 20)")
+    bench.add_argument("--startup-launches", type=int, default=5, metavar="N",
+                       help="launches of a task, warm and with empty caches, to time its "
+                            "start-up and exit (default: 5)")
+    bench.add_argument("--scale", choices=("small", "large"), default="small",
+                       help="small: the AdK rows above; large: the solvated AdK (47,681 atoms) "
+                            "repeated to --large-gb GB of XTC, also as DCD and H5MD (~3.5x each), "
+                            "built once in the cache, trajflow 1 and 2 ranks against MDAnalysis "
+                            "serial and 2 workers per format, the analyze stage in a kept pilot "
+                            "against plain mpiexec, and a task's start-up (default: small)")
+    bench.add_argument("--large-gb", type=float, default=2.0, metavar="GB",
+                       help="--scale large: the XTC's size in GB (default: 2; the three files "
+                            "take ~8x that on disk)")
+    bench.add_argument("--launches", type=int, default=3, metavar="N",
+                       help="--scale large: launches of each of our stages, best (pilot against "
+                            "mpiexec: median) of N (default: 3)")
+    bench.add_argument("--json", default=None, metavar="FILE", help="also write the numbers as JSON")
+    add_remote_commands(sub)  # status, follow, fetch, cancel: remote runs
+    return parser
