@@ -15,11 +15,11 @@ others go on.
 """
 import dataclasses
 import json
+import logging
 import multiprocessing
 import os
 import shutil
 import signal
-import sys
 import time
 
 from trajflow.tasks.plan import PLAN_FILE, RunPlan
@@ -34,9 +34,12 @@ from trajflow.workflows.datasets import adk_concatenated
 from trajflow.workflows.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, Interrupted
 from trajflow.workflows.run import resources
 from trajflow.workflows.run.execute import run_plans
+from trajflow.workflows.run.progress import close_bar, new_bar, shown
 from trajflow.workflows.run.planning import (check_outdir, InputError, make_plan, read_inputs,
                                              write_plan)
 
+
+log = logging.getLogger(__name__)
 
 def input_files(campaign: CampaignSpec):
     """(topology, [trajectories]); a built-in dataset is built once in the cache."""
@@ -210,8 +213,7 @@ def run_campaign(campaign: CampaignSpec, out: str, resume=False, progress=True) 
     cdir = prepare_dir(campaign, out, resume)
     check_resources(campaign)
     todo, kept = plan_experiments(campaign, cdir, resume)
-    if progress:
-        print(describe(campaign, cdir, kept), file=sys.stderr, flush=True)
+    log.log(shown(progress), describe(campaign, cdir, kept))
     plans = write_campaign_files(campaign, cdir, todo)
     procs = {}
     ctx = multiprocessing.get_context("fork")
@@ -240,12 +242,12 @@ def run_campaign(campaign: CampaignSpec, out: str, resume=False, progress=True) 
 def _follow(campaign, cdir, procs, kept, progress=True) -> bool:
     """A progress bar per resource until every resource process has ended.
     Ctrl-C is passed to each resource process once; they cancel their pilots."""
-    from tqdm import tqdm
+    level = shown(progress)
     bars, seen = {}, set(kept)
     for i, label in enumerate(procs):
-        bars[label] = tqdm(total=len([e for e in campaign.on(label) if e not in seen]),
-                           desc=label, position=i, unit="exp", leave=True, file=sys.stderr,
-                           disable=None if progress else True)
+        bars[label] = new_bar(total=len([e for e in campaign.on(label) if e not in seen]),
+                              desc=label, position=i, unit="exp", leave=True,
+                              disable=None if progress else True)
     interrupted = False
     while True:
         try:
@@ -259,8 +261,7 @@ def _follow(campaign, cdir, procs, kept, progress=True) -> bool:
                         msg = f"{e.id}: {outcome['status']}"
                         if outcome["status"] != "done":
                             msg += f" ({outcome.get('error') or outcome.get('stopped_at') or 'a task failed'})"
-                        if progress:
-                            tqdm.write(msg, file=sys.stderr)
+                        log.log(level, msg)
             if not alive:
                 break
             time.sleep(1.0)
@@ -268,12 +269,12 @@ def _follow(campaign, cdir, procs, kept, progress=True) -> bool:
             if interrupted:
                 continue  # already asked; keep waiting for the pilots to be cancelled
             interrupted = True
-            print("trajflow: interrupted; cancelling every resource's pilot", file=sys.stderr)
+            log.warning("interrupted; cancelling every resource's pilot")
             for p in procs.values():
                 if p.is_alive():
                     os.kill(p.pid, signal.SIGINT)
     for bar in bars.values():
-        bar.close()
+        close_bar(bar)
     return interrupted or any(p.exitcode == EXIT_INTERRUPTED for p in procs.values())
 
 

@@ -75,21 +75,39 @@ def frames_done(plan):
     return done
 
 
+def shown(enabled=True):
+    """The level to log progress at (INFO, or DEBUG when not `enabled`), trajflow's lines
+    shown on stderr first where the `trajflow` logger has no handler of its own."""
+    if enabled and not configured():
+        show_on(sys.stderr)  # kept: later lines (and later Pilots) go to stderr too
+    return logging.INFO if enabled else logging.DEBUG
+
+
+def new_bar(**options):
+    """A tqdm bar on stderr that trajflow's lines are written above."""
+    bar = tqdm(file=sys.stderr, **options)
+    _BARS.add(bar)
+    return bar
+
+
+def close_bar(bar):
+    _BARS.discard(bar)
+    bar.close()
+
+
 class Progress:
     """Progress lines (logged) and bars (on `stream`, stderr); DEBUG records and no bar
     when not `enabled`. A `stream` given is where this Progress shows its lines too."""
 
     def __init__(self, enabled=True, stream=None, poll_s=1.0):
         self.enabled = enabled
-        self.level = logging.INFO if enabled else logging.DEBUG
         self.stream = stream or sys.stderr
         self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
         self.poll_s = poll_s
         self._handler = None  # a handler of this Progress's own stream, removed at close
         if enabled and stream is not None:
             self._handler = show_on(stream)
-        elif enabled and not configured():
-            show_on(self.stream)  # kept: later lines (and later Pilots) go to stderr too
+        self.level = shown(enabled)
         self._tracked = {}   # run name -> [plan, tqdm bar or last quarter printed]
         self._lock = threading.Lock()
         self._stop = threading.Event()
