@@ -72,8 +72,12 @@ class RunPlan:
     # io h5md in a campaign: one H5MD copy of the inputs for all its experiments,
     # made by the first split task that needs it (the others wait and reuse it)
     shared_h5md: Optional[str] = None
-    # the resolved atoms; kept in selection.npz beside plan.json, not in it
+    # the workstation's, never in plan.json: the resolved atoms (kept in selection.npz
+    # beside it), the RUNDIR lock held while the run goes (workflows/run/rundir_lock.py),
+    # a script's analysis function pickled (written into RUNDIR/analysis/)
     selected: Optional[dict] = dataclasses.field(default=None, repr=False, compare=False)
+    lock: Optional[object] = dataclasses.field(default=None, repr=False, compare=False)
+    factory_pickle: Optional[bytes] = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def n_blocks(self) -> int:
@@ -162,7 +166,8 @@ class RunPlan:
 
     # --- serialisation -------------------------------------------------------
     def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "selected"}
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+             if f.name not in WORKSTATION_ONLY}
         d["blocks"] = [list(b) for b in self.blocks]
         d["trajectories"] = list(self.trajectories)
         return d
@@ -183,6 +188,7 @@ class RunPlan:
         return cls(**d)
 
 
+WORKSTATION_ONLY = ("selected", "lock", "factory_pickle")  # fields never written to plan.json
 _PARTIAL = re.compile(r"\.tmp\d*(\.[A-Za-z0-9]+)?$|\.\d+\.tmp$")
 CHUNK_BYTES = 8 << 20  # coordinates read at a time per rank when --chunk is not given
 

@@ -21,7 +21,7 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     # trajflow's log records (progress, warnings) on stderr; --quiet: warnings only
-    progress.show_on(sys.stderr, logging.INFO if getattr(args, "progress", True) else logging.WARNING)
+    progress.show_on(None, logging.INFO if getattr(args, "progress", True) else logging.WARNING)
     return run_guarded(_command, args)
 
 

@@ -237,7 +237,7 @@ class Pilot:
         path = plan.path(PLAN) if resume else write_plan(plan)
         future = RunFuture(RunRequest(self._unique_name(plan), plan, path, spec.retries, resume,
                                       spec.env, spec.progress))
-        lock = getattr(plan, "lock", None)  # one run per RUNDIR, until this one has ended
+        lock = plan.lock  # one run per RUNDIR, until this one has ended
         if lock is not None:
             future.add_done_callback(lambda _: lock.release())
             if lock.taken_over:

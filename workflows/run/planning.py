@@ -489,7 +489,7 @@ def write_plan(plan: RunPlan) -> str:
     plan.save_selection(plan.selected)
     if plan.factory and plan.factory.get("copy"):  # the factory's code travels with the run
         os.makedirs(plan.path("analysis"), exist_ok=True)
-        if getattr(plan, "factory_pickle", None) is not None:
+        if plan.factory_pickle is not None:
             with open(plan.path(plan.factory["copy"]), "wb") as fh:
                 fh.write(plan.factory_pickle)
         else:

@@ -25,12 +25,18 @@ _BARS = set()  # the tqdm bars on the screen: lines are written above them
 
 
 class LineHandler(logging.Handler):
-    """trajflow's records as lines on a stream ("trajflow HH:MM:SS ..."), above any bar."""
+    """trajflow's records as lines on a stream ("trajflow HH:MM:SS ..."), above any bar;
+    without a stream, on whatever sys.stderr is when the line is written (as logging's
+    last resort does: a redirected or captured stderr gets the lines)."""
 
     def __init__(self, stream=None, level=logging.INFO):
         super().__init__(level)
-        self.stream = stream or sys.stderr
+        self._stream = stream
         self.setFormatter(logging.Formatter("trajflow %(asctime)s %(message)s", "%H:%M:%S"))
+
+    @property
+    def stream(self):
+        return self._stream or sys.stderr
 
     def emit(self, record):
         try:
@@ -51,8 +57,9 @@ def configured() -> bool:
 
 
 def show_on(stream=None, level=logging.INFO):
-    """Show trajflow's records on `stream` (stderr) from `level` up; the handler. They
-    then stay out of the root logger's handlers (no line twice)."""
+    """Show trajflow's records on `stream` (None: stderr, as it is at each line) from
+    `level` up; the handler. They then stay out of the root logger's handlers (no line
+    twice)."""
     handler = LineHandler(stream, level)
     log.addHandler(handler)
     log.propagate = False
@@ -79,7 +86,7 @@ def shown(enabled=True):
     """The level to log progress at (INFO, or DEBUG when not `enabled`), trajflow's lines
     shown on stderr first where the `trajflow` logger has no handler of its own."""
     if enabled and not configured():
-        show_on(sys.stderr)  # kept: later lines (and later Pilots) go to stderr too
+        show_on()  # kept: later lines (and later Pilots) go to stderr too
     return logging.INFO if enabled else logging.DEBUG
 
 
