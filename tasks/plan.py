@@ -14,8 +14,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from .rundir import RESULT, SELECTION
-from .rundir import PLAN as PLAN_FILE  # noqa: F401  (the plan's name, for readers of plan.py)
+from .rundir import PLAN, RESULT, SELECTION
 
 
 
@@ -173,7 +172,7 @@ class RunPlan:
         return d
 
     def save(self, path: Optional[str] = None) -> str:
-        path = path or self.path(PLAN_FILE)
+        path = path or self.path(PLAN)
         tmp = path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(self.to_dict(), fh, indent=1)

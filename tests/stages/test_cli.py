@@ -153,7 +153,8 @@ def test_one_run_per_folder_a_second_run_or_resume_is_refused_naming_the_holder(
     import socket
     from plans import make_plan
     from trajflow.workflows.run.planning import write_plan
-    from trajflow.workflows.run.rundir_lock import LOCK_FILE, RunLock
+    from trajflow.tasks.rundir import LOCK
+    from trajflow.workflows.run.rundir_lock import RunLock
     out = tmp_path / "run"
     lock = RunLock(out).acquire()
     holder = f"host {socket.gethostname()} pid {os.getpid()}"
@@ -161,7 +162,7 @@ def test_one_run_per_folder_a_second_run_or_resume_is_refused_naming_the_holder(
                     "--out", str(out))
     assert proc.returncode == 2 and "is in use by another trajflow run" in proc.stderr
     assert holder in proc.stderr, proc.stderr
-    assert os.listdir(out) == [LOCK_FILE]  # the refused run wrote nothing
+    assert os.listdir(out) == [LOCK]  # the refused run wrote nothing
     lock.release()
     plan = make_plan(adk[0], [adk[1]], "rmsd", str(out), mode="tasks", blocks=2, cpus=2)
     write_plan(plan)  # a run planned, and its lock held, by this process
@@ -172,11 +173,11 @@ def test_one_run_per_folder_a_second_run_or_resume_is_refused_naming_the_holder(
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()
     (tmp_path / "other").mkdir()
-    (tmp_path / "other" / LOCK_FILE).write_text(f"host {socket.gethostname()} pid {dead} since x\n")
+    (tmp_path / "other" / LOCK).write_text(f"host {socket.gethostname()} pid {dead} since x\n")
     again = make_plan(adk[0], [adk[1]], "rmsd", str(tmp_path / "other"), blocks=2, cpus=2)
     assert again.lock.taken_over.startswith(f"host {socket.gethostname()} pid {dead}")
     again.lock.release()
-    assert not (tmp_path / "other" / LOCK_FILE).exists()
+    assert not (tmp_path / "other" / LOCK).exists()
 
 
 def test_a_refused_run_leaves_no_folder_and_no_lock(adk, tmp_path):

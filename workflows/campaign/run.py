@@ -22,8 +22,8 @@ import shutil
 import signal
 import time
 
-from trajflow.tasks.plan import PLAN_FILE, RunPlan
-from trajflow.tasks.rundir import MARKER as RUN_MARKER, read_outcome, record_outcome
+from trajflow.tasks.plan import RunPlan
+from trajflow.tasks.rundir import MARKER, PLAN, read_outcome, record_outcome
 from trajflow.workflows.campaign.folders import (CAMPAIGN_MARKER, EXPERIMENTS_FILE,
                                                  is_campaign_dir, resource_log, rundir)
 from trajflow.workflows.campaign.remote import run_remote_resource
@@ -77,9 +77,9 @@ def plan_experiments(campaign: CampaignSpec, cdir: str, resume: bool):
     todo, kept = {}, []
     for e in local:
         d = rundir(cdir, e)
-        if resume and os.path.exists(os.path.join(d, PLAN_FILE)):
+        if resume and os.path.exists(os.path.join(d, PLAN)):
             outcome = read_outcome(d)
-            old = RunPlan.load(os.path.join(d, PLAN_FILE))
+            old = RunPlan.load(os.path.join(d, PLAN))
             if outcome and outcome["status"] == "done" and os.path.exists(old.result_path()):
                 if (old.input_checksum != inputs.checksum or old.analysis != campaign.analysis
                         or old.analysis_args != campaign.analysis_args):
@@ -151,7 +151,7 @@ def write_campaign_files(campaign: CampaignSpec, cdir: str, todo: dict):
                                    for e in campaign.experiments]}, fh, indent=1)
     plans = {}
     for e, plan in todo.items():
-        if os.path.exists(os.path.join(plan.workdir, RUN_MARKER)):
+        if os.path.exists(os.path.join(plan.workdir, MARKER)):
             shutil.rmtree(plan.workdir)  # an unfinished experiment of ours: run it again whole
         plans[e] = (plan, write_plan(plan))
     return plans

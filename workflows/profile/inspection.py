@@ -13,7 +13,8 @@ import csv
 import glob
 import json
 import os
-from trajflow.tasks.plan import PLAN_FILE, RunPlan
+from trajflow.tasks.plan import RunPlan
+from trajflow.tasks.rundir import PLAN
 from trajflow.workflows.profile.advice import advice, compare_strategies
 from trajflow.workflows.profile.stragglers import (describe, judge, judged_groups, MIN_GROUP,
                                                    phase_times)
@@ -24,9 +25,9 @@ from trajflow.workflows.profile.timing_tables import read_tables
 def load_run(rundir):
     """(plan, records) of one run; records are the profile lines, with RADICAL launch times."""
     rundir = os.path.abspath(rundir)
-    plan_path = os.path.join(rundir, PLAN_FILE)
+    plan_path = os.path.join(rundir, PLAN)
     if not os.path.exists(plan_path):
-        raise FileNotFoundError(f"{rundir} is not a trajflow run (no {PLAN_FILE})")
+        raise FileNotFoundError(f"{rundir} is not a trajflow run (no {PLAN})")
     plan = RunPlan.load(plan_path)
     records = []
     for path in sorted(glob.glob(os.path.join(rundir, "profile", "*.jsonl"))):

@@ -25,7 +25,7 @@ import tempfile
 import time
 
 from trajflow.tasks.client_guard import alive
-from trajflow.tasks.rundir import FETCHED, PLAN, REMOTE as REMOTE_FILE
+from trajflow.tasks.rundir import FETCHED, PLAN, REMOTE
 from trajflow.workflows.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InputError, RunFailed
 from trajflow.workflows.run.runs import Run
 from trajflow.workflows.run.spec import PilotSpec, RunSpec, split_options, takes_options
@@ -182,10 +182,10 @@ class RemoteRun:
     def __init__(self, local_dir, conn=None):
         self.local = os.path.abspath(local_dir)
         try:
-            with open(os.path.join(self.local, REMOTE_FILE), encoding="utf-8") as fh:
+            with open(os.path.join(self.local, REMOTE), encoding="utf-8") as fh:
                 self.where = json.load(fh)
         except FileNotFoundError:
-            raise InputError(f"{local_dir!r} is not a remote run (no {REMOTE_FILE}): give the "
+            raise InputError(f"{local_dir!r} is not a remote run (no {REMOTE}): give the "
                              "folder `trajflow run --remote` made (its --local)")
         self.target, self.remote_dir = self.where["target"], self.where["remote_dir"]
         self._conn = conn
@@ -214,7 +214,7 @@ class RemoteRun:
         bad input); its local folder records where it lives. `batch`: its client runs
         in a batch job of its own, the pilot in that job's allocation."""
         local_dir = os.path.abspath(local_dir)
-        if os.path.exists(os.path.join(local_dir, REMOTE_FILE)):
+        if os.path.exists(os.path.join(local_dir, REMOTE)):
             raise InputError(f"{local_dir} already follows a remote run: give another --local")
         conn = connect(target, python)
         proc = conn.remote_side("start", *(["--batch"] if batch else []), request)
@@ -227,7 +227,7 @@ class RemoteRun:
         where = {"target": target, "python": python or conn.python, "remote_dir": started["rundir"],
                  "host": started["host"], "client_pid": started["pid"],
                  "batch_job": started.get("batch_job"), "started": time.time()}
-        with open(os.path.join(local_dir, REMOTE_FILE), "w", encoding="utf-8") as fh:
+        with open(os.path.join(local_dir, REMOTE), "w", encoding="utf-8") as fh:
             json.dump(where, fh, indent=1)
         return cls(local_dir, conn)
 

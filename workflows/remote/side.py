@@ -35,7 +35,7 @@ import time
 
 from trajflow.tasks.client_guard import alive, start_time
 from trajflow.tasks.plan import RunPlan
-from trajflow.tasks.rundir import (BATCH_SCRIPT, CLIENT as CLIENT_FILE, CLIENT_EXIT, CLIENT_LOG,
+from trajflow.tasks.rundir import (BATCH_SCRIPT, CLIENT, CLIENT_EXIT, CLIENT_LOG,
                                    PLAN, read_outcome, read_record, write_record)
 from trajflow.workflows.campaign.folders import is_campaign_dir
 from trajflow.workflows.campaign.run import Campaign
@@ -89,7 +89,7 @@ def start(request, batch=False):
     if pid:  # the SSH command: name the client, answer and go; the RUNDIR lock stays with it
         # written here, before the answer: a status asked at once must find it (it once
         # did not, written by the child a moment later, and the run looked failed)
-        write_record(os.path.join(rundir, CLIENT_FILE), pid=pid, start_time=start_time(pid),
+        write_record(os.path.join(rundir, CLIENT), pid=pid, start_time=start_time(pid),
                 host=socket.gethostname())
         _answer({"rundir": rundir, "pid": pid, "host": socket.gethostname()})
         os._exit(0)
@@ -154,7 +154,7 @@ def submit_client_job(plan, pilot_spec, request, system):
     except BatchError as exc:
         shutil.rmtree(plan.workdir, ignore_errors=True)  # planned just now: nothing half-left
         raise InputError(f"{system.name} refused the run's client job: {exc}")
-    write_record(os.path.join(plan.workdir, CLIENT_FILE), batch_job=job,
+    write_record(os.path.join(plan.workdir, CLIENT), batch_job=job,
                  batch_system=system.name, host=socket.gethostname())
     _answer({"rundir": plan.workdir, "pid": None, "batch_job": job, "host": socket.gethostname()})
     return 0
@@ -223,7 +223,7 @@ def run_state(rundir, alive=None):
     report and ends the pilot (a fetch at "done" once came before report.html)."""
     outcome = read_outcome(rundir)
     if alive is None:
-        alive = client_alive(os.path.join(rundir, CLIENT_FILE))
+        alive = client_alive(os.path.join(rundir, CLIENT))
     if outcome and not alive:
         return outcome["status"], outcome
     if outcome:
@@ -237,7 +237,7 @@ def run_state(rundir, alive=None):
 
 
 def status(rundir, log_offset=0):
-    record = os.path.join(rundir, CLIENT_FILE)
+    record = os.path.join(rundir, CLIENT)
     client = client_state(record)
     state, outcome = run_state(rundir, client is not None)
     plan = RunPlan.load(os.path.join(rundir, PLAN))
@@ -252,7 +252,7 @@ def status(rundir, log_offset=0):
 def cancel(rundir, wait_s=300):
     """SIGTERM to the run's client, as a local run's SIGTERM: it cancels the pilot
     (and its batch job) and records the outcome; then wait for it to end."""
-    record = os.path.join(rundir, CLIENT_FILE)
+    record = os.path.join(rundir, CLIENT)
     if not client_alive(record):
         state, _ = run_state(rundir, False)
         _answer({"cancelled": False, "state": state, "why": "its client is not running"})

@@ -17,8 +17,8 @@ from typing import List, Optional
 from trajflow.tasks import mda_analyses
 from trajflow.tasks.analyses import ANALYSES, ANALYSIS_CLASSES
 from trajflow.tasks.h5md import missing_box
-from trajflow.tasks.plan import balanced_blocks, PLAN_FILE, RunPlan
-from trajflow.tasks.rundir import FOLDERS, LOCK, MARKER
+from trajflow.tasks.plan import balanced_blocks, RunPlan
+from trajflow.tasks.rundir import FOLDERS, LOCK, MARKER, PLAN
 from trajflow.workflows.errors import InputError
 from trajflow.workflows.run import integrity
 from trajflow.workflows.run.rundir_lock import RunLock
@@ -442,9 +442,9 @@ def resolve_selection(u, selection, analysis) -> dict:
 def plan_for_resume(rundir) -> RunPlan:
     """The plan of an interrupted run, if its inputs are still the ones it was made from."""
     rundir = os.path.abspath(rundir)
-    path = os.path.join(rundir, PLAN_FILE)
+    path = os.path.join(rundir, PLAN)
     if not os.path.exists(os.path.join(rundir, MARKER)) or not os.path.exists(path):
-        raise InputError(f"--resume {rundir!r} is not a trajflow run (no {PLAN_FILE}): give the "
+        raise InputError(f"--resume {rundir!r} is not a trajflow run (no {PLAN}): give the "
                          "--out folder of an earlier trajflow run")
     lock = RunLock(rundir).acquire("--resume")  # refused while the run still goes
     try:
@@ -494,4 +494,4 @@ def write_plan(plan: RunPlan) -> str:
                 fh.write(plan.factory_pickle)
         else:
             shutil.copyfile(plan.factory["source"], plan.path(plan.factory["copy"]))
-    return plan.save(plan.path(PLAN_FILE))
+    return plan.save(plan.path(PLAN))

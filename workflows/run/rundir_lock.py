@@ -16,7 +16,7 @@ import os
 import socket
 import time
 
-from trajflow.tasks.rundir import LOCK as LOCK_FILE
+from trajflow.tasks.rundir import LOCK
 from trajflow.workflows.errors import InputError
 
 _HELD = set()  # this process's lock file descriptors
@@ -37,7 +37,7 @@ class RunLock:
 
     def __init__(self, rundir):
         self.rundir = os.path.abspath(rundir)
-        self.path = os.path.join(self.rundir, LOCK_FILE)
+        self.path = os.path.join(self.rundir, LOCK)
         self.fd = None
         self.taken_over = None   # the holder of a stale lock this one replaced
         self.created_dir = False

@@ -13,8 +13,8 @@ machine opens the same way:
 """
 import os
 
-from trajflow.tasks.plan import PLAN_FILE, RunPlan
-from trajflow.tasks.rundir import read_outcome
+from trajflow.tasks.plan import RunPlan
+from trajflow.tasks.rundir import PLAN, read_outcome
 from trajflow.workflows.errors import RunFailed
 from trajflow.workflows.profile.inspection import inspect_runs, straggler_lines, summary_text
 from trajflow.workflows.profile.report_html import write_html
@@ -42,10 +42,10 @@ class Run:
 
     def __init__(self, path):
         self.path = os.path.abspath(path)
-        if not os.path.exists(os.path.join(self.path, PLAN_FILE)):
-            raise FileNotFoundError(f"{self.path!r} is not a trajflow run (no {PLAN_FILE}): "
+        if not os.path.exists(os.path.join(self.path, PLAN)):
+            raise FileNotFoundError(f"{self.path!r} is not a trajflow run (no {PLAN}): "
                                     "give the folder a run wrote (its --out / out=)")
-        self.plan = RunPlan.load(os.path.join(self.path, PLAN_FILE))
+        self.plan = RunPlan.load(os.path.join(self.path, PLAN))
         self._results = None
 
     def __repr__(self):

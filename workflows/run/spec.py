@@ -145,10 +145,6 @@ class RunSpec:
                 raise InputError(f"{spelled(name)} must be a dict of names and values, not "
                                  f"{type(getattr(self, name)).__name__}")
 
-    @property
-    def builtin(self) -> bool:
-        return isinstance(self.analysis, str) and self.analysis in ANALYSIS_CLASSES
-
     def missing(self) -> List[str]:
         """The options a new run must have and this one lacks, spelled for the caller."""
         return [spelled(n) for n in ("topology", "trajectory", "analysis")
