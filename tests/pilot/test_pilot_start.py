@@ -6,6 +6,7 @@ against a start of 13-25 s seen): the
 watch cancels it, a second pilot runs the run, and the result is MDAnalysis'.
 """
 import glob
+import logging
 import os
 import signal
 import time
@@ -18,15 +19,19 @@ from processes import assert_nothing_left
 
 
 def test_a_pilot_that_never_comes_up_is_replaced(tmp_path, adk, reference_results, monkeypatch,
-                                                 capfd):
+                                                 capfd, caplog):
     monkeypatch.setenv("TRAJFLOW_TEST_PILOT_START_DELAY_S", "150")
     monkeypatch.setenv("TRAJFLOW_AGENT_READY_LIMIT_S", "45")
+    caplog.set_level(logging.INFO, logger="trajflow")
     t0 = time.time()
     run = trajflow.run(*adk, "rmsd", blocks=2, out=str(tmp_path / "rmsd"))
     wall = time.time() - t0
     np.testing.assert_allclose(run.results.rmsd, reference_results(adk[0], [adk[1]], "rmsd")["rmsd"],
                                atol=1e-4)
-    err = capfd.readouterr().err
+    # trajflow's lines go to stderr unless the `trajflow` logger has a handler of its own;
+    # pytest (9) attaches its capture handler to every non-propagating logger, so after an
+    # earlier test made trajflow's logger show on stderr, the lines land in caplog instead
+    err = capfd.readouterr().err + caplog.text
     assert "did not report ready within 45 s" in err and "starting another" in err, err
     assert wall < 150, f"the hung pilot was waited for ({wall:.0f} s)"
     sessions = sorted(glob.glob(str(tmp_path / "rmsd" / "re.session.*")), key=os.path.getmtime)
