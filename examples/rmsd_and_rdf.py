@@ -23,8 +23,8 @@ with trajflow.Pilot(resource, cpus=2, walltime=20, path="example-pilot") as pilo
                        io="h5md", blocks=2, out="example-rdf")
     rmsd, rdf = rmsd.result(), rdf.result()
 
-print(f"RMSD over {len(rmsd.frame)} frames: {rmsd.results.rmsd.min():.2f} to "
-      f"{rmsd.results.rmsd.max():.2f} A")
+print(f"RMSD over {len(rmsd.frame)} frames: {rmsd.results.rmsd[:, 2].min():.2f} to "
+      f"{rmsd.results.rmsd[:, 2].max():.2f} A")
 peak = rdf.results.bins[rdf.results.rdf.argmax()]
 print(f"water O-O g(r): first peak at {peak:.2f} A, g = {rdf.results.rdf.max():.2f}")
 

@@ -21,6 +21,7 @@ class BlockAnalysis:
     default_selection = ""
     need_boxes = False
     units = {}               # result dataset -> unit, written into result.h5
+    columns = {}             # result dataset -> what its columns are, written into result.h5
 
     def __init__(self, selected: dict, selection: str = "", repeat: int = 1):
         """`selected`: the arrays `select` returned (as saved in the run's selection file)."""
@@ -51,6 +52,12 @@ class BlockAnalysis:
     def _conclude(self) -> dict:
         """Attributes describing the result."""
         return {}
+
+    @classmethod
+    def datasets(cls, joined) -> dict:
+        """result.h5's datasets from the blocks' joined arrays (in frame order), in the
+        layout MDAnalysis' own analysis gives them; as they are by default."""
+        return {k: v for k, v in joined.items() if k not in ("frame", "time")}
 
     # --- the block loop -------------------------------------------------------
     def prepare(self, reference_source: BlockReader):
@@ -91,6 +98,7 @@ class RMSD(BlockAnalysis):
     help = "RMSD after optimal superposition onto frame 0"
     default_selection = "name CA"
     units = {"rmsd": "Angstrom"}
+    columns = {"rmsd": "frame, time (ps), rmsd (Angstrom)"}
 
     @classmethod
     def select(cls, universe, selection):
@@ -105,6 +113,11 @@ class RMSD(BlockAnalysis):
 
     def _process_chunk(self, chunk):
         return {"rmsd": kernels.qcp_rmsd(chunk.coords, self.reference)}
+
+    @classmethod
+    def datasets(cls, joined):
+        """(n_frames, 3): frame, time, rmsd, as MDAnalysis' RMSD.results.rmsd."""
+        return {"rmsd": np.column_stack([joined["frame"], joined["time"], joined["rmsd"]])}
 
 
 class Dihedrals(BlockAnalysis):

@@ -17,6 +17,7 @@ import traceback
 import numpy as np
 
 from . import faults, kernels, mda_analyses, parts
+from .exit_codes import ANALYSIS_RAISED, COLLECTIVE_TIMEOUT
 from .analyses import ANALYSIS_CLASSES
 from .plan import RunPlan, chunk_size, decode_path_arg
 from .dcd import open_dcd
@@ -112,7 +113,7 @@ def barrier_or_abort(comm, timeout_s):
         if waited > timeout_s:
             print(f"analyze rank {comm.Get_rank()}: the other ranks did not reach the gather "
                   f"within {timeout_s:.0f} s; aborting the job", file=sys.stderr, flush=True)
-            MPI.COMM_WORLD.Abort(5)
+            MPI.COMM_WORLD.Abort(COLLECTIVE_TIMEOUT)
         # poll without pause for the first few ms (the last rank in is done at
         # once), then sleep so a long straggler wait does not hold a core
         if waited > 0.005:
@@ -186,14 +187,21 @@ def main(argv=None):
     if plan.mode == "tasks":
         if args.block is None or not 0 <= args.block < plan.n_blocks:
             p.error(f"tasks mode needs --block between 0 and {plan.n_blocks - 1}")
-        run_tasks_mode(plan, args.block)
+        try:
+            run_tasks_mode(plan, args.block)
+        except mda_analyses.AnalysisRaised as exc:
+            mda_analyses.print_users_traceback(exc)
+            return ANALYSIS_RAISED
         return 0
     try:
         run_mpi_mode(plan)
     except BaseException as exc:
         # One failed rank must not leave the others waiting at a collective.
         code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1
-        if not isinstance(exc, SystemExit):
+        if isinstance(exc, mda_analyses.AnalysisRaised):
+            code = ANALYSIS_RAISED
+            mda_analyses.print_users_traceback(exc)
+        elif not isinstance(exc, SystemExit):
             traceback.print_exc()
         sys.stderr.flush()
         # mpiexec forwards a rank's stderr asynchronously and the abort ends the

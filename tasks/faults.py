@@ -19,8 +19,9 @@ import signal
 import sys
 import time
 
+from .exit_codes import INJECTED_FAILURE
+
 _PHASES = ("open", "io", "compute", "comm")
-FAIL_EXIT_CODE = 3
 
 
 def _parse(name, fields, convert):
@@ -73,7 +74,7 @@ def maybe_fail(workdir, block):
             fh.write(str(done + 1))
         print(f"TRAJFLOW_TEST_FAIL: block {block} fails on purpose "
               f"(attempt {done + 1} of {_FAILS[block]} failing ones)", file=sys.stderr, flush=True)
-        sys.exit(FAIL_EXIT_CODE)
+        sys.exit(INJECTED_FAILURE)
 
 
 def linger_after_publish():

@@ -16,6 +16,7 @@ Example factory file (`rdf.py`), run with `--analysis rdf.py:water_rdf`::
         water = u.select_atoms("name OW")
         return InterRDF(water, water, nbins=nbins, exclusion_block=(1, 1))
 """
+import contextlib
 import hashlib
 import importlib
 import importlib.util
@@ -33,8 +34,9 @@ import numpy as np
 # the name a factory file is imported under, in the workstation, the analyze
 # tasks and reduce alike, so that results pickled by one unpickle in another
 FACTORY_MODULE = "trajflow_user_analysis"
-# how often (frames) the per-frame reader and analysis times become intervals
+# how often (frames, or seconds) the per-frame reader and analysis times become intervals
 INTERVAL_FRAMES = 64
+INTERVAL_S = 2.0
 
 
 def file_checksum(path):
@@ -67,6 +69,11 @@ def load_factory(kind, source, name):
     if kind == "file":
         if not os.path.isfile(source):
             raise ImportError(f"factory file {source!r} does not exist")
+        # its own modules beside it import as they do for the user (in RUNDIR/analysis/
+        # they are copied beside the copy: workflows/run/user_code.py)
+        folder = os.path.dirname(os.path.abspath(source))
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
         module_spec = importlib.util.spec_from_file_location(FACTORY_MODULE, source)
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[FACTORY_MODULE] = module
@@ -79,6 +86,39 @@ def load_factory(kind, source, name):
     if not callable(factory):
         raise TypeError(f"{source}:{name} is a {type(factory).__name__}, not a callable")
     return factory
+
+
+class AnalysisRaised(Exception):
+    """The analysis' own code raised (the factory, `_prepare`, `_single_frame`,
+    `_conclude`, its aggregator), not the reader: the same input raises again, so
+    the task exits with exit_codes.ANALYSIS_RAISED and is not retried."""
+
+
+def print_users_traceback(exc, file=None):
+    """An AnalysisRaised on stderr as the user's own error: the traceback of what their
+    code raised (not trajflow's frames around it), then one line saying which code."""
+    import traceback
+    file = file or sys.stderr
+    if exc.__cause__ is not None:
+        traceback.print_exception(exc.__cause__, file=file)
+    print(f"trajflow: {exc}", file=file, flush=True)
+
+
+class ReaderFailed(Exception):
+    """Reading a frame failed (a file-system error, a damaged file): what a retry,
+    elsewhere or later, may cure."""
+
+
+@contextlib.contextmanager
+def users_code(what):
+    """Turn an exception of the code inside into AnalysisRaised (the cause kept for the
+    traceback); ReaderFailed passes as it is."""
+    try:
+        yield
+    except ReaderFailed:
+        raise
+    except Exception as exc:
+        raise AnalysisRaised(f"{what} raised {type(exc).__name__}: {exc}") from exc
 
 
 class AnalysisRefused(ValueError):
@@ -143,8 +183,11 @@ class TimedFrames:
     analysis spends on each frame (compute) told apart.
 
     MDAnalysis' own per-frame timings do not separate the two. Every
-    INTERVAL_FRAMES frames the sums become one io and one compute interval of
-    the rank's record (about 4 us per frame of overhead, measured on AdK DCD).
+    INTERVAL_FRAMES frames, or INTERVAL_S seconds for a slow analysis, the sums
+    become one io and one compute interval of the rank's record (about 4 us per
+    frame of overhead, measured on AdK DCD). Each frame counts to the rank's
+    progress as it ends (RankTimer writes it at most every 2 s), so a slow
+    analysis' bar moves too.
     """
 
     def __init__(self, frames, timer, block):
@@ -163,7 +206,11 @@ class TimedFrames:
         self.timer.inject("io")  # testing hooks (timing.py): within the first frame's times
         while True:
             t0 = clock()
-            ts = next(it, None)
+            try:
+                ts = next(it, None)
+            except Exception as exc:
+                raise ReaderFailed(f"reading frame {self.frames_read(n)} failed: "
+                                   f"{type(exc).__name__}: {exc}") from exc
             t1 = clock()
             t_io += t1 - t0
             if ts is None:
@@ -171,17 +218,25 @@ class TimedFrames:
             if n == 0:
                 self.timer.inject("compute")
             yield ts
-            t_compute += clock() - t1
+            t2 = clock()
+            t_compute += t2 - t1
             n += 1
-            if n % INTERVAL_FRAMES == 0:
+            self.timer.progress(1)
+            if n % INTERVAL_FRAMES == 0 or t2 - span_start >= INTERVAL_S:
                 span_start, t_io, t_compute = self._flush(span_start, t_io, t_compute)
-        self._flush(span_start, t_io, t_compute, n % INTERVAL_FRAMES)
+        self._flush(span_start, t_io, t_compute)
 
-    def _flush(self, span_start, t_io, t_compute, frames=INTERVAL_FRAMES):
+    def frames_read(self, n):
+        """The global number of the block's `n`th frame, for messages."""
+        try:
+            return self.frames[n].frame
+        except Exception:  # noqa: only a message depends on it
+            return f"#{n} of the block"
+
+    def _flush(self, span_start, t_io, t_compute):
         """One io then one compute interval holding the sums since `span_start`."""
         self.timer.add("io", span_start, span_start + t_io)
         self.timer.add("compute", span_start + t_io, span_start + t_io + t_compute)
-        self.timer.progress(frames)
         return span_start + t_io + t_compute, 0.0, 0.0
 
 
@@ -245,8 +300,9 @@ def open_analysis(plan, topology_and_trajectory, timer=None):
     """A Universe on the given files and the user's analysis built on it."""
     from .readers import open_universe
     u = open_universe(*topology_and_trajectory, timer=timer)
-    factory = load_factory(*plan_factory(plan))
-    return u, build_analysis(factory, u, plan.analysis_args)
+    with users_code("the analysis' factory"):
+        factory = load_factory(*plan_factory(plan))
+        return u, build_analysis(factory, u, plan.analysis_args)
 
 
 def plan_factory(plan):
@@ -280,7 +336,7 @@ def analyze_block(plan, block, timer):
     copied = plan.io_strategy.copied_frames(plan, block)
     time_frame_loop(analysis, timer, block, None if copied is None else (
         lambda: CopiedFrames(*copied, b_start, b_stop - b_start, u.trajectory)))
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), users_code(type(analysis).__name__):
         warnings.simplefilter("ignore")
         analysis._compute(np.stack([np.arange(len(frames)), frames], axis=1))
     u.trajectory.close()
@@ -304,7 +360,7 @@ def conclude(plan, arrays):
     pieces = [pickle.loads(blob[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
     analysis.frames = arrays["frame"]
     analysis.times = arrays["time"]
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), users_code(type(analysis).__name__):
         warnings.simplefilter("ignore")
         analysis.results = analysis._get_aggregator().merge(pieces)
         analysis._conclude()

@@ -68,6 +68,8 @@ class RunPlan:
     # a truncated last input analysed by its whole frames (--allow-truncated): the
     # damage as found, and how many frames MDAnalysis counts in the files
     truncated: Optional[dict] = None
+    # a user analysis tried on the workstation before the run: {"frames", "seconds"}
+    trial: Optional[dict] = None
     # io h5md in a campaign: one H5MD copy of the inputs for all its experiments,
     # made by the first split task that needs it (the others wait and reuse it)
     shared_h5md: Optional[str] = None

@@ -14,6 +14,7 @@ import numpy as np
 
 from . import faults, mda_analyses
 from .analyses import ANALYSIS_CLASSES
+from .exit_codes import ANALYSIS_RAISED, INCOMPLETE_PARTS
 from .parts import DamagedPart, read_part
 from .plan import RunPlan, decode_path_arg
 from .timing import RankTimer
@@ -94,13 +95,13 @@ def write_result(plan, arrays, analysis_attrs, results=None):
         if results is not None:
             mda_analyses.write_results(f.create_group("results"), results)
         else:
-            for key, value in arrays.items():
-                if key not in ("frame", "time"):
-                    f.create_dataset(key, data=value.astype(np.float64))
-        units = ANALYSIS_CLASSES[plan.analysis].units if plan.builtin else {}
-        for key, unit in units.items():
-            if key in f:
-                f[key].attrs["unit"] = unit
+            kind = ANALYSIS_CLASSES[plan.analysis]
+            for key, value in kind.datasets(arrays).items():
+                f.create_dataset(key, data=np.asarray(value, dtype=np.float64))
+                if key in kind.units:
+                    f[key].attrs["unit"] = kind.units[key]
+                if key in kind.columns:
+                    f[key].attrs["columns"] = kind.columns[key]
         if "resids" in analysis_attrs:
             f.create_dataset("resid", data=np.asarray(analysis_attrs["resids"], dtype=np.int64))
         root = {
@@ -137,11 +138,15 @@ def main(argv=None):
             arrays, attrs = join_parts(plan)
     except IncompleteResult as exc:
         print(f"reduce: no result written: {exc}", file=sys.stderr)
-        return 4
+        return INCOMPLETE_PARTS
     results = None
     if not plan.builtin:  # merge the blocks with the class' aggregator, then _conclude()
         with timer.phase("compute"):
-            results = mda_analyses.conclude(plan, arrays).results
+            try:
+                results = mda_analyses.conclude(plan, arrays).results
+            except mda_analyses.AnalysisRaised as exc:
+                mda_analyses.print_users_traceback(exc)
+                return ANALYSIS_RAISED
     with timer.phase("write"):
         write_result(plan, arrays, attrs, results)
         remove_parts(plan)

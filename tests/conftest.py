@@ -69,7 +69,7 @@ def reference_results():
             u = mda.Universe(top, trajs[0] if len(trajs) == 1 else list(trajs))
             if analysis == "rmsd":
                 r = rms.RMSD(u, select="name CA").run().results.rmsd
-                cache[key] = {"frame": r[:, 0], "time": r[:, 1], "rmsd": r[:, 2]}
+                cache[key] = {"frame": r[:, 0], "time": r[:, 1], "rmsd": r}  # (frame, time, rmsd)
             else:
                 rama = Ramachandran(u.select_atoms("protein")).run()
                 ang = np.deg2rad(rama.results.angles)  # (F, R, 2)

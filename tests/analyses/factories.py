@@ -151,3 +151,44 @@ def raises(u):
 
 def not_an_analysis(u):
     return u.select_atoms("name CA")
+
+
+class FailsLate(CentreOfMassDrift):
+    """A user's class whose per-frame code raises from frame 60 on: past the local
+    trial's first frames, so it fails on the pilot, where it must not be retried."""
+
+    def _single_frame(self):
+        if self._ts.frame >= 60:
+            raise ValueError(f"frame {self._ts.frame}: this analysis fails late on purpose")
+        super()._single_frame()
+
+
+def fails_late(u):
+    return FailsLate(u.select_atoms("protein"))
+
+
+class RadiusOfGyration(AnalysisBase):
+    """A user's radius of gyration per frame; on a selection that matches nothing
+    MDAnalysis raises on the first frame ("AtomGroup is empty.")."""
+    _analysis_algorithm_is_parallelizable = True
+
+    @classmethod
+    def get_supported_backends(cls):
+        return ("serial", "multiprocessing", "dask")
+
+    def __init__(self, atomgroup, **kwargs):
+        super().__init__(atomgroup.universe.trajectory, **kwargs)
+        self.ag = atomgroup
+
+    def _prepare(self):
+        self.results.rgyr = np.zeros(self.n_frames)
+
+    def _single_frame(self):
+        self.results.rgyr[self._frame_index] = self.ag.radius_of_gyration()
+
+    def _get_aggregator(self):
+        return ResultsGroup(lookup={"rgyr": ResultsGroup.ndarray_hstack})
+
+
+def empty_selection(u):
+    return RadiusOfGyration(u.select_atoms("resname NOSUCHRESIDUE"))

@@ -160,7 +160,7 @@ def test_cli_run_exits_zero_and_says_where_things_are(tmp_path, adk, reference_r
     assert len(sessions) == 1 and os.path.exists(os.path.join(sessions[0], "pmgr.0000.prof"))
     assert str(out / "result.h5") in proc.stdout
     with h5py.File(out / "result.h5") as f:
-        assert f["rmsd"].shape == (98,) and f.attrs["gather"] == "rma"
+        assert f["rmsd"].shape == (98, 3) and f.attrs["gather"] == "rma"
     # the summary, written while the pilot was shut down, is printed and on disk
     assert "timeline and phases:" in proc.stdout and (out / "report.html").exists()
     # progress lines went to stderr: the pilot, every stage, the run's end

@@ -74,7 +74,7 @@ def run_args(cluster, name, *extra, analysis="rmsd"):
 def expected_rmsd(adk):
     import MDAnalysis as mda
     from MDAnalysis.analysis import rms
-    return rms.RMSD(mda.Universe(*adk), select="name CA").run().results.rmsd[:, 2]
+    return rms.RMSD(mda.Universe(*adk), select="name CA").run().results.rmsd
 
 
 def user_processes(user):

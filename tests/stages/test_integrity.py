@@ -21,7 +21,7 @@ def cut(src, dst, keep_bytes):
 def serial_rmsd(top, traj, n):
     import MDAnalysis as mda
     from MDAnalysis.analysis import rms
-    return rms.RMSD(mda.Universe(top, traj), select="name CA").run(stop=n).results.rmsd[:, 2]
+    return rms.RMSD(mda.Universe(top, traj), select="name CA").run(stop=n).results.rmsd
 
 
 def plan_or_error(top, trajs, out, **kw):

@@ -136,6 +136,7 @@ def trajflow_run(adk, tmp_path, analysis, *extra):
     (f"{FACTORIES}:pca", [], "PCA does not declare itself parallelisable"),
     (f"{FACTORIES}:serial_only", [], "_get_aggregator()"),
     (f"{FACTORIES}:raises", [], "the factory failed on your inputs (RuntimeError: this factory is broken"),
+    (f"{FACTORIES}:empty_selection", [], "ValueError: AtomGroup is empty."),
     (f"{FACTORIES}:missing", [], "has no 'missing'"),
     ("/nonexistent/file.py:f", [], "does not exist"),
     ("no_such_module_xyz:f", [], "No module named 'no_such_module_xyz'"),
@@ -183,3 +184,108 @@ def test_inspect_reads_a_user_analysis_run(tmp_path, adk):
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "analyze" in proc.stdout
+
+
+HELPER = """
+import numpy as np
+from MDAnalysis.analysis.base import AnalysisBase, ResultsGroup
+
+
+class ScaledRgyr(AnalysisBase):
+    _analysis_algorithm_is_parallelizable = True
+
+    @classmethod
+    def get_supported_backends(cls):
+        return ("serial", "multiprocessing", "dask")
+
+    def __init__(self, ag, scale):
+        super().__init__(ag.universe.trajectory)
+        self.ag, self.scale = ag, scale
+
+    def _prepare(self):
+        self.results.rgyr = np.zeros(self.n_frames)
+
+    def _single_frame(self):
+        self.results.rgyr[self._frame_index] = self.scale * self.ag.radius_of_gyration()
+
+    def _get_aggregator(self):
+        return ResultsGroup(lookup={"rgyr": ResultsGroup.ndarray_hstack})
+"""
+FACTORY = """
+from {helper} import ScaledRgyr
+
+
+def rgyr(u):
+    return ScaledRgyr(u.select_atoms("protein"), 2.0)
+
+
+def lazy(u):
+    import {lazy}  # imported when called: a module trajflow cannot see to ship
+    return ScaledRgyr(u.select_atoms("protein"), {lazy}.SCALE)
+"""
+
+
+@pytest.fixture
+def users_folder(tmp_path):
+    """A folder of the user's own: a factory module importing a helper module beside it,
+    and a module imported only inside a function; importable here (as from a script's
+    folder), not where the tasks run. Module names unique to the test."""
+    import importlib
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    tag = tmp_path.name.replace("-", "_").replace("[", "_").replace("]", "_")
+    names = {"helper": f"helper_{tag}", "lazy": f"lazy_{tag}", "factory": f"factory_{tag}"}
+    (folder / f"{names['helper']}.py").write_text(HELPER)
+    (folder / f"{names['lazy']}.py").write_text("SCALE = 3.0\n")
+    (folder / f"{names['factory']}.py").write_text(FACTORY.format(**names))
+    sys.path.insert(0, str(folder))
+    try:
+        yield folder, importlib.import_module(names["factory"]), names
+    finally:
+        sys.path.remove(str(folder))
+        for name in names.values():
+            sys.modules.pop(name, None)
+
+
+def test_a_users_own_modules_travel_with_the_analysis(tmp_path, adk, users_folder):
+    """A factory file importing a module beside it, and a script's function from a
+    module of the user's own (pickled by value): the tasks, whose Python has neither
+    folder on its path, run them and equal MDAnalysis."""
+    import MDAnalysis as mda
+    folder, module, names = users_folder
+    expected = module.rgyr(mda.Universe(*adk)).run().results.rgyr
+    for label, analysis in (("file", f"{folder}/{names['factory']}.py:rgyr"),
+                            ("function", module.rgyr)):
+        _, plan = plan_and_run(tmp_path / label, adk[0], [adk[1]], analysis, io="shared",
+                               mode="tasks", blocks=2, cpus=2)
+        assert plan.trial["frames"] == 5, plan.trial  # tried here first, in a fresh Python
+        np.testing.assert_allclose(open_result(plan.workdir).rgyr, expected, rtol=1e-6)
+    # the factory file's copy and the one module beside it that it imports, no other
+    assert sorted(os.listdir(tmp_path / "file" / "analysis")) == sorted(
+        [f"{names['factory']}.py", f"{names['helper']}.py"])
+
+
+def test_a_module_that_would_not_reach_the_tasks_is_refused_here(tmp_path, adk, users_folder):
+    """A module imported inside the function is not seen when pickling: the fresh Python
+    of the trial cannot import it, as the tasks could not; refused before any pilot."""
+    from trajflow.workflows.errors import InputError
+    folder, module, names = users_folder
+    with pytest.raises(InputError, match=f"No module named '{names['lazy']}'") as caught:
+        plan_and_run(tmp_path / "run", adk[0], [adk[1]], module.lazy, mode="tasks", blocks=2)
+    assert "cannot be loaded where the tasks run" in str(caught.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_per_frame_error_is_refused_in_seconds_without_a_pilot(adk, tmp_path):
+    """MDAnalysis fails in under a second serially; so does trajflow, before any pilot,
+    with the user's traceback (their file, their line)."""
+    import time
+    t0 = time.time()
+    proc = trajflow_run(adk, tmp_path, f"{FACTORIES}:empty_selection")
+    wall = time.time() - t0
+    assert proc.returncode == 2, proc.stderr
+    assert "failed on the first 5 frame(s)" in proc.stderr and "_single_frame" in proc.stderr
+    assert "factories.py" in proc.stderr and "--no-trial" in proc.stderr
+    assert wall < 10, f"{wall:.1f} s"
+    assert not (tmp_path / "run").exists()
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("re.session")]

@@ -53,7 +53,7 @@ if n_workers == 1:
 else:
     r.run(backend="multiprocessing", n_workers=n_workers)
 seconds = time.perf_counter() - t0
-np.save(out, r.results.rmsd[:, 2])
+np.save(out, r.results.rmsd)
 print(json.dumps(seconds))
 """
 

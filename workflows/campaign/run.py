@@ -73,7 +73,8 @@ def plan_experiments(campaign: CampaignSpec, cdir: str, resume: bool):
         return {}, []
     top, trajs = input_files(campaign)
     inputs = read_inputs(top, trajs, campaign.analysis, campaign.option("select"),
-                         campaign.option("args"), campaign.option("allow_truncated"))  # once for all
+                         campaign.option("args"), campaign.option("allow_truncated"),
+                         campaign.option("trial"))  # once for all
     todo, kept = {}, []
     for e in local:
         d = rundir(cdir, e)

@@ -1,6 +1,5 @@
 """`trajflow`'s argument parser: its commands and their options (a run's from the specs)."""
 import argparse
-import dataclasses
 
 from trajflow.workflows.cli.options import RESUMED_OPTIONS, add_spec_options
 from trajflow.workflows.remote.client import add_remote_commands, add_remote_options

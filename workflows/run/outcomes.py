@@ -96,7 +96,8 @@ def _stderr_tail(sandbox, n=15, patience_s=3.0):
         time.sleep(0.2)
 
 
-def _exit_code(task):
+def exit_code_of(task):
+    """A RADICAL task's exit code (from its exception detail), or None."""
     m = re.search(r"exit code:?\s*(-?\d+)", str(task.exception_detail or ""))
     return int(m.group(1)) if m else None
 
@@ -138,7 +139,7 @@ def collect(name, plan, run):
             outcomes.append(TaskOutcome(
                 pipeline=name, stage=stage_name, attempt=int(attempt or 1),
                 name=task.name, state=task.state,
-                exit_code=_exit_code(task), sandbox=task.path or "",
+                exit_code=exit_code_of(task), sandbox=task.path or "",
                 stderr_tail="" if task.state == "DONE" else _stderr_tail(task.path)))
     for o in outcomes:
         keep_task_files(o, plan.path(KEPT_TASK_FILES))

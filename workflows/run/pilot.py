@@ -9,7 +9,7 @@ one of its own for one run).
     >>> with trajflow.Pilot("local.localhost", cpus=2) as pilot:   # one pilot start for both
     ...     rmsd = pilot.submit(PSF, DCD, "rmsd")
     ...     dih = pilot.submit(PSF, DCD, "dihedrals", mode="tasks")
-    ...     print(rmsd.result().results.rmsd.mean(), dih.result().results.features.shape)
+    ...     print(rmsd.result().results.rmsd[:, 2].mean(), dih.result().results.features.shape)
 
 Every run is planned (inputs opened, atoms or the analysis checked) when it is
 submitted, so bad input raises InputError at once, before any pilot. The

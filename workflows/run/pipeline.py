@@ -8,8 +8,10 @@ import dataclasses
 import os
 from typing import Dict, List
 
+from trajflow.tasks.exit_codes import NOT_RETRIED
 from trajflow.tasks.parts import is_whole
 from trajflow.tasks.plan import encode_path_arg, RunPlan
+from trajflow.workflows.run.outcomes import exit_code_of
 
 
 @dataclasses.dataclass
@@ -142,16 +144,24 @@ class RunPipeline:
         return task
 
     def _after(self, stage_name, stage, by_task_name):
-        failed = [by_task_name[t.name] for t in stage.tasks if t.state != "DONE"]
-        if failed:
-            again = self.attempts[stage_name] <= self.retries
+        """Retry what a retry may cure; a task whose analysis code raised is not
+        (exit_codes.NOT_RETRIED: it would raise again), and stops the run at once."""
+        failed = [t for t in stage.tasks if t.state != "DONE"]
+        incurable = [t for t in failed if exit_code_of(t) in NOT_RETRIED]
+        again = bool(failed) and not incurable and self.attempts[stage_name] <= self.retries
+        if incurable:
+            self.on_event(stage_name, "failed",
+                          f"{stage_name}: {len(failed)} of {len(stage.tasks)} task(s) failed; "
+                          "the analysis' own code raised (not retried: it would raise again); "
+                          "the run stops here")
+        elif failed:
             self.on_event(stage_name, "failed",
                           f"{stage_name}: {len(failed)} of {len(stage.tasks)} task(s) failed; "
                           + ("running them again" if again else "the run stops here"))
         else:
             self.on_event(stage_name, "done", f"{stage_name} done")
-        if failed and self.attempts[stage_name] <= self.retries:
-            self._add_stage(stage_name, failed)
+        if again:
+            self._add_stage(stage_name, [by_task_name[t.name] for t in failed])
         elif failed:
             self.stopped_at = stage_name
         else:

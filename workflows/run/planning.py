@@ -7,6 +7,7 @@ it, and the CLI exits 2. Nothing is written until every check has passed.
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -20,9 +21,11 @@ from trajflow.tasks.h5md import missing_box
 from trajflow.tasks.plan import balanced_blocks, RunPlan
 from trajflow.tasks.rundir import FOLDERS, LOCK, MARKER, PLAN
 from trajflow.workflows.errors import InputError
-from trajflow.workflows.run import integrity
+from trajflow.workflows.run import integrity, local_trial, user_code
 from trajflow.workflows.run.rundir_lock import RunLock
 from trajflow.workflows.run.spec import RunSpec, spelled
+
+log = logging.getLogger(__name__)
 
 
 
@@ -157,6 +160,7 @@ class Inputs:
     factory: Optional[dict] = None  # a user analysis: where its factory is (see check_factory)
     factory_pickle: Optional[bytes] = None  # a callable handed over by a script, pickled
     truncated: Optional[dict] = None  # see check_whole
+    trial: Optional[dict] = None  # a user analysis tried here: frames, seconds (local_trial.py)
 
 
 ANALYSIS_FORMS = ("rmsd, dihedrals, FILE.py:NAME (a function NAME(universe, **args) in that "
@@ -222,7 +226,8 @@ def check_factory(u, spec, analysis, analysis_args):
               "class": f"{type(analysis_object).__module__}.{type(analysis_object).__name__}"}
     if kind == "file":
         record.update(copy=os.path.join("analysis", os.path.basename(source)),
-                      checksum=mda_analyses.file_checksum(source))
+                      checksum=mda_analyses.file_checksum(source),
+                      modules=user_code.modules_beside(source))
         return record, None
     if kind == "pickle":
         pickled = _pickle_factory(factory, analysis)
@@ -233,12 +238,11 @@ def check_factory(u, spec, analysis, analysis_args):
 
 
 def _pickle_factory(factory, analysis):
-    """The callable by value (cloudpickle: a lambda or a function of the script
-    travels with its code), checked to come back in one piece."""
-    import cloudpickle
+    """The callable by value (cloudpickle: a lambda or a function of the script travels
+    with its code, and so does the user's own code it uses: user_code.py); whether it
+    loads where the tasks run is the local trial's to find out."""
     try:
-        pickled = cloudpickle.dumps(factory)
-        cloudpickle.loads(pickled)
+        pickled = user_code.pickle_callable(factory)
     except Exception as exc:
         raise InputError(f"analysis {analysis!r}: the function cannot be sent to the tasks "
                          f"({type(exc).__name__}: {exc}); make it a plain function of your "
@@ -267,9 +271,10 @@ def check_whole(u, trajectories, damages, allow_truncated):
 
 
 def read_inputs(topology, trajectories, analysis, selection=None, analysis_args=None,
-                allow_truncated=False) -> Inputs:
+                allow_truncated=False, trial=True) -> Inputs:
     """Open the inputs with MDAnalysis as the tasks will and resolve the atoms (or
-    build the user's analysis); InputError if not."""
+    build the user's analysis and try it on the first frames in a fresh Python:
+    `trial` False, only load it there); InputError if not."""
     spec = check_analysis_spec(analysis, analysis_args)
     if spec is not None and selection:
         raise InputError(f"{spelled('select')} applies to the built-in analyses; your own "
@@ -290,9 +295,16 @@ def read_inputs(topology, trajectories, analysis, selection=None, analysis_args=
             # a script's callable is named by its qualified name
             label = f"python:{spec[2]}" if spec[0] == "pickle" else analysis
             factory, pickled = check_factory(u, spec, label, dict(analysis_args or {}))
-            return Inputs(topology, trajectories, label, "", {}, **common,
-                          analysis_args=dict(analysis_args or {}), factory=factory,
-                          factory_pickle=pickled)
+            inputs = Inputs(topology, trajectories, label, "", {}, **common,
+                            analysis_args=dict(analysis_args or {}), factory=factory,
+                            factory_pickle=pickled)
+            tried = local_trial.try_analysis(inputs, label, write_analysis_code,
+                                             local_trial.TRIAL_FRAMES if trial else 0)
+            if tried is not None and tried.frames:
+                inputs.trial = dataclasses.asdict(tried)
+                log.info("%s: tried on this machine: %d frame(s) in %.2f s", label,
+                         tried.frames, tried.seconds)
+            return inputs
         check_boxes(trajectories, analysis)
         selection = selection or ANALYSIS_CLASSES[analysis].default_selection
         return Inputs(topology, trajectories, analysis, selection,
@@ -320,7 +332,7 @@ def make_plan(spec: RunSpec, cpus: int, *, new_out=True, inputs=None) -> RunPlan
 
     def plan_in(rundir):
         read = inputs or read_inputs(spec.topology, spec.trajectory, spec.analysis, spec.select,
-                                     spec.args, spec.allow_truncated)
+                                     spec.args, spec.allow_truncated, spec.trial)
         return _make_plan(rundir, read, spec, cpus)
     if not new_out:
         return plan_in(os.path.abspath(out))
@@ -374,7 +386,7 @@ def _make_plan(out, inputs, spec, cpus):
                    blocks=balanced_blocks(inputs.n_frames, n_blocks), repeat=spec.repeat,
                    chunk_frames=spec.chunk, compression=spec.compression,
                    input_checksum=inputs.checksum, analysis_args=inputs.analysis_args,
-                   truncated=inputs.truncated,
+                   truncated=inputs.truncated, trial=inputs.trial,
                    factory=inputs.factory)
     plan.selected = inputs.selected
     plan.factory_pickle = inputs.factory_pickle
@@ -487,11 +499,19 @@ def write_plan(plan: RunPlan) -> str:
     with open(plan.path(MARKER), "w", encoding="utf-8") as fh:
         fh.write("This folder is a trajflow run.\n")
     plan.save_selection(plan.selected)
-    if plan.factory and plan.factory.get("copy"):  # the factory's code travels with the run
-        os.makedirs(plan.path("analysis"), exist_ok=True)
-        if plan.factory_pickle is not None:
-            with open(plan.path(plan.factory["copy"]), "wb") as fh:
-                fh.write(plan.factory_pickle)
-        else:
-            shutil.copyfile(plan.factory["source"], plan.path(plan.factory["copy"]))
+    write_analysis_code(plan)
     return plan.save(plan.path(PLAN))
+
+
+def write_analysis_code(plan):
+    """RUNDIR/analysis/: the user's analysis as the tasks load it (the factory file's
+    copy and the modules beside it, or the pickled callable)."""
+    if not (plan.factory and plan.factory.get("copy")):
+        return
+    os.makedirs(plan.path("analysis"), exist_ok=True)
+    if plan.factory_pickle is not None:
+        with open(plan.path(plan.factory["copy"]), "wb") as fh:
+            fh.write(plan.factory_pickle)
+    else:
+        shutil.copyfile(plan.factory["source"], plan.path(plan.factory["copy"]))
+        user_code.copy_modules(plan.factory.get("modules") or {}, plan.path("analysis"))

@@ -17,6 +17,7 @@ import glob
 import logging
 import sys
 import threading
+import time
 
 from tqdm import tqdm
 
@@ -90,6 +91,17 @@ def shown(enabled=True):
     return logging.INFO if enabled else logging.DEBUG
 
 
+def eta_text(seconds):
+    """A time left as people say it: 40 s, 3 min, 1 h 20 min."""
+    seconds = max(0, int(round(seconds)))
+    if seconds < 90:
+        return f"{seconds} s"
+    if seconds < 5400:
+        return f"{round(seconds / 60)} min"
+    hours, minutes = divmod(round(seconds / 60), 60)
+    return f"{hours} h {minutes} min"
+
+
 def new_bar(**options):
     """A tqdm bar on stderr that trajflow's lines are written above."""
     bar = tqdm(file=sys.stderr, **options)
@@ -124,14 +136,14 @@ class Progress:
         log.log(self.level, text)
 
     def stage(self, run_name, plan, stage, kind, text):
-        """A stage event of a run: its line, and the analyze stage's bar."""
-        self.line(f"{run_name}: {text}")
-        if not self.enabled or stage != "analyze" or plan is None:
-            return
-        if kind == "submitted":
-            self._track(run_name, plan)
-        else:
+        """A stage event of a run: its line, and the analyze stage's bar (its last
+        count shown before the stage's end is)."""
+        tracked = self.enabled and stage == "analyze" and plan is not None
+        if tracked and kind != "submitted":
             self._untrack(run_name)
+        self.line(f"{run_name}: {text}")
+        if tracked and kind == "submitted":
+            self._track(run_name, plan)
 
     def _track(self, run_name, plan):
         with self._lock:
@@ -142,7 +154,7 @@ class Progress:
                 bar = tqdm(total=plan.n_frames, desc=f"{run_name} analyze", unit="frame",
                            file=self.stream, leave=False, dynamic_ncols=True)
                 _BARS.add(bar)
-            self._tracked[run_name] = [plan, bar if bar is not None else 0]
+            self._tracked[run_name] = [plan, bar if bar is not None else 0, time.time()]
             if self._thread is None:
                 self._thread = threading.Thread(target=self._poll, daemon=True,
                                                 name="trajflow-progress")
@@ -150,9 +162,9 @@ class Progress:
 
     def _untrack(self, run_name):
         with self._lock:
-            plan, state = self._tracked.pop(run_name, (None, None))
+            plan, state, since = self._tracked.pop(run_name, (None, None, None))
         if plan is not None:
-            self._show(run_name, plan, state)
+            self._show(run_name, plan, state, since)
             if not isinstance(state, int):
                 _BARS.discard(state)
                 state.close()
@@ -164,16 +176,20 @@ class Progress:
             for run_name, entry in tracked:
                 entry[1] = self._show(run_name, *entry)
 
-    def _show(self, run_name, plan, state):
-        """Update a bar, or print a line when a new quarter is reached; the new state."""
+    def _show(self, run_name, plan, state, since):
+        """Update a bar (tqdm shows the rate and the time left), or print a line when a
+        new quarter is reached, with the time left at the rate so far; the new state."""
         done = min(frames_done(plan), plan.n_frames)
         if not isinstance(state, int):
             state.update(done - state.n)
             return state
         quarter = 4 * done // max(1, plan.n_frames)
         if quarter > state:
+            left = ""
+            if 0 < done < plan.n_frames:
+                left = f", about {eta_text((time.time() - since) * (plan.n_frames - done) / done)} left"
             self.line(f"{run_name}: analyze {done} of {plan.n_frames} frames "
-                      f"({100 * done // max(1, plan.n_frames)} %)")
+                      f"({100 * done // max(1, plan.n_frames)} %{left})")
         return max(quarter, state)
 
     def close(self):

@@ -6,7 +6,7 @@ machine opens the same way:
 
     >>> import trajflow
     >>> run = trajflow.open_run("runs/adk-rmsd")
-    >>> run.results.rmsd[:3]              # numpy arrays, as MDAnalysis' RMSD gives them
+    >>> run.results.rmsd[:3]              # (frame, time, rmsd) rows, as MDAnalysis' RMSD gives them
     >>> run.frame, run.time               # every frame analysed, and its time (ps)
     >>> run.profile.stragglers            # flags with the numbers behind them
     >>> print(run.summary())              # what `trajflow run` prints at the end
@@ -36,8 +36,8 @@ class Run:
     >>> run = trajflow.open_run("runs/adk-rmsd")
     >>> run.ok, run.outcome["status"]
     (True, 'done')
-    >>> run.results.rmsd.shape
-    (9800,)
+    >>> run.results.rmsd.shape            # frame, time, rmsd: MDAnalysis RMSD's layout
+    (9800, 3)
     """
 
     def __init__(self, path):

@@ -116,8 +116,15 @@ class RunSpec:
     allow_truncated: bool = option(False, "analyse the whole frames of a truncated last "
                                           "trajectory file (without it a damaged input is "
                                           "refused); result.h5 and the summary say so")
-    retries: int = option(1, "run a failed task again up to R times before the run fails",
-                          metavar="R", minimum=0)
+    trial: bool = option(True, "your own analysis: run it on the first frames on this machine, "
+                               "in a fresh Python, before any pilot (its errors show in "
+                               "seconds); off: only load it there", flag="--no-trial",
+                         flag_help="do not try your analysis on the first frames here (the "
+                                   "data can only be read on the cluster); it is still loaded "
+                                   "in a fresh Python")
+    retries: int = option(1, "run a failed task again up to R times before the run fails; a "
+                             "task whose analysis code raised a Python exception is not run "
+                             "again (it would raise again)", metavar="R", minimum=0)
     env: Optional[Dict[str, str]] = option(None, "extra environment variables for this run's "
                                                  "tasks", command_line=False)
     progress: bool = option(True, "say what happens (each stage, the run's end) on stderr",

@@ -1,0 +1,72 @@
+"""The local trial of a user's analysis: what the tasks will do, on the first frames,
+in a fresh Python on the workstation, before any pilot is requested.
+
+    python -P -s -m trajflow.tasks.trial --plan PLAN --frames N
+
+It loads the analysis as an analyze task does (RUNDIR/analysis/ of a staged
+plan: the factory file's copy and the modules beside it, or the pickled
+callable), with none of the user's folders on its path (-P, and run from the
+staging folder), builds it on the inputs, runs MDAnalysis' own run() on
+frames 0..N-1 (`_prepare`, `_single_frame`, the aggregator, `_conclude`), and
+checks its results pickle as they must to travel from the analyze tasks to
+reduce. `--frames 0`: load the analysis only (the data is not readable here).
+
+Exit 0 and one JSON line {"frames": n, "seconds": s}; exit_codes.ANALYSIS_RAISED
+with the traceback when the analysis' own code raised; 1 for anything else
+(a module the analysis needs that is not there, an unreadable input).
+"""
+import argparse
+import json
+import pickle
+import time
+import warnings
+
+from . import mda_analyses
+from .exit_codes import ANALYSIS_RAISED
+from .plan import RunPlan
+
+
+def trial(plan, frames):
+    """(frames run, seconds they took); AnalysisRaised if the analysis' code raised."""
+    if frames == 0:
+        with mda_analyses.users_code("loading the analysis"):
+            mda_analyses.load_factory(*mda_analyses.plan_factory(plan))
+        return 0, 0.0
+    u, analysis = mda_analyses.open_analysis(plan, (plan.topology, plan.trajectories))
+    n = min(frames, plan.n_frames)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings(), mda_analyses.users_code(type(analysis).__name__):
+        warnings.simplefilter("ignore")
+        analysis.run(stop=n)
+    seconds = time.perf_counter() - t0
+    try:
+        pickle.loads(pickle.dumps(analysis.results, protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception as exc:
+        raise mda_analyses.AnalysisRaised(
+            f"{type(analysis).__name__}'s results cannot be pickled ({type(exc).__name__}: "
+            f"{exc}); they travel from the analyze tasks to reduce pickled: keep numbers, "
+            "arrays and plain containers in analysis.results") from exc
+    u.trajectory.close()
+    return n, seconds
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m trajflow.tasks.trial",
+                                description="Try a user's analysis on the first frames "
+                                            "(on the workstation, before any pilot).")
+    p.add_argument("--plan", required=True, help="a staged plan.json")
+    p.add_argument("--frames", type=int, default=5, help="frames to run (0: load only)")
+    args = p.parse_args(argv)
+    plan = RunPlan.load(args.plan)
+    try:
+        n, seconds = trial(plan, args.frames)
+    except mda_analyses.AnalysisRaised as exc:
+        mda_analyses.print_users_traceback(exc)
+        return ANALYSIS_RAISED
+    print(json.dumps({"frames": n, "seconds": seconds}))
+    return 0
+
+
+if __name__ == "__main__":
+    from .fast_exit import run_and_exit
+    run_and_exit(main)
