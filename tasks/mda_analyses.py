@@ -160,16 +160,26 @@ def parallelisable_classes():
     import pkgutil
     import MDAnalysis.analysis as package
     from MDAnalysis.analysis.base import AnalysisBase
-    found = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
-            if any(part in info.name for part in (".legacy", ".tests", ".encore", ".hbonds.")):
+    skipped = (".legacy", ".tests", ".encore", ".hbonds")  # old, test or serial-only code
+
+    def modules(path, prefix):
+        """The modules under `path`; a skipped package is not even imported (its import
+        warns about optional dependencies and moved modules)."""
+        for info in pkgutil.iter_modules(path, prefix):
+            if any(info.name.endswith(part) or part + "." in info.name for part in skipped):
                 continue
             try:
                 module = importlib.import_module(info.name)
             except Exception:  # optional dependencies missing
                 continue
+            yield module
+            if info.ispkg:
+                yield from modules(module.__path__, info.name + ".")
+
+    found = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for module in modules(package.__path__, package.__name__ + "."):
             for name, obj in vars(module).items():
                 if (isinstance(obj, type) and issubclass(obj, AnalysisBase)
                         and obj.__module__ == module.__name__

@@ -162,22 +162,29 @@ def cmd_campaign(args):
 def cmd_resources(args):
     if args.show:
         try:
-            resources.check_resource(args.show)
+            label = resources.resolve_resource(args.show)
+            resources.check_resource(label)
         except ValueError as exc:
             raise InputError(str(exc))
-        sources = resources.resource_sources().get(args.show, [])
-        print(f"# {args.show}: from {' + '.join(sources) or 'RADICAL-Pilot'} "
+        config = resources.merged_config(label)
+        sources = resources.resource_sources().get(label, [])
+        print(f"# {label}: from {' + '.join(sources) or 'RADICAL-Pilot'} "
               "(later ones merged over earlier ones)")
-        print(json.dumps(resources.merged_config(args.show), indent=2, sort_keys=True))
+        for key in ("description", "notes"):
+            if config.get(key):
+                print(f"# {key}: {config[key]}")
+        print(json.dumps(config, indent=2, sort_keys=True))
         return EXIT_OK
-    sources = resources.resource_sources()
-    shown = sorted(l for l, s in sources.items() if args.all or s != ["radical"])
-    print(f"{'resource':32s} config from")
-    for label in shown:
-        print(f"{label:32s} {' + '.join(sources[label])}")
-    if not args.all:
-        print(f"({len(sources) - len(shown)} more of RADICAL-Pilot's own: --all lists them; "
-              "`trajflow resources LABEL` shows one)")
+    configs, sources = resources.all_configs(), resources.resource_sources()
+    print(f"{'resource':30s} {'batch':8s} {'cores':>5s}  {'access (default first)':32s} "
+          "config from")
+    for label, config in sorted(configs.items()):
+        schemas = sorted(config.get("schemas") or {}, key=lambda k: k != config.get("default_schema"))
+        print(f"{label:30s} {str(config.get('resource_manager') or '?'):8s} "
+              f"{str(config.get('cores_per_node') or '?'):>5s}  {', '.join(schemas):32s} "
+              f"{' + '.join(sources.get(label, ['radical']))}")
+    print(f"({len(configs)} resources; `trajflow resources LABEL` shows one's notes and whole "
+          "config; a label's platform alone, e.g. expanse, names it when no other has that name)")
     return EXIT_OK
 
 

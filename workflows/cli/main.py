@@ -5,9 +5,10 @@ result is missing; 2 bad input (nothing was started or written); 130 Ctrl-C.
 """
 import radical.utils  # noqa: F401  radical before logging, or fork() may deadlock (its own warning)
 import logging
+import os
 import sys
 
-from trajflow.workflows.errors import EXIT_INPUT, EXIT_INTERRUPTED, InputError, Interrupted
+from trajflow.workflows.errors import EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, InputError, Interrupted
 from trajflow.workflows.remote import client as remote
 from trajflow.workflows.run import progress, signals
 from trajflow.workflows.run.signals import stop_on_signals
@@ -22,7 +23,11 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     # trajflow's log records (progress, warnings) on stderr; --quiet: warnings only
     progress.show_on(None, logging.INFO if getattr(args, "progress", True) else logging.WARNING)
-    return run_guarded(_command, args)
+    try:
+        return run_guarded(_command, args)
+    except BrokenPipeError:  # `trajflow resources | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return EXIT_OK
 
 
 def run_guarded(command, args):

@@ -1,6 +1,8 @@
 """`trajflow`'s argument parser: its commands and their options (a run's from the specs)."""
 import argparse
 
+from trajflow import __version__
+
 from trajflow.workflows.cli.options import RESUMED_OPTIONS, add_spec_options
 from trajflow.workflows.remote.client import add_remote_commands, add_remote_options
 from trajflow.workflows.run.spec import PilotSpec, RunSpec
@@ -19,6 +21,8 @@ def build_parser():
     parser = argparse.ArgumentParser(
         prog="trajflow",
         description="Parallel MD trajectory analysis (split -> analyze -> reduce) on RADICAL-EnTK.")
+    parser.add_argument("--version", action="version",
+                        version=f"trajflow {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="analyse a trajectory on a pilot",
                          description="Analyse a trajectory on a RADICAL pilot; writes RUNDIR/result.h5.")
@@ -80,8 +84,7 @@ def build_parser():
     res.add_argument("show", nargs="?", metavar="LABEL", default=None,
                      help="show this resource's merged config as JSON (default: list all)")
     res.add_argument("--all", action="store_true",
-                     help="list every RADICAL-Pilot label, not only the ones trajflow or you "
-                          "configured")
+                     help="(every resource is listed; kept for old scripts)")
     sub.add_parser("analyses", help="list the installed MDAnalysis analyses --analysis "
                                     "FILE.py:NAME can run (those that declare themselves "
                                     "parallelisable)",

@@ -28,6 +28,7 @@ from trajflow.tasks import backend_part
 from trajflow.tasks.plan import RunPlan
 from trajflow.tasks.rundir import has_plan
 from trajflow.workflows.errors import InputError
+from trajflow.workflows.run import user_code
 from trajflow.workflows.run.api import run_plan
 from trajflow.workflows.run.planning import default_out
 from trajflow.workflows.run.runs import Run
@@ -103,7 +104,6 @@ def backend_plan(analysis, func, computations, out):
     """The plan of one MDAnalysis run() (written when it is submitted), with the
     pickled `_compute` and the groups (n x 2 arrays: iteration index, frame
     number) already in RUNDIR/backend/."""
-    import cloudpickle
     u = analysis._trajectory
     filenames = getattr(u, "filenames", None) or [getattr(u, "filename", None) or "(in memory)"]
     groups = [np.asarray(g) for g in computations]
@@ -117,7 +117,7 @@ def backend_plan(analysis, func, computations, out):
                    blocks=blocks, backend=True)
     plan.selected = {}
     try:
-        pickled = cloudpickle.dumps(func)
+        pickled = user_code.pickle_callable(func)  # the user's own classes by value
     except Exception as exc:
         raise InputError(f"trajflow.Backend cannot send {type(analysis).__name__} to the tasks "
                          f"({type(exc).__name__}: {exc})")

@@ -5,6 +5,7 @@ in seconds: each problem raises `InputError` with what is wrong and how to fix
 it, and the CLI exits 2. Nothing is written until every check has passed.
 """
 import dataclasses
+import difflib
 import hashlib
 import json
 import logging
@@ -183,7 +184,10 @@ def check_analysis_spec(analysis, analysis_args=None):
     try:
         kind, source, name = mda_analyses.parse_spec(str(analysis))
     except ValueError as exc:
-        raise InputError(f"unknown {spelled('analysis')}: {exc}; give {ANALYSIS_FORMS}")
+        near = [name for name in ANALYSES if name == str(analysis).lower()] or \
+            difflib.get_close_matches(str(analysis).lower(), ANALYSES, n=1)
+        hint = f"did you mean {near[0]}? " if near else ""
+        raise InputError(f"unknown {spelled('analysis')}: {exc}; {hint}give {ANALYSIS_FORMS}")
     _check_json_args(analysis_args)
     return kind, source, name
 

@@ -12,6 +12,7 @@ placeholder ${TRAJFLOW_VENV_BIN} (the bin folder holding this Python and the
 import atexit
 import base64
 import copy
+import difflib
 import glob
 import json
 import os
@@ -179,16 +180,36 @@ def kernels_bootstrap_entry(python: str) -> str:
                                + " || echo 'trajflow: the kernels were not compiled ahead'")
 
 
-def check_resource(resource: str):
-    """ValueError naming the known resources if RADICAL-Pilot has no config for `resource`."""
+def resolve_resource(name: str) -> str:
+    """The whole label (facility.platform) `name` means: itself, or the one label whose
+    platform is `name` (`expanse` -> access.expanse); ValueError saying what was meant
+    (the nearest labels) when no label or several fit."""
     activate_configs()
+    known = known_resources()
+    if name in known:
+        return name
+    platform = {label: label.partition(".")[2] for label in known}
+    fits = [label for label, short in platform.items() if short == name]
+    if len(fits) == 1:
+        return fits[0]
+    if len(fits) > 1:
+        raise ValueError(f"resource {name!r} is ambiguous: {', '.join(fits)} all have that "
+                         "name; give the whole label")
+    near = difflib.get_close_matches(name, known, n=3, cutoff=0.75)
+    near += [label for short in difflib.get_close_matches(name, list(platform.values()), n=3,
+                                                          cutoff=0.75)
+             for label in known if platform[label] == short and label not in near]
+    hint = f"did you mean {' or '.join(near[:3])}? " if near else ""
+    raise ValueError(f"unknown resource {name!r}: {hint}`trajflow resources` lists every "
+                     "resource trajflow knows (RADICAL-Pilot's and its own), and the README "
+                     "says how to add your cluster")
+
+
+def check_resource(resource: str):
+    """ValueError (see resolve_resource) unless RADICAL-Pilot has a valid config for
+    `resource`, a whole label."""
+    resolve_resource(resource)
     cfg = resource_config(resource)
-    if cfg is None:
-        known = known_resources()
-        sites = sorted({k.split(".")[0] for k in known})
-        raise ValueError(f"unknown resource {resource!r}: RADICAL-Pilot has no config for it. "
-                         f"Known facilities: {', '.join(sites)}; `trajflow resources` lists "
-                         "all labels, and the README says how to add your cluster")
     import radical.pilot as rp
     try:  # RADICAL-Pilot's own schema: unknown keys and wrong types, named
         rp.ResourceConfig(from_dict=cfg.as_dict()).verify()
@@ -201,9 +222,15 @@ def check_resource(resource: str):
 
 def known_resources() -> list:
     """Every resource label RADICAL-Pilot knows with the current config dir."""
+    return sorted(all_configs())
+
+
+def all_configs() -> dict:
+    """label -> the config RADICAL-Pilot will use for it (plain data), every label."""
     import radical.pilot as rp
+    activate_configs()
     cfgs = rp.utils.get_resource_configs()
-    return sorted(f"{site}.{name}" for site in cfgs for name in cfgs[site])
+    return {f"{site}.{name}": cfgs[site][name].as_dict() for site in cfgs for name in cfgs[site]}
 
 
 def resource_config(resource: str):

@@ -197,6 +197,7 @@ class PilotSpec:
     def __post_init__(self):
         _check_fields(self)
         try:
+            object.__setattr__(self, "resource", resources.resolve_resource(self.resource))
             resources.check_resource(self.resource)
             if self.access_schema:
                 resources.check_access_schema(self.resource, self.access_schema)
