@@ -23,7 +23,7 @@ from .plan import RunPlan, chunk_size, decode_path_arg
 from .dcd import open_dcd
 from .xtc import xtc_readable
 from .h5md import is_h5md
-from .readers import open_block_reader
+from .readers import SelectedFrames, open_block_reader
 from .timing import RankTimer
 
 
@@ -31,15 +31,25 @@ def open_block_source(plan, analysis, block, timer, comm=None):
     """Open this block's data as the plan's io strategy says.
 
     Returns (source, start, stop, reference_source): frames [start, stop) of
-    `source` are the block; `reference_source` holds frame 0.
+    `source` are the block; `reference_source` holds frame 0 (the trajectory's, as
+    MDAnalysis' references are, whatever frames the run analyses). A run of chosen
+    frames reads them from the inputs by number (SelectedFrames), or from trajflow's
+    copies, which hold just those frames.
     """
     b_start, b_stop = plan.blocks[block]
     idx, boxes = analysis.atom_indices, analysis.need_boxes
     files, first = plan.io_strategy.block_files(plan, block)
     comm = comm if plan.io_strategy.one_file else None
-    source = open_block_reader(files, idx, boxes, timer, comm, frame_offset=b_start - first)
-    reference_files, _ = plan.io_strategy.block_files(plan, 0)  # where frame 0 is
-    reference = source if reference_files == files else open_block_reader(
+    chosen = plan.frame_selection is not None
+    if chosen and plan.io_strategy.reads_input_as_is(plan):
+        source = SelectedFrames(open_block_reader(files, idx, boxes, timer, comm),
+                                plan.frame_numbers(b_start, b_stop))
+        first = 0
+    else:
+        source = open_block_reader(files, idx, boxes, timer, comm, frame_offset=b_start - first)
+    # where frame 0 is: block 0's files, or the inputs when the run's frames are chosen
+    reference_files = list(plan.trajectories) if chosen else plan.io_strategy.block_files(plan, 0)[0]
+    reference = source if reference_files == files and not chosen else open_block_reader(
         reference_files, idx, boxes, timer, comm)
     return source, first, first + b_stop - b_start, reference
 
@@ -57,6 +67,8 @@ def analyze_block(plan, block, timer, comm=None):
         analysis.prepare(reference)
     frames_per_chunk = chunk_size(plan.chunk_frames, len(analysis.atom_indices))
     arrays = analysis.run_block(source, start, stop, frames_per_chunk, timer)
+    # the global frame numbers (a copy of chosen frames counts its rows)
+    arrays["frame"] = plan.frame_numbers(*plan.blocks[block])
     source.close()
     if reference is not source:
         reference.close()  # split io: block 0's segment, opened for frame 0 only

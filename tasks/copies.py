@@ -1,6 +1,7 @@
 """trajflow's own H5MD files of a trajectory: a segment per block (io split) or one
 copy of it all (io h5md), written from MDAnalysis' frames exactly, under a
-temporary name and renamed when whole."""
+temporary name and renamed when whole. A run of chosen frames copies just those
+(its positions are then the copies' rows)."""
 import contextlib
 import fcntl
 import os
@@ -11,24 +12,26 @@ import numpy as np
 from .h5md import H5MDWriter
 
 
-def copy_frames(u, start, stop, writer, timer, chunk_frames):
-    """Frames [start, stop) of the Universe's trajectory, every atom, into an
-    H5MDWriter chunk by chunk: the float32 positions, boxes (each frame its own),
+def copy_frames(u, numbers, writer, timer, chunk_frames):
+    """The frames `numbers` (global, in order) of the Universe's trajectory, every atom,
+    into an H5MDWriter chunk by chunk: the float32 positions, boxes (each frame its own),
     time (cumulative over chained files, as `trajectory.time`) and step exactly as
     MDAnalysis gives them, and velocities and forces where the frames have them.
     No lossy re-encoding: a segment or copy is the input's data, bit for bit."""
     traj = u.trajectory
     n_atoms = len(u.atoms)
-    for pos in range(start, stop, chunk_frames):
-        end = min(pos + chunk_frames, stop)
-        n = end - pos
+    for pos in range(0, len(numbers), chunk_frames):
+        wanted = numbers[pos:pos + chunk_frames]
+        n = len(wanted)
+        contiguous = n == int(wanted[-1]) - int(wanted[0]) + 1 and np.all(np.diff(wanted) == 1)
+        frames = traj[int(wanted[0]):int(wanted[-1]) + 1] if contiguous else traj[wanted]
         coords = np.empty((n, n_atoms, 3), np.float32)
         boxes = np.zeros((n, 6), np.float32)
         times = np.empty(n, np.float64)
         steps = np.empty(n, np.int64)
         extra = {name: np.empty((n, n_atoms, 3), np.float32) for name in writer.data if name != "position"}
         with timer.phase("io"):
-            for i, ts in enumerate(traj[pos:end]):
+            for i, ts in enumerate(frames):
                 coords[i] = ts.positions
                 times[i] = traj.time
                 steps[i] = ts.data.get("step", ts.frame)
@@ -56,7 +59,8 @@ def write_segment(plan, u, block, timer):
     tmp = f"{final}.tmp{os.getpid()}"
     writer = new_writer(u, tmp, stop - start)
     try:
-        copy_frames(u, start, stop, writer, timer, plan.frames_per_chunk(len(u.atoms)))
+        copy_frames(u, plan.frame_numbers(start, stop), writer, timer,
+                    plan.frames_per_chunk(len(u.atoms)))
     finally:
         writer.close()
     os.replace(tmp, final)
@@ -79,7 +83,7 @@ def convert_h5md(plan, u, timer):
         tmp = f"{final}.tmp{os.getpid()}"
         writer = new_writer(u, tmp, plan.n_frames, plan.compression)
         try:
-            copy_frames(u, 0, plan.n_frames, writer, timer, plan.frames_per_chunk(len(u.atoms)))
+            copy_frames(u, plan.frame_numbers(), writer, timer, plan.frames_per_chunk(len(u.atoms)))
             writer.file.attrs[CONVERSION_SECONDS] = time.time() - timer.t_start
         finally:
             writer.close()

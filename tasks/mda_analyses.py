@@ -263,8 +263,9 @@ class CopiedFrames:
     own reader would.
     """
 
-    def __init__(self, path, first_row, first_frame, n_frames, trajectory):
-        self.path, self.first_row, self.first_frame, self.n = path, first_row, first_frame, n_frames
+    def __init__(self, path, first_row, numbers, trajectory):
+        """Rows first_row... of `path` are the global frames `numbers`."""
+        self.path, self.first_row, self.numbers, self.n = path, first_row, numbers, len(numbers)
         self.trajectory = trajectory
 
     def __len__(self):
@@ -287,7 +288,7 @@ class CopiedFrames:
                 if "force" in data:
                     ts.forces = data["force"][row]
                 ts.dimensions = boxes[row]
-                ts.frame = self.first_frame + i
+                ts.frame = int(self.numbers[i])
                 ts.time = float(times[row])
                 yield self.trajectory._apply_transformations(ts)
 
@@ -338,17 +339,18 @@ def analyze_block(plan, block, timer):
     # serial run; with split or h5md io the block's frames then come from
     # trajflow's own H5MD (CopiedFrames)
     files = [plan.h5md_path()] if plan.reads_h5md_input else plan.trajectories
-    frames = np.arange(b_start, b_stop)
+    frames = plan.frame_numbers(b_start, b_stop)
     u, analysis = open_analysis(plan, (plan.topology, files), timer)
     # the whole run's frames, as run() does (the whole frames of a truncated input)
-    analysis._setup_frames(analysis._trajectory, stop=plan.n_frames)
+    analysis._setup_frames(analysis._trajectory, **plan.mda_frames())
 
     copied = plan.io_strategy.copied_frames(plan, block)
     time_frame_loop(analysis, timer, block, None if copied is None else (
-        lambda: CopiedFrames(*copied, b_start, b_stop - b_start, u.trajectory)))
+        lambda: CopiedFrames(*copied, frames, u.trajectory)))
     with warnings.catch_warnings(), users_code(type(analysis).__name__):
         warnings.simplefilter("ignore")
-        analysis._compute(np.stack([np.arange(len(frames)), frames], axis=1))
+        # (position in the run's frames, frame number), as MDAnalysis' computation groups
+        analysis._compute(np.stack([np.arange(b_start, b_stop), frames], axis=1))
     u.trajectory.close()
     blob = np.frombuffer(pickle.dumps(analysis.results, protocol=pickle.HIGHEST_PROTOCOL),
                          dtype=np.uint8)
@@ -364,7 +366,7 @@ def conclude(plan, arrays):
     """One analysis object over the whole trajectory, the blocks' results merged by
     its class' aggregator, then `_conclude()`: what `AnalysisBase.run()` does."""
     u, analysis = open_analysis(plan, (plan.topology, plan.trajectories))
-    analysis._setup_frames(analysis._trajectory, stop=plan.n_frames)
+    analysis._setup_frames(analysis._trajectory, **plan.mda_frames())
     bounds = np.concatenate([[0], np.cumsum(arrays["results_pickle_size"])])
     blob = arrays["results_pickle"].tobytes()
     pieces = [pickle.loads(blob[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]

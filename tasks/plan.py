@@ -70,6 +70,12 @@ class RunPlan:
     truncated: Optional[dict] = None
     # a user analysis tried on the workstation before the run: {"frames", "seconds"}
     trial: Optional[dict] = None
+    # the frames analysed when not all: {"start", "stop", "step"} (whole numbers, as
+    # MDAnalysis normalises run(start, stop, step)) or {"frames": [global frame numbers]}
+    # (run(frames=)); n_frames then counts the frames analysed (the blocks share them out)
+    # and input_frames those of the inputs they are chosen from (0: n_frames)
+    frame_selection: Optional[dict] = None
+    input_frames: int = 0
     # io h5md in a campaign: one H5MD copy of the inputs for all its experiments,
     # made by the first split task that needs it (the others wait and reuse it)
     shared_h5md: Optional[str] = None
@@ -83,6 +89,23 @@ class RunPlan:
     @property
     def n_blocks(self) -> int:
         return len(self.blocks)
+
+    def frame_numbers(self, start: int = 0, stop: Optional[int] = None) -> np.ndarray:
+        """The global frame numbers of the analysed frames [start, stop) (positions in
+        the run's frames, as the blocks count them)."""
+        selection = self.frame_selection
+        if selection is None:
+            numbers = np.arange(self.n_frames, dtype=np.int64)
+        elif "frames" in selection:
+            numbers = np.asarray(selection["frames"], dtype=np.int64)
+        else:
+            numbers = np.arange(selection["start"], selection["stop"], selection["step"],
+                                dtype=np.int64)
+        return numbers[start:stop]
+
+    def mda_frames(self) -> dict:
+        """The run's frames as MDAnalysis' run() and _setup_frames take them."""
+        return dict(self.frame_selection) if self.frame_selection else {"stop": self.n_frames}
 
     def frames_per_chunk(self, n_atoms: int) -> int:
         """Frames read at a time for `n_atoms` atoms (chunk_size)."""

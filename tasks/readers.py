@@ -215,3 +215,41 @@ class H5MDChunkReader:
     def close(self):
         self.h5.close()
 
+
+
+class SelectedFrames:
+    """A reader's frames by global number (a run's chosen frames: MDAnalysis'
+    run(start, stop, step) or run(frames=)), seen as frames 0..n-1 of a block.
+
+    Numbers that rise densely (a step up to DENSE_STEP) are read as one span of
+    the underlying reader and the rows wanted kept; others frame by frame."""
+    DENSE_STEP = 4
+
+    def __init__(self, reader, numbers):
+        self.reader = reader
+        self.numbers = np.asarray(numbers, dtype=np.int64)
+
+    @property
+    def n_frames(self):
+        return len(self.numbers)
+
+    def chunks(self, start, stop, chunk_frames) -> Iterator[Chunk]:
+        for pos in range(start, stop, chunk_frames):
+            wanted = self.numbers[pos:min(pos + chunk_frames, stop)]
+            lo, hi = int(wanted[0]), int(wanted[-1]) + 1
+            dense = np.all(np.diff(wanted) > 0) and hi - lo <= self.DENSE_STEP * len(wanted)
+            if dense:
+                pieces = [(next(iter(self.reader.chunks(lo, hi, hi - lo))), wanted - lo)]
+            else:
+                pieces = [(next(iter(self.reader.chunks(int(f), int(f) + 1, 1))), [0])
+                          for f in wanted]
+            yield Chunk(wanted.copy(),
+                        np.concatenate([c.times[rows] for c, rows in pieces]),
+                        np.concatenate([c.coords[rows] for c, rows in pieces]),
+                        None if pieces[0][0].boxes is None else
+                        np.concatenate([c.boxes[rows] for c, rows in pieces]),
+                        None if pieces[0][0].steps is None else
+                        np.concatenate([c.steps[rows] for c, rows in pieces]))
+
+    def close(self):
+        self.reader.close()

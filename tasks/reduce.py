@@ -65,9 +65,10 @@ def join_parts(plan):
     # user analysis' per-block results in the order its aggregator expects)
     pieces = [arrays for _, arrays in sorted(pieces, key=lambda p: p[0])]
     joined = {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}
-    if not np.array_equal(joined["frame"], np.arange(plan.n_frames)):
+    if not np.array_equal(joined["frame"], plan.frame_numbers()):
         n_seen = len(np.unique(joined["frame"]))
-        raise IncompleteResult(f"frames are not 0..{plan.n_frames - 1} exactly once "
+        what = "the chosen frames" if plan.frame_selection else f"0..{plan.n_frames - 1}"
+        raise IncompleteResult(f"frames are not {what} exactly once, in order "
                                f"({len(joined['frame'])} rows, {n_seen} distinct frames)")
     return joined, attrs
 
@@ -115,6 +116,8 @@ def write_result(plan, arrays, analysis_attrs, results=None):
             "input_checksum": plan.input_checksum, "compression": plan.compression or "none",
             "versions": json.dumps(package_versions()),
         }
+        if plan.frame_selection:  # MDAnalysis' run(start, stop, step) or run(frames=)
+            root["frame_selection"] = json.dumps(plan.frame_selection)
         if plan.truncated:  # say so wherever the result goes
             root["truncated_input"] = json.dumps(plan.truncated)
         if not plan.builtin:

@@ -19,7 +19,8 @@ from .timing import RankTimer
 def check_inputs(plan, timer):
     u = open_universe(plan.topology, plan.trajectories, timer)
     n_frames, n_atoms = u.trajectory.n_frames, len(u.atoms)
-    planned = plan.truncated["frames_in_files"] if plan.truncated else plan.n_frames
+    planned = plan.truncated["frames_in_files"] if plan.truncated else (
+        plan.input_frames or plan.n_frames)
     if (n_frames, n_atoms) != (planned, plan.n_atoms):
         raise SystemExit(f"split: inputs changed since the run was planned: {n_frames} frames "
                          f"and {n_atoms} atoms now, {planned} and {plan.n_atoms} planned; "

@@ -101,10 +101,21 @@ def test_resources_lists_shipped_radicals_and_users(tmp_path):
     proc = _in_fresh_process(tmp_path, "import sys; from trajflow.workflows.cli.main import main; "
                              "sys.exit(main(['resources']))")
     assert proc.returncode == 0, proc.stderr
-    rows = dict(line.split(None, 1) for line in proc.stdout.splitlines()[1:] if "more of" not in line)
-    assert rows["tacc.stampede3"].strip() == "trajflow"
-    assert rows["access.expanse"].strip() == "radical + trajflow"
-    assert rows["mysite.bigiron"].strip() == "user"
+    rows = {line.split()[0]: line for line in proc.stdout.splitlines()[1:-1]}
+    assert len(rows) > 40  # RADICAL-Pilot's own too, every one
+    assert rows["tacc.stampede3"].endswith(" trajflow")
+    assert rows["access.expanse"].split()[1:3] == ["SLURM", "128"]
+    assert rows["access.expanse"].endswith("radical + trajflow")
+    assert rows["mysite.bigiron"].split()[1:4] == ["FORK", "8", "local"]
+    assert rows["mysite.bigiron"].endswith(" user")
     shown = _in_fresh_process(tmp_path, "import sys; from trajflow.workflows.cli.main import main; "
                               "sys.exit(main(['resources', 'tacc.stampede3']))")
     assert shown.returncode == 0 and '"default_queue": "skx"' in shown.stdout
+    # a platform's name alone is enough when it is unique; a typo gets the nearest labels
+    short = _in_fresh_process(tmp_path, "import sys; from trajflow.workflows.cli.main import main; "
+                              "sys.exit(main(['resources', 'bigiron']))")
+    assert short.returncode == 0 and short.stdout.startswith("# mysite.bigiron:"), short.stderr
+    typo = _in_fresh_process(tmp_path, "import sys; from trajflow.workflows.cli.main import main; "
+                             "sys.exit(main(['resources', 'local.locahost']))")
+    assert typo.returncode == 2 and "did you mean local.localhost" in typo.stderr
+    assert "Traceback" not in typo.stderr and len(typo.stderr.strip().splitlines()) == 1

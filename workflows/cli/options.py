@@ -8,7 +8,7 @@ import argparse
 import dataclasses
 import json
 
-from trajflow.workflows.run.spec import RunSpec, spelled, value_type
+from trajflow.workflows.run.spec import RunSpec, element_type, spelled, value_type
 
 RUN_FIELDS = tuple(f.name for f in dataclasses.fields(RunSpec))
 RESUMED_OPTIONS = ("retries", "progress")  # a resumed run's own; the rest are its plan's
@@ -43,7 +43,7 @@ def add_spec_options(parser, spec, only=None):
             continue
         if kind is list:
             common["nargs"] = "+"
-            kind = str
+            kind = element_type(f)
         elif kind is dict:
             kind = _json_object
         elif kind not in (int, float):

@@ -16,6 +16,8 @@ import time
 import warnings
 from typing import List, Optional
 
+import numpy as np
+
 from trajflow.tasks import mda_analyses
 from trajflow.tasks.analyses import ANALYSES, ANALYSIS_CLASSES
 from trajflow.tasks.h5md import missing_box
@@ -374,11 +376,42 @@ def default_out(analysis, parent=None):
     return path
 
 
+def select_frames(spec, n_input):
+    """(the plan's frame_selection or None, how many frames it analyses) of `spec`'s
+    start/stop/step or frames over `n_input` frames, normalised as MDAnalysis does;
+    InputError when they pick no frame or one that is not there."""
+    if spec.frames is not None:
+        frames = np.asarray(spec.frames)
+        if frames.dtype == bool:
+            if len(frames) != n_input:
+                raise InputError(f"{spelled('frames')} as booleans needs one per frame: "
+                                 f"{len(frames)} given, the trajectory has {n_input}")
+            frames = np.flatnonzero(frames)
+        bad = frames[(frames >= n_input) | (frames < -n_input)]
+        if len(bad):
+            raise InputError(f"{spelled('frames')}: frame {int(bad[0])} is not in the "
+                             f"trajectory (frames 0 to {n_input - 1})")
+        numbers = np.arange(n_input)[frames]  # negative numbers count from the end
+        if not len(numbers):
+            raise InputError(f"{spelled('frames')} selects no frame: give at least one")
+        return {"frames": numbers.tolist()}, len(numbers)
+    if spec.start is None and spec.stop is None and spec.step is None:
+        return None, n_input
+    start, stop, step = slice(spec.start, spec.stop, spec.step).indices(n_input)
+    n = len(range(start, stop, step))
+    if n == 0:
+        raise InputError(f"{', '.join(spelled(k, getattr(spec, k)) for k in ('start', 'stop', 'step') if getattr(spec, k) is not None)} "
+                         f"selects no frame of the trajectory's {n_input}: choose a range inside it")
+    return {"start": start, "stop": stop, "step": step}, n
+
+
 def _make_plan(out, inputs, spec, cpus):
+    selection, n_frames = select_frames(spec, inputs.n_frames)
     n_blocks = cpus if spec.blocks is None else spec.blocks
-    if n_blocks > inputs.n_frames:
-        raise InputError(f"{spelled('blocks', n_blocks)} is more than the trajectory's "
-                         f"{inputs.n_frames} frames: use at most {inputs.n_frames} blocks")
+    if n_blocks > n_frames:
+        chosen = "frames chosen" if selection else "trajectory's frames"
+        raise InputError(f"{spelled('blocks', n_blocks)} is more than the {n_frames} "
+                         f"{chosen}: use at most {n_frames} blocks")
     if spec.mode == "mpi" and n_blocks > cpus:
         raise InputError(f"{spelled('mode', 'mpi')} runs one rank per block: {n_blocks} ranks do "
                          f"not fit in {spelled('cpus', cpus)}; ask for {spelled('cpus', n_blocks)} "
@@ -386,8 +419,9 @@ def _make_plan(out, inputs, spec, cpus):
     plan = RunPlan(workdir=out, topology=inputs.topology, trajectories=inputs.trajectories,
                    analysis=inputs.analysis, selection=inputs.selection, io=spec.io,
                    mode=spec.mode, gather=spec.gather,
-                   n_frames=inputs.n_frames, n_atoms=inputs.n_atoms,
-                   blocks=balanced_blocks(inputs.n_frames, n_blocks), repeat=spec.repeat,
+                   n_frames=n_frames, n_atoms=inputs.n_atoms,
+                   frame_selection=selection, input_frames=inputs.n_frames if selection else 0,
+                   blocks=balanced_blocks(n_frames, n_blocks), repeat=spec.repeat,
                    chunk_frames=spec.chunk, compression=spec.compression,
                    input_checksum=inputs.checksum, analysis_args=inputs.analysis_args,
                    truncated=inputs.truncated, trial=inputs.trial,

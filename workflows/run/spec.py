@@ -111,6 +111,15 @@ class RunSpec:
                            "many as fit 8 MiB of coordinates (16 to 4096)", metavar="F", minimum=0)
     compression: Optional[str] = option(None, "with io h5md: compress the H5MD copy",
                                         metavar="gzip:N")
+    start: Optional[int] = option(None, "the first frame analysed, as MDAnalysis' run(start=) "
+                                        "(negative: from the end); none: 0", metavar="F")
+    stop: Optional[int] = option(None, "analyse the frames before this one, as MDAnalysis' "
+                                       "run(stop=); none: to the end", metavar="F")
+    step: Optional[int] = option(None, "analyse every S-th frame, as MDAnalysis' run(step=); "
+                                       "none: 1", metavar="S", minimum=1)
+    frames: Optional[List[int]] = option(
+        None, "analyse just these frames, in this order, as MDAnalysis' run(frames=) (not with "
+              "start, stop or step)", metavar="F")
     out: Optional[str] = option(None, "the run's new folder (result.h5, profiles, the plan); "
                                       "none: ./trajflow-ANALYSIS-DATE-TIME", metavar="RUNDIR")
     allow_truncated: bool = option(False, "analyse the whole frames of a truncated last "
@@ -139,7 +148,18 @@ class RunSpec:
         for name in ("topology", "out"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, os.fspath(getattr(self, name)))
+        if self.frames is not None:
+            object.__setattr__(self, "frames", _frame_list(self.frames))
         _check_fields(self)
+        for name in ("start", "stop"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise InputError(f"{spelled(name, value)}: give a whole number of frames")
+        if self.frames is not None and not (self.start is None and self.stop is None
+                                            and self.step is None):
+            raise InputError(f"{spelled('frames')} cannot be combined with {spelled('start')}, "
+                             f"{spelled('stop')} or {spelled('step')} (as in MDAnalysis' run()): "
+                             "give one or the other")
         try:
             parse_compression(self.compression)
         except ValueError as exc:
@@ -167,6 +187,20 @@ class RunSpec:
     @classmethod
     def from_json(cls, text: str) -> "RunSpec":
         return cls(**json.loads(text))
+
+
+def _frame_list(frames):
+    """`frames` (a list, range or numpy array of frame numbers, or of booleans, one per
+    frame) as a plain list; InputError if it is neither."""
+    import numpy as np
+    try:
+        array = np.asarray(frames)
+    except Exception:  # noqa: ragged or odd objects: the message below says what is wanted
+        array = np.asarray([], dtype=object)
+    if array.ndim != 1 or not (array.dtype.kind in "iu" or array.dtype == bool) or not len(array):
+        raise InputError(f"{spelled('frames')}: give a non-empty list of frame numbers (or of "
+                         "booleans, one per frame), as MDAnalysis' run(frames=) takes")
+    return array.tolist()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,10 +282,19 @@ def option_default(name):
 
 def value_type(field):
     """int, float, str, bool, list or dict: what a field holds, Optional taken off."""
-    kind = field.type
+    return typing.get_origin(_unoptional(field.type)) or _unoptional(field.type)
+
+
+def element_type(field):
+    """What a list field holds (str for List[str], int for List[int])."""
+    args = typing.get_args(_unoptional(field.type))
+    return args[0] if args else str
+
+
+def _unoptional(kind):
     if typing.get_origin(kind) is typing.Union:
-        kind = next(a for a in typing.get_args(kind) if a is not type(None))
-    return typing.get_origin(kind) or kind
+        return next(a for a in typing.get_args(kind) if a is not type(None))
+    return kind
 
 
 def option_choices(name):
