@@ -21,6 +21,7 @@ import warnings
 import numpy as np
 
 from . import faults, mda_analyses
+from .exit_codes import ANALYSIS_RAISED
 from .plan import RunPlan, decode_path_arg
 from .timing import RankTimer
 
@@ -55,7 +56,7 @@ def run_part(plan, part):
         group = np.load(group_path(plan, part))
     analysis = compute.func.__self__  # functools.partial(analysis._compute, ...)
     mda_analyses.time_frame_loop(analysis, timer, part)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), mda_analyses.users_code(type(analysis).__name__):
         warnings.simplefilter("ignore")
         done = compute(group)
     timer.info.update(frames=len(group))
@@ -81,6 +82,25 @@ def collect(plan):
     timer.finish(plan.profile_path("reduce"))
 
 
+def concluded(plan):
+    """The analysis of a finished run, as MDAnalysis' run() leaves it after its backend's
+    apply: the parts' frames and times joined, their results merged by the class' own
+    aggregator, then _conclude() (how a reopened run gets its results)."""
+    import cloudpickle
+    with open(function_path(plan), "rb") as fh:
+        analysis = cloudpickle.load(fh).func.__self__
+    with open(plan.result_path(), "rb") as fh:
+        pieces = pickle.load(fh)
+    analysis.frames = np.hstack([p.frames for p in pieces])
+    analysis.times = np.hstack([p.times for p in pieces])
+    analysis.n_frames = len(analysis.frames)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        analysis.results = analysis._get_aggregator().merge([p.results for p in pieces])
+        analysis._conclude()
+    return analysis
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m trajflow.tasks.backend_part",
                                 description="One part of an MDAnalysis run() on trajflow.Backend.")
@@ -92,8 +112,12 @@ def main(argv=None):
     plan = RunPlan.load(decode_path_arg(args.plan))
     if args.collect:
         collect(plan)
-    else:
+        return 0
+    try:
         run_part(plan, args.part)
+    except mda_analyses.AnalysisRaised as exc:  # not retried: it would raise again
+        mda_analyses.print_users_traceback(exc)
+        return ANALYSIS_RAISED
     return 0
 
 

@@ -212,7 +212,8 @@ def cmd_inspect(args):
     if args.csv:
         write_csv(report, args.csv)
         print(f"CSV: {args.csv}")
-    return EXIT_OK
+    # 1 when a run did not end done (its lines above say what failed and where)
+    return EXIT_OK if all(e["ok"] for e in report["endings"].values()) else EXIT_FAILED
 
 
 def _inspect_campaign(args):

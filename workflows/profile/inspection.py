@@ -14,11 +14,12 @@ import glob
 import json
 import os
 from trajflow.tasks.plan import RunPlan
-from trajflow.tasks.rundir import PLAN
+from trajflow.tasks.rundir import OUTCOME, PLAN, read_outcome
 from trajflow.workflows.profile.advice import advice, compare_strategies
 from trajflow.workflows.profile.stragglers import (describe, judge, judged_groups, MIN_GROUP,
                                                    phase_times)
 from trajflow.workflows.profile.timing_tables import read_tables
+from trajflow.workflows.run.pipeline import remaining_specs  # what a resume runs again
 
 
 
@@ -160,6 +161,32 @@ def scaling(runs):
     return rows
 
 
+def how_it_ended(rundir, plan) -> dict:
+    """How a run ended, from RUNDIR alone: {"ok": bool, "lines": [...]}. A run that did
+    not end done says what failed, where (stage, task, attempt, exit code) and why
+    (its stderr's last lines), and what `--resume` would run again."""
+    outcome = read_outcome(rundir) or {}
+    name = os.path.basename(rundir)
+    if os.path.exists(plan.result_path()) and outcome.get("status", "done") == "done":
+        return {"ok": True, "lines": [f"{name}: done: {plan.result_path()}"]}  # complete
+    if not outcome:
+        lines = [f"{name}: NOT ENDED: no {OUTCOME} (still running, or the process that ran it "
+                 "was killed)"]
+    else:
+        where = f" at its {outcome['stopped_at']} stage" if outcome.get("stopped_at") else ""
+        lines = [f"{name}: FAILED{where}" + (f": {outcome['error']}" if outcome.get("error") else "")]
+        lines += ["  " + line for task in outcome.get("failed_tasks", [])
+                  for line in task.splitlines()]
+    if plan.backend:
+        lines.append("  MDAnalysis' run() through trajflow.Backend: run it again")
+        return {"ok": False, "lines": lines}
+    again = {stage: len(specs) for stage, specs in remaining_specs(plan, plan.path(PLAN)).items()
+             if specs}
+    redo = ", ".join(f"{n} {stage} task(s)" for stage, n in again.items())
+    lines.append(f"  `trajflow run --resume {rundir}` runs {redo} again and keeps the rest")
+    return {"ok": False, "lines": lines}
+
+
 def inspect_runs(rundirs, tables=()):
     """The report of trajflow runs and of timing tables of any tool (timing_tables.py)."""
     runs = [load_run(d) for d in rundirs]
@@ -168,12 +195,14 @@ def inspect_runs(rundirs, tables=()):
     flags = find_stragglers(records)
     advices = {os.path.basename(p.workdir): advice(p, rs) for p, rs in runs}
     return {"runs": [p.to_dict() for p, _ in runs], "tables": [os.path.abspath(t) for t in tables],
+            "endings": {os.path.basename(p.workdir): how_it_ended(p.workdir, p) for p, _ in runs},
             "notes": notes, "records": records, "stragglers": flags, "advice": advices,
             "comparisons": compare_strategies(runs), "scaling": scaling(runs)}
 
 
 def summary_text(report):
-    lines = [phase_table(report["records"]), ""] + report.get("notes", [])
+    lines = [line for ending in report.get("endings", {}).values() for line in ending["lines"]]
+    lines += [phase_table(report["records"]), ""] + report.get("notes", [])
     lines += straggler_lines(report["stragglers"], report["records"])
     for run, a in report["advice"].items():
         lines.append(f"advice for {run}: {a['text']}")

@@ -400,8 +400,10 @@ def select_frames(spec, n_input):
     start, stop, step = slice(spec.start, spec.stop, spec.step).indices(n_input)
     n = len(range(start, stop, step))
     if n == 0:
-        raise InputError(f"{', '.join(spelled(k, getattr(spec, k)) for k in ('start', 'stop', 'step') if getattr(spec, k) is not None)} "
-                         f"selects no frame of the trajectory's {n_input}: choose a range inside it")
+        given = ", ".join(spelled(k, getattr(spec, k)) for k in ("start", "stop", "step")
+                          if getattr(spec, k) is not None)
+        raise InputError(f"{given} selects no frame of the trajectory's {n_input}: choose a "
+                         "range inside it")
     return {"start": start, "stop": stop, "step": step}, n
 
 

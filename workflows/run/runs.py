@@ -16,7 +16,9 @@ import os
 from trajflow.tasks.plan import RunPlan
 from trajflow.tasks.rundir import PLAN, read_outcome
 from trajflow.workflows.errors import RunFailed
-from trajflow.workflows.profile.inspection import inspect_runs, straggler_lines, summary_text
+from trajflow.tasks import backend_part
+from trajflow.workflows.profile.inspection import (how_it_ended, inspect_runs, straggler_lines,
+                                                   summary_text)
 from trajflow.workflows.profile.report_html import write_html
 from trajflow.workflows.run.results import open_result
 
@@ -66,9 +68,8 @@ class Run:
 
     @property
     def ok(self):
-        """True when the run ended done and its result.h5 is there."""
-        outcome = self.outcome
-        return bool(outcome and outcome["status"] == "done" and os.path.exists(self.result_path))
+        """True when its result is there, complete (and its outcome, if written, says done)."""
+        return how_it_ended(self.path, self.plan)["ok"]
 
     @property
     def results(self):
@@ -82,8 +83,16 @@ class Run:
                                 f"{'ended ' + outcome['status'] if outcome else 'has not ended'}"
                                 f"{': ' + outcome['error'] if outcome.get('error') else ''}); "
                                 "see run.outcome", run=self)
-            self._results = open_result(self.result_path)
+            self._results = self._backend_results() if self.plan.backend else \
+                open_result(self.result_path)
         return self._results
+
+    def _backend_results(self):
+        """An MDAnalysis run() through trajflow.Backend: the analysis' results as its
+        run() concluded them, with `frame` and `time`."""
+        from MDAnalysis.analysis.results import Results
+        analysis = backend_part.concluded(self.plan)
+        return Results(analysis.results, frame=analysis.frames, time=analysis.times)
 
     @property
     def frame(self):
@@ -101,11 +110,10 @@ class Run:
         return Profile([self.path])
 
     def summary(self):
-        """The text `trajflow run` prints for this run: result, stragglers, advice."""
-        lines = [f"{os.path.basename(self.path)}: "
-                 + (f"result: {self.result_path}" if self.ok
-                    else "NO RESULT (the run did not complete)"),
-                 f"{os.path.basename(self.path)}: profiles: {self.plan.path('profile')}"]
+        """The text `trajflow run` prints for this run: how it ended (what failed, where
+        and why, what a resume runs again), stragglers, advice."""
+        lines = how_it_ended(self.path, self.plan)["lines"]
+        lines.append(f"{os.path.basename(self.path)}: profiles: {self.plan.path('profile')}")
         if self.plan.truncated:
             t = self.plan.truncated
             lines.append(f"  TRUNCATED INPUT: {t['file']}: analysed {t['analysed']} whole frames "
