@@ -76,6 +76,9 @@ class RunPlan:
     # and input_frames those of the inputs they are chosen from (0: n_frames)
     frame_selection: Optional[dict] = None
     input_frames: int = 0
+    # when the user asked for it (planning began; a resume sets it anew): the summary
+    # counts the run's time from there, as the user waited
+    asked_at: float = 0.0
     # io h5md in a campaign: one H5MD copy of the inputs for all its experiments,
     # made by the first split task that needs it (the others wait and reuse it)
     shared_h5md: Optional[str] = None

@@ -144,6 +144,9 @@ def test_the_trace_shows_radicals_launch_start_up_and_exit_around_every_rank(ses
         assert mine["start-up"]["ts"] + mine["start-up"]["dur"] <= mine["io"]["ts"] + 1
         assert mine["exit"]["ts"] >= mine["compute"]["ts"] + mine["compute"]["dur"] - 1
     assert len({e["pid"] for e in analyze}) == 1  # one MPI task: one process, a thread per rank
+    [pilot] = [e for e in events if e["ph"] == "X" and e["name"] == "pilot"]  # its own row
+    assert pilot["ts"] <= min(e["ts"] for e in analyze)
+    assert pilot["ts"] + pilot["dur"] >= max(e["ts"] + e["dur"] for e in analyze)
 
 
 def test_cli_run_exits_zero_and_says_where_things_are(tmp_path, adk, reference_results):

@@ -91,6 +91,7 @@ def plan_experiments(campaign: CampaignSpec, cdir: str, resume: bool):
                 continue
         todo[e] = make_plan(campaign.run_spec(e, top, trajs, d),
                             campaign.pilot(e.resource)["cpus"], new_out=False, inputs=inputs)
+        todo[e].asked_at = 0.0  # experiments wait their turn: each is timed from its tasks
         if e.io == "h5md":
             todo[e].shared_h5md = shared_h5md_path(cdir, inputs.checksum, campaign.option("compression"))
     return todo, kept
@@ -172,6 +173,12 @@ class CampaignResult:
     path: str                 # CAMPAIGN_DIR
     records: list             # one dict per experiment, campaign.csv's columns
     interrupted: bool = False
+
+    def __repr__(self):
+        done = len(self.records) - len(self.failures)
+        return (f"<trajflow.CampaignResult {len(self.records)} experiments: {done} done, "
+                f"{len(self.failures)} not{', interrupted' if self.interrupted else ''}: "
+                f"{self.path}>")
 
     @property
     def table_path(self):

@@ -7,7 +7,7 @@ import time
 
 from trajflow.tasks.analyses import ANALYSES
 from trajflow.tasks.mda_analyses import parallelisable_classes
-from trajflow.tasks.rundir import has_plan, REPORT
+from trajflow.tasks.rundir import has_plan
 from trajflow.workflows.bench.small import format_table, run_bench, run_bench_large
 from trajflow.workflows.campaign.folders import is_campaign_dir
 from trajflow.workflows.campaign.run import Campaign
@@ -82,8 +82,7 @@ def _run_and_report(plans, spec, pilot_spec, path, resume=False):
 def _summarise(run):
     """A finished run's summary (Run.summary) and its HTML report beside the result."""
     try:
-        html_path = run.profile.to_html(run.plan.path(REPORT),
-                                        f"trajflow run {run.path}")
+        html_path = run.write_report()
         return (run.summary() + f"\n  timeline and phases: {html_path}  (trajflow inspect "
                 f"{run.path} for the table)")
     except Exception as exc:  # the report must never hide the result

@@ -14,6 +14,7 @@ import math
 import os
 
 from trajflow.tasks.io_strategies import GUIDELINES
+from trajflow.tasks.rundir import SESSIONS
 from trajflow.workflows.profile.stragglers import phase_times
 
 REFERENCES = {
@@ -44,13 +45,17 @@ LARGE_RESULT_B = 10e6    # result arrays this large make the gather a matter of 
 
 
 def pilot_span(rundir):
-    """(start, stop) of the pilot that ran this run: the first and last lines of its
-    bootstrapper's profile, kept in the session folder; None where it is not known."""
+    """(start, stop) of the pilot that ran this run (its last session's: a resumed run or
+    a replaced pilot has several): the first and last lines of its bootstrapper's
+    profile, kept in the session folder; None where it is not known."""
     try:
-        with open(os.path.join(rundir, "radical_session"), encoding="utf-8") as fh:
-            session = fh.read().strip()
+        with open(os.path.join(rundir, SESSIONS), encoding="utf-8") as fh:
+            sessions = [line for line in fh.read().split("\n") if line.strip()]
     except OSError:
         return None
+    if not sessions:
+        return None
+    session = sessions[-1]
     times = []
     for prof in glob.glob(os.path.join(session, "pilot.*", "bootstrap_0.prof")):
         with open(prof, encoding="utf-8", errors="replace") as fh:
@@ -67,11 +72,12 @@ def prepare_seconds(records):
     return sum(r.get("conversion_reused_s", r["t_total"]) for r in records if r["task"] == "split")
 
 
-def run_times(records, rundir=None):
+def run_times(records, rundir=None, asked_at=0.0):
     """Seconds, from the records: the analysis itself (the slowest analyze rank's open,
     I/O and compute), the analyze stage, the split or conversion, the launch of the
-    tasks (RADICAL's share and the ranks' start-up), the span of the tasks and, where
-    the pilot's start is known, the wait for it."""
+    tasks (RADICAL's share and the ranks' start-up), the span of the tasks, where
+    the pilot's start is known the wait for it, and the whole: from `asked_at` (when
+    the user asked: planning, RADICAL's session, the pilot's request) to the last task."""
     analyze = [r for r in records if r["task"] == "analyze"]
     first = min(r["t_start"] - r.get("t_launch", 0.0) for r in records)
     last = max(r["t_stop"] for r in records)
@@ -86,6 +92,11 @@ def run_times(records, rundir=None):
     if span and span[0] < first:
         times["pilot_wait"] = first - span[0]
     times["whole"] = times["tasks_span"] + (times["pilot_wait"] or 0.0)
+    times["before_pilot"] = None
+    if asked_at and asked_at <= first:
+        start = span[0] if span and span[0] < first else first
+        times["before_pilot"] = max(0.0, start - asked_at)
+        times["whole"] = last - asked_at
     return times
 
 
@@ -94,7 +105,7 @@ def advice(plan, records):
     analyze = [r for r in records if r["task"] == "analyze"]
     if not analyze:
         return {"ratio": None, "text": "no analyze records: the run did not reach the analyze stage"}
-    times = run_times(records, plan.workdir)
+    times = run_times(records, plan.workdir, plan.asked_at)
     t_io = sum(r["t_io"] for r in analyze)
     t_compute = sum(r["t_compute"] for r in analyze)
     ratio = t_compute / t_io if t_io > 0 else float("inf")
@@ -115,7 +126,9 @@ def advice(plan, records):
 
 
 def too_short(plan, times):
-    parts = [f"{times['pilot_wait']:.1f} s waiting for the pilot"] if times["pilot_wait"] else []
+    parts = [f"{times['before_pilot']:.1f} s planning and requesting the pilot"] \
+        if times["before_pilot"] else []
+    parts += [f"{times['pilot_wait']:.1f} s waiting for the pilot"] if times["pilot_wait"] else []
     parts.append(f"{times['launch']:.1f} s launching tasks (process start-up, imports)")
     if times["prepare"]:
         parts.append(f"{times['prepare']:.1f} s {plan.io_strategy.preparing}")

@@ -97,13 +97,14 @@ def find_stragglers(records):
 
 def phase_table(records):
     cols = ["open", "io", "compute", "wait", "comm", "write", "launch", "other"]
-    head = f"{'run':16s} {'task':8s} {'rank':>4s} {'block':>5s} {'frames':>7s} " + \
+    width = max([16] + [len(r["run"]) for r in records])  # whole names: they tell runs apart
+    head = f"{'run':{width}s} {'task':8s} {'rank':>4s} {'block':>5s} {'frames':>7s} " + \
         " ".join(f"{c:>8s}" for c in cols) + f" {'total':>8s}"
     lines = [head, "-" * len(head)]
     for r in sorted(records, key=lambda r: (r["run"], r["t_start"], r.get("rank", 0))):
         p = phase_times(r)
         p["wait"] = r.get("t_wait", 0.0)
-        lines.append(f"{r['run'][:16]:16s} {r['task']:8s} {r.get('rank', 0):4d} "
+        lines.append(f"{r['run']:{width}s} {r['task']:8s} {r.get('rank', 0):4d} "
                      f"{str(r.get('block', '')):>5s} {str(r.get('frames', '')):>7s} " +
                      " ".join(f"{p[c]:8.3f}" for c in cols) + f" {r['t_total']:8.3f}")
     return "\n".join(lines)

@@ -181,6 +181,10 @@ def render(report, title="trajflow inspection"):
                                                   ("Timing tables", report.get("tables", [])))
                               if paths) + "</p>"]
     parts += [f"<p>{html.escape(note)}</p>" for note in report.get("notes", [])]
+    failed = [e for e in report.get("endings", {}).values() if not e["ok"]]
+    if failed:  # what failed, where and why, before any timing
+        parts.append("<h2>Did not complete</h2>" + "".join(
+            f"<pre>{html.escape(chr(10).join(e['lines']))}</pre>" for e in failed))
     parts.append("<h2>Stragglers</h2>")
     parts.append("<ul>" + "".join(f"<li>{html.escape(line.strip())}</li>"
                                   for line in straggler_lines(flags, records)) + "</ul>")

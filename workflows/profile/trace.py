@@ -7,13 +7,16 @@ complete event ("ph": "X") per timed phase interval, with run, host, block
 and frames in args; RADICAL's share as events of their own: "launch"
 (RADICAL's launch_start to the rank's start), "start-up" (the rank's start to
 its first timestamp: interpreter, imports) and "exit" (its last timestamp to
-RADICAL's rank_stop); a straggler flag as an instant event on its member,
+RADICAL's rank_stop); the pilot's own row (its bootstrapper's start to end, as
+the HTML report's timeline); a straggler flag as an instant event on its member,
 or on its task for a slow host. Times are microseconds on RADICAL-Pilot's
 clock (seconds since the epoch, as its profiles and ours record them), so
 a trace lines up with RADICAL's own profiles.
 """
 import json
+import os
 
+from trajflow.workflows.profile.advice import pilot_span
 from trajflow.workflows.profile.inspection import rank_spans
 from trajflow.workflows.profile.stragglers import describe
 
@@ -54,9 +57,28 @@ def trace_events(report):
             events.append({"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid,
                            "ts": a * 1e6, "dur": (b - a) * 1e6,
                            "args": {**args, "seconds": round(b - a, 6)}})
+    events += _pilot_events(report, len(pids) + 1)
     events += _flag_events(report["stragglers"], records, pids)
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"made_by": "trajflow inspect --trace", "clock": "epoch microseconds"}}
+
+
+def _pilot_events(report, pid):
+    """One row for the pilot of each run, from its bootstrapper's start to its end (as
+    the HTML report's timeline has it), below the tasks."""
+    events = []
+    for run in report["runs"]:
+        span = pilot_span(run["workdir"])
+        if span is None:
+            continue
+        name = os.path.basename(run["workdir"])
+        events += [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"{name} pilot"}},
+                   {"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": pid}},
+                   {"name": "pilot", "cat": "radical", "ph": "X", "pid": pid, "tid": 0,
+                    "ts": span[0] * 1e6, "dur": (span[1] - span[0]) * 1e6,
+                    "args": {"run": name, "seconds": round(span[1] - span[0], 3)}}]
+        pid += 1
+    return events
 
 
 def _flag_events(flags, records, pids):

@@ -3,6 +3,7 @@
 command line and the cluster's side of a remote run."""
 import dataclasses
 
+from trajflow.tasks.rundir import has_plan
 from trajflow.workflows.errors import InputError
 from trajflow.workflows.run.pilot import Pilot
 from trajflow.workflows.run.planning import make_plan, plan_for_resume
@@ -38,8 +39,12 @@ def run_plan(plan, spec, pilot_spec, pilot=None, resume=False) -> Run:
         return pilot.submit_plan(plan, spec, resume=resume).result()
     own_spec = dataclasses.replace(pilot_spec, cpus=pilot_spec.cores_for(plan),
                                    path=pilot_spec.path or plan.workdir)
-    with Pilot(progress=spec.progress, **dataclasses.asdict(own_spec)) as own:
-        return own.submit_plan(plan, spec, resume=resume).result()
+    try:
+        with Pilot(progress=spec.progress, **dataclasses.asdict(own_spec)) as own:
+            return own.submit_plan(plan, spec, resume=resume).result()
+    finally:  # the report again, now with its pilot's whole row
+        if has_plan(plan.workdir):
+            Run(plan.workdir).write_report()
 
 
 @takes_options(RunSpec, PilotSpec)

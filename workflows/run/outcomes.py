@@ -15,7 +15,7 @@ import shutil
 import time
 from typing import List
 
-from trajflow.tasks.rundir import KEPT_TASK_FILES, OUTCOME, record_outcome
+from trajflow.tasks.rundir import FOLDERS, KEPT_TASK_FILES, OUTCOME, record_outcome
 
 log = logging.getLogger(__name__)
 
@@ -155,3 +155,20 @@ def write_outcome(plan, outcomes, stopped_at, error, disk_note=""):
         error = "; ".join(filter(None, [error, disk_note])) or None
     record_outcome(plan.workdir, "done" if complete else "failed", error, stopped_at,
                    [o.describe() for o in failed], [o.describe() for o in retried])
+    if complete:
+        tidy(plan)
+
+
+def tidy(plan):
+    """A complete run keeps what tells its story (result, plan, profiles, the tasks'
+    files): its progress counts go, then the working folders left empty."""
+    for path in glob.glob(plan.path("progress", "*")):
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+    for folder in ("progress",) + FOLDERS:
+        try:
+            os.rmdir(plan.path(folder))  # only when empty: split/ may hold segments kept
+        except OSError:
+            pass

@@ -314,6 +314,7 @@ class Pilot:
     def _ended(self, name, outcomes):
         future = self._running.pop(name)
         run = Run(future.path)
+        run.write_report()  # (its pilot's row too once that has ended: see run_plan)
         if run.ok:
             self._say_for(future, f"{name}: done -> {run.result_path}")
             future.set_result(run)

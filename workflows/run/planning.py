@@ -324,6 +324,7 @@ def make_plan(spec: RunSpec, cpus: int, *, new_out=True, inputs=None) -> RunPlan
     `cpus` cores (the blocks' default; MPI ranks must fit). `new_out=False`: the caller
     owns `spec.out` (a campaign's experiment folder) and has checked it. `inputs`: the
     inputs already read (read_inputs), for many plans of one input."""
+    asked_at = time.time()
     missing = spec.missing()
     if missing:
         raise InputError(f"missing {', '.join(missing)}: a new run needs "
@@ -339,7 +340,9 @@ def make_plan(spec: RunSpec, cpus: int, *, new_out=True, inputs=None) -> RunPlan
     def plan_in(rundir):
         read = inputs or read_inputs(spec.topology, spec.trajectory, spec.analysis, spec.select,
                                      spec.args, spec.allow_truncated, spec.trial)
-        return _make_plan(rundir, read, spec, cpus)
+        plan = _make_plan(rundir, read, spec, cpus)
+        plan.asked_at = asked_at
+        return plan
     if not new_out:
         return plan_in(os.path.abspath(out))
     lock = RunLock(check_outdir(out)).acquire()  # before anything is read or written
@@ -502,6 +505,8 @@ def plan_for_resume(rundir) -> RunPlan:
     try:
         plan = _resumable(RunPlan.load(path), rundir)
         check_space(plan)
+        plan.asked_at = time.time()  # this resume's time counts from now
+        plan.save(path)
     except BaseException:
         lock.release()
         raise

@@ -11,16 +11,19 @@ machine opens the same way:
     >>> run.profile.stragglers            # flags with the numbers behind them
     >>> print(run.summary())              # what `trajflow run` prints at the end
 """
+import logging
 import os
 
 from trajflow.tasks.plan import RunPlan
-from trajflow.tasks.rundir import PLAN, read_outcome
+from trajflow.tasks.rundir import PLAN, REPORT, read_outcome
 from trajflow.workflows.errors import RunFailed
 from trajflow.tasks import backend_part
 from trajflow.workflows.profile.inspection import (how_it_ended, inspect_runs, straggler_lines,
                                                    summary_text)
 from trajflow.workflows.profile.report_html import write_html
 from trajflow.workflows.run.results import open_result
+
+log = logging.getLogger(__name__)
 
 
 class Run:
@@ -109,11 +112,25 @@ class Run:
         """Per-task and per-rank timings, stragglers and advice (a Profile)."""
         return Profile([self.path])
 
+    def write_report(self):
+        """RUNDIR/report.html (timeline, phases, stragglers, how it ended); its path, or
+        None when it could not be written (a report never hides a result)."""
+        try:
+            return self.profile.to_html(self.plan.path(REPORT), f"trajflow run {self.path}")
+        except Exception as exc:  # noqa: a full disk, a damaged profile
+            log.warning("%s: no report.html (%s)", self.path, exc)
+            return None
+
     def summary(self):
         """The text `trajflow run` prints for this run: how it ended (what failed, where
         and why, what a resume runs again), stragglers, advice."""
         lines = how_it_ended(self.path, self.plan)["lines"]
         lines.append(f"{os.path.basename(self.path)}: profiles: {self.plan.path('profile')}")
+        times = self.profile.report["advice"].get(os.path.basename(self.path), {}).get("times")
+        if times and times.get("before_pilot") is not None:
+            pilot = times["before_pilot"] + (times["pilot_wait"] or 0.0)
+            lines.append(f"  {times['whole']:.1f} s from the call to the result, {pilot:.1f} s "
+                         "of it before the first task (planning, the pilot's start)")
         if self.plan.truncated:
             t = self.plan.truncated
             lines.append(f"  TRUNCATED INPUT: {t['file']}: analysed {t['analysed']} whole frames "
@@ -152,6 +169,10 @@ class Profile:
         self.stragglers = self.report["stragglers"]
         self.advice = {run: a["text"] for run, a in self.report["advice"].items()}
         self.scaling = self.report["scaling"]
+
+    def __repr__(self):
+        return (f"<trajflow.Profile of {len(self.rundirs)} run(s): {len(self.records)} task "
+                f"and rank records, {len(self.stragglers)} straggler flag(s)>")
 
     def to_pandas(self):
         """The records as a pandas DataFrame (pandas is not a trajflow requirement)."""
