@@ -192,3 +192,7 @@ class RadiusOfGyration(AnalysisBase):
 
 def empty_selection(u):
     return RadiusOfGyration(u.select_atoms("resname NOSUCHRESIDUE"))
+
+
+def protein_rgyr(u):
+    return RadiusOfGyration(u.select_atoms("protein"))

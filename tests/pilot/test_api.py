@@ -9,6 +9,7 @@ InputError before any pilot. The example workflow script runs end to end.
 import glob
 import io
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -47,6 +48,10 @@ def test_bad_input_raises_input_error_before_any_pilot(tmp_path, adk, monkeypatc
         trajflow.run(adk[0], adk[1], "rmsd", io="nfs")
     with pytest.raises(trajflow.InputError, match="not an MDAnalysis analysis"):
         trajflow.run(adk[0], adk[1], lambda u: u.select_atoms("name CA"))
+    with pytest.raises(trajflow.InputError, match="did you mean local.localhost"):
+        trajflow.run(adk[0], adk[1], "rmsd", resource="local.locahost")
+    with pytest.raises(trajflow.InputError, match="selects no frame"):
+        trajflow.run(adk[0], adk[1], "rmsd", start=90, stop=10)
     assert os.listdir(tmp_path) == []  # no run folder, no RADICAL session
 
 
@@ -104,7 +109,11 @@ def test_pilot_run_gives_mdanalysis_rmsd_as_arrays(pilot, adk, reference_results
     assert run.plan.n_blocks == 2 and run.path == str(path / "rmsd")
     ranks = sorted(r["rank"] for r in run.profile.records if r["task"] == "analyze")
     assert ranks == [0, 1]
-    assert "result:" in run.summary() and str(run.result_path) in run.summary()
+    assert "done:" in run.summary() and str(run.result_path) in run.summary()
+    assert "s from the call to the result" in run.summary()
+    assert os.path.exists(os.path.join(run.path, "report.html"))  # API runs get one too
+    assert repr(run.profile).startswith("<trajflow.Profile of 1 run(s)")
+    assert not os.path.exists(os.path.join(run.path, "parts"))  # emptied, then removed
     from trajflow.workflows.run.progress import frames_done
     assert frames_done(run.plan) == 98  # the ranks' progress files, final
     html = run.profile.to_html(str(path / "rmsd.html"))
@@ -163,6 +172,13 @@ def test_a_failed_run_raises_run_failed_with_the_task_and_resumes(pilot, adk, re
     with pytest.raises(trajflow.RunFailed, match="no complete result"):
         exc.run.results
     assert not os.path.exists(os.path.join(exc.run.path, "result.h5"))
+    # reopened, the run says what failed, where, why, and what a resume runs again
+    summary = trajflow.open_run(exc.run.path).summary()
+    assert "FAILED at its analyze stage" in summary and "analyze.b00001" in summary, summary
+    assert "fails on purpose" in summary and "runs 1 analyze task(s), 1 reduce task(s) again" in summary
+    inspect = subprocess.run([os.path.join(os.path.dirname(sys.executable), "trajflow"), "inspect",
+                              exc.run.path], capture_output=True, text=True, timeout=120)
+    assert inspect.returncode == 1 and "analyze.b00001" in inspect.stdout, inspect.stdout
     # resumed on the same pilot (without the failure hook): only block 1, then reduce
     parts_before = sorted(os.listdir(os.path.join(exc.run.path, "parts")))
     assert parts_before == ["block_00000.h5"]
@@ -234,6 +250,9 @@ def test_an_mdanalysis_run_on_the_backend_equals_its_serial_run(pilot, adk, solv
     np.testing.assert_allclose(ours.results.rdf, ref.results.rdf, rtol=1e-6)
     np.testing.assert_array_equal(ours.results.count, ref.results.count)
     run = backend.last_run
+    reopened = trajflow.open_run(run.path).results  # concluded again from RUNDIR alone
+    np.testing.assert_allclose(reopened.rdf, ref.results.rdf, rtol=1e-6)
+    np.testing.assert_array_equal(reopened.frame, np.arange(u.trajectory.n_frames))
     assert run.ok and run.plan.analysis == "mdanalysis:MDAnalysis.analysis.rdf.InterRDF"
     parts = sorted((r["block"], r["frames"]) for r in run.profile.records if r["task"] == "analyze")
     assert parts == [(0, 4), (1, 3), (2, 3)]
@@ -263,3 +282,42 @@ def test_the_backend_starts_and_ends_a_pilot_of_its_own(tmp_path, adk):
     [run] = backend.runs
     assert os.path.dirname(run.path) == str(tmp_path) and run.ok
     assert glob.glob(os.path.join(run.path, "re.session.*"))  # its own pilot's session, in RUNDIR
+
+
+def test_a_users_helper_module_runs_on_the_pilot(pilot, adk, tmp_path, monkeypatch):
+    """`from rgyr_helper import rgyr` in a script (the module beside it, in another folder
+    than the tasks run in): the analysis travels by value and equals MDAnalysis."""
+    import importlib
+    import MDAnalysis as mda
+    p, path = pilot
+    folder = tmp_path / "my_scripts"
+    folder.mkdir()
+    from paths import FACTORIES  # the module of the user's own: a copy under another name
+    shutil.copyfile(FACTORIES, folder / "rgyr_helper_api.py")
+    monkeypatch.syspath_prepend(str(folder))
+    helper = importlib.import_module("rgyr_helper_api")
+    try:
+        run = p.run(adk[0], adk[1], helper.protein_rgyr, mode="tasks", blocks=2,
+                    out=str(path / "rgyr"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ref = helper.protein_rgyr(mda.Universe(*adk)).run().results.rgyr
+    finally:
+        sys.modules.pop("rgyr_helper_api", None)
+    np.testing.assert_allclose(run.results.rgyr, ref, rtol=1e-6)
+    assert run.plan.trial["frames"] == 5  # tried in a fresh Python first
+
+
+def test_a_per_frame_error_is_refused_before_any_pilot(tmp_path, adk, monkeypatch):
+    """MDAnalysis serially fails in under a second; trajflow.run too, with the user's
+    traceback, no pilot started, no folder left."""
+    from paths import FACTORIES
+    monkeypatch.syspath_prepend(os.path.dirname(FACTORIES))
+    import factories
+    monkeypatch.chdir(tmp_path)
+    t0 = time.time()
+    with pytest.raises(trajflow.InputError, match="AtomGroup is empty") as caught:
+        trajflow.run(adk[0], adk[1], factories.empty_selection)
+    assert time.time() - t0 < 10
+    assert "_single_frame" in str(caught.value)
+    assert os.listdir(tmp_path) == []  # no run folder, no RADICAL session

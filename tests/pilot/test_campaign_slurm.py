@@ -20,6 +20,8 @@ import h5py
 import numpy as np
 import pytest
 
+from trajflow import open_run
+
 pytestmark = pytest.mark.entk
 
 CAMPAIGN = """
@@ -113,6 +115,9 @@ def test_resume_keeps_completed_experiments_and_completes_the_rest(campaign, ref
         with h5py.File(os.path.join(rundir, "result.h5")) as f:
             np.testing.assert_allclose(f["rmsd"][()], ref["rmsd"], atol=1e-4)
             np.testing.assert_allclose(f["time"][()], ref["time"], atol=1e-3)
+        reopened = open_run(rundir)  # an experiment's folder is a run's
+        assert reopened.ok and "done:" in reopened.summary()
+        np.testing.assert_allclose(reopened.results.rmsd, ref["rmsd"], atol=1e-4)
 
 
 def test_inspect_compares_the_resources(campaign, tmp_path):

@@ -5,8 +5,9 @@ One session carries all these pipelines on one pilot (a local pilot costs
 over split XTC segments, in a folder whose name has spaces, quotes, ';', '$'
 and non-ASCII letters; a run whose inputs vanish after planning; a block that
 fails once and recovers on its retry; an MPI task that keeps failing; and an
-MPI rank that kills itself; and a user's InterRDF (a factory file) over the
-H5MD of the periodic solvated system. Failed runs must name the task and
+MPI rank that kills itself; a user's class that raises past the local trial
+(not retried); and a user's InterRDF (a factory file) over the H5MD of the
+periodic solvated system. Failed runs must name the task and
 leave no result.
 """
 import glob
@@ -42,6 +43,8 @@ def session(tmp_path_factory, adk, adk_xtc, solvated):
         ("fail_once", dict(dcd, mode="tasks", blocks=2, cpus=2), {"TRAJFLOW_TEST_FAIL": "1:1"}),
         ("fail_always", dict(dcd, mode="mpi", blocks=2, cpus=2), {"TRAJFLOW_TEST_FAIL": "0:5"}),
         ("killed_rank", dict(dcd, mode="mpi", blocks=2, cpus=2), {"TRAJFLOW_TEST_KILL": "1"}),
+        ("user_fails_late", dict(dcd, analysis=f"{FACTORIES}:fails_late", mode="tasks", blocks=2,
+                                 cpus=2), {}),
         ("user_rdf", dict(topology=solvated[0], trajectories=[solvated[1]],
                           analysis=f"{FACTORIES}:interrdf", args={"nbins": 40},
                           io="h5md", mode="mpi", blocks=2, cpus=2), {}),
@@ -111,6 +114,22 @@ def test_a_task_that_keeps_failing_fails_the_run_and_publishes_nothing(session, 
     assert report.stopped[name] == "analyze"
     assert report.results[name] is None and not os.path.exists(plans[name].result_path())
     assert not os.path.exists(plans[name].part_path("mpi"))
+
+
+def test_an_exception_of_the_analysis_own_code_is_not_retried(session):
+    """A user's class raising from frame 60 (past the local trial): block 1's task exits
+    ANALYSIS_RAISED with the user's traceback and is not run again (a retry would raise
+    again), while the killed rank above was; block 0 ended done."""
+    from trajflow.tasks.exit_codes import ANALYSIS_RAISED
+    report, plans = session
+    mine = [o for o in report.outcomes if o.pipeline == "user_fails_late" and o.stage == "analyze"]
+    assert sorted((o.name, o.attempt, o.state) for o in mine) == [
+        ("analyze.b00000", 1, "DONE"), ("analyze.b00001", 1, "FAILED")]
+    [failed] = [o for o in report.failed if o.pipeline == "user_fails_late"]
+    assert failed.exit_code == ANALYSIS_RAISED
+    assert "fails late on purpose" in failed.stderr_tail and "_single_frame" in failed.stderr_tail
+    assert report.stopped["user_fails_late"] == "analyze"
+    assert not os.path.exists(plans["user_fails_late"].result_path())
 
 
 def test_every_rank_left_a_timing_record_also_in_radicals_profile(session):

@@ -8,6 +8,8 @@ import sys
 import time
 
 import pytest
+
+import trajflow
 from processes import (TRAJFLOW, analyzing, assert_nothing_left, processes_mentioning,
                        session_name, signal_run, start_with_sleeping_tasks, wait_for_analyze)
 
@@ -52,6 +54,8 @@ def test_ctrl_c_cancels_the_pilot_and_leaves_nothing_running(tmp_path, adk):
     assert code != 0, output
     assert_nothing_left(session)  # the tasks, the pilot agent and its components are gone
     assert not (out / "result.h5").exists()
+    reopened = trajflow.open_run(str(out))  # says it did not complete, and what a resume does
+    assert not reopened.ok and "--resume" in reopened.summary(), reopened.summary()
 
 
 def test_ctrl_c_stops_a_campaign_cancels_its_pilots_and_records_why(tmp_path):

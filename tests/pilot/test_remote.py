@@ -18,6 +18,8 @@ import time
 import h5py
 import numpy as np
 import pytest
+
+import trajflow
 from paths import TESTS
 
 pytestmark = pytest.mark.entk
@@ -110,6 +112,9 @@ def assert_fetched_run(local, adk):
     assert not names & {"split", "parts", "progress"}, names
     with h5py.File(os.path.join(local, "result.h5")) as f:
         np.testing.assert_allclose(f["rmsd"][()], expected_rmsd(adk), atol=1e-4)
+    reopened = trajflow.open_run(local)  # the fetched folder alone
+    assert reopened.ok
+    np.testing.assert_allclose(reopened.results.rmsd, expected_rmsd(adk), atol=1e-4)
 
 
 def test_cluster_data_is_not_readable_from_the_workstation(cluster):

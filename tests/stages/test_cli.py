@@ -186,3 +186,25 @@ def test_a_refused_run_leaves_no_folder_and_no_lock(adk, tmp_path):
     with pytest.raises(InputError):
         make_plan(adk[0], [adk[1]], "rmsd", str(tmp_path / "run"), select="resname NOPE")
     assert not (tmp_path / "run").exists()
+
+
+def test_version_runs_and_papercuts(adk, tmp_path):
+    """--version; `trajflow runs DIR` lists each run with its state; a closed pipe ends
+    quietly; `analyses` prints no warning of MDAnalysis' optional modules."""
+    from importlib.metadata import version
+    assert trajflow("--version").stdout.strip() == f"trajflow {version('trajflow')}"
+    from run_stages import plan_and_run
+    plan_and_run(tmp_path / "runs" / "a", adk[0], [adk[1]], "rmsd", mode="tasks", blocks=2)
+    from plans import make_plan
+    from trajflow.workflows.run.planning import write_plan
+    unfinished = make_plan(adk[0], [adk[1]], "dihedrals", str(tmp_path / "runs" / "b"), blocks=1)
+    write_plan(unfinished)
+    unfinished.lock.release()
+    listing = trajflow("runs", str(tmp_path / "runs")).stdout.splitlines()
+    assert [line.split()[:3] for line in listing[1:]] == [["a", "rmsd", "done"],
+                                                         ["b", "dihedrals", "not"]], listing
+    piped = subprocess.run(f"{TRAJFLOW} resources | head -2", shell=True, capture_output=True,
+                           text=True, timeout=120)
+    assert "Traceback" not in piped.stderr and len(piped.stdout.splitlines()) == 2, piped.stderr
+    analyses = trajflow("analyses")
+    assert analyses.returncode == 0 and analyses.stderr == "", analyses.stderr

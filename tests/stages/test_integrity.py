@@ -1,7 +1,6 @@
 """Truncated and damaged trajectories are found on the workstation, before any pilot,
 named with their whole frames; --allow-truncated analyses exactly those frames."""
 import os
-import shutil
 
 import h5py
 import numpy as np

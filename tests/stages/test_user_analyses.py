@@ -9,6 +9,7 @@ built or read a reference frame (RMSD, Contacts, the user's class) run on split
 segments too. Results equal the serial run to 1e-6 relative (exactly for counts).
 """
 import os
+import shutil
 import subprocess
 import sys
 import warnings
@@ -186,42 +187,17 @@ def test_inspect_reads_a_user_analysis_run(tmp_path, adk):
     assert "analyze" in proc.stdout
 
 
-HELPER = """
-import numpy as np
-from MDAnalysis.analysis.base import AnalysisBase, ResultsGroup
-
-
-class ScaledRgyr(AnalysisBase):
-    _analysis_algorithm_is_parallelizable = True
-
-    @classmethod
-    def get_supported_backends(cls):
-        return ("serial", "multiprocessing", "dask")
-
-    def __init__(self, ag, scale):
-        super().__init__(ag.universe.trajectory)
-        self.ag, self.scale = ag, scale
-
-    def _prepare(self):
-        self.results.rgyr = np.zeros(self.n_frames)
-
-    def _single_frame(self):
-        self.results.rgyr[self._frame_index] = self.scale * self.ag.radius_of_gyration()
-
-    def _get_aggregator(self):
-        return ResultsGroup(lookup={"rgyr": ResultsGroup.ndarray_hstack})
-"""
 FACTORY = """
-from {helper} import ScaledRgyr
+from {helper} import RadiusOfGyration
 
 
 def rgyr(u):
-    return ScaledRgyr(u.select_atoms("protein"), 2.0)
+    return RadiusOfGyration(u.select_atoms("protein"))
 
 
 def lazy(u):
     import {lazy}  # imported when called: a module trajflow cannot see to ship
-    return ScaledRgyr(u.select_atoms("protein"), {lazy}.SCALE)
+    return RadiusOfGyration(u.select_atoms({lazy}.SELECTION))
 """
 
 
@@ -235,8 +211,8 @@ def users_folder(tmp_path):
     folder.mkdir()
     tag = tmp_path.name.replace("-", "_").replace("[", "_").replace("]", "_")
     names = {"helper": f"helper_{tag}", "lazy": f"lazy_{tag}", "factory": f"factory_{tag}"}
-    (folder / f"{names['helper']}.py").write_text(HELPER)
-    (folder / f"{names['lazy']}.py").write_text("SCALE = 3.0\n")
+    shutil.copyfile(FACTORIES, folder / f"{names['helper']}.py")  # a module of the user's own
+    (folder / f"{names['lazy']}.py").write_text("SELECTION = 'protein'\n")
     (folder / f"{names['factory']}.py").write_text(FACTORY.format(**names))
     sys.path.insert(0, str(folder))
     try:
@@ -253,7 +229,9 @@ def test_a_users_own_modules_travel_with_the_analysis(tmp_path, adk, users_folde
     folder on its path, run them and equal MDAnalysis."""
     import MDAnalysis as mda
     folder, module, names = users_folder
-    expected = module.rgyr(mda.Universe(*adk)).run().results.rgyr
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = module.rgyr(mda.Universe(*adk)).run().results.rgyr
     for label, analysis in (("file", f"{folder}/{names['factory']}.py:rgyr"),
                             ("function", module.rgyr)):
         _, plan = plan_and_run(tmp_path / label, adk[0], [adk[1]], analysis, io="shared",

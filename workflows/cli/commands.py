@@ -24,6 +24,7 @@ from trajflow.workflows.run import resources
 from trajflow.workflows.run.api import plan_of
 from trajflow.workflows.run.pilot import Pilot
 from trajflow.workflows.run.planning import make_plan
+from trajflow.workflows.run.runs import find_runs
 from trajflow.workflows.run.spec import PilotSpec, RunSpec
 
 
@@ -250,6 +251,23 @@ def cmd_bench(args):
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(result, fh, indent=1)
         print(f"numbers written to {args.json}")
+    return EXIT_OK
+
+
+def cmd_runs(args):
+    """The runs under a folder, a line each."""
+    found = find_runs(args.folder)
+    if not found:
+        print(f"no trajflow run in {os.path.abspath(args.folder)} (nor 4 levels below)")
+        return EXIT_OK
+    names = [os.path.relpath(run.path, args.folder) for run in found]
+    width = max(len(n) for n in names + ["run"])
+    print(f"{'run':{width}s} {'analysis':24s} {'state':9s} {'frames':>7s} {'wall s':>8s}  io/mode")
+    for name, run in zip(names, found):
+        analysis = os.path.basename(str(run.plan.analysis))
+        wall = "-" if run.wall_s is None else f"{run.wall_s:.1f}"
+        print(f"{name:{width}s} {analysis[:24]:24s} {run.state:9s} {run.plan.n_frames:7d} "
+              f"{wall:>8s}  {run.plan.io}/{run.plan.mode}, {run.plan.n_blocks} blocks")
     return EXIT_OK
 
 

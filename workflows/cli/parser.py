@@ -85,6 +85,12 @@ def build_parser():
                      help="show this resource's merged config as JSON (default: list all)")
     res.add_argument("--all", action="store_true",
                      help="(every resource is listed; kept for old scripts)")
+    runs = sub.add_parser("runs", help="list the runs under a folder",
+                          description="List the trajflow runs in a folder and below it: name, "
+                                      "analysis, state (done, failed, not ended), frames, the "
+                                      "wall time from the call to the end, io and mode.")
+    runs.add_argument("folder", nargs="?", default=".", metavar="DIR",
+                      help="where to look (default: the current folder)")
     sub.add_parser("analyses", help="list the installed MDAnalysis analyses --analysis "
                                     "FILE.py:NAME can run (those that declare themselves "
                                     "parallelisable)",

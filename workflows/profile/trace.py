@@ -67,7 +67,7 @@ def _pilot_events(report, pid):
     """One row for the pilot of each run, from its bootstrapper's start to its end (as
     the HTML report's timeline has it), below the tasks."""
     events = []
-    for run in report["runs"]:
+    for run in report.get("runs", []):  # (a report of timing tables has none)
         span = pilot_span(run["workdir"])
         if span is None:
             continue

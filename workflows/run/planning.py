@@ -26,6 +26,7 @@ from trajflow.tasks.rundir import FOLDERS, LOCK, MARKER, PLAN
 from trajflow.workflows.errors import InputError
 from trajflow.workflows.run import integrity, local_trial, user_code
 from trajflow.workflows.run.rundir_lock import RunLock
+from trajflow.workflows.run.progress import eta_text
 from trajflow.workflows.run.spec import RunSpec, spelled
 
 log = logging.getLogger(__name__)
@@ -308,8 +309,10 @@ def read_inputs(topology, trajectories, analysis, selection=None, analysis_args=
                                              local_trial.TRIAL_FRAMES if trial else 0)
             if tried is not None and tried.frames:
                 inputs.trial = dataclasses.asdict(tried)
-                log.info("%s: tried on this machine: %d frame(s) in %.2f s", label,
-                         tried.frames, tried.seconds)
+                log.info("%s: tried on this machine: %d frame(s) in %.2f s (with its "
+                         "_prepare); all %d frames: about %s on one core", label, tried.frames,
+                         tried.seconds, inputs.n_frames,
+                         eta_text(tried.seconds_per_frame * inputs.n_frames))
             return inputs
         check_boxes(trajectories, analysis)
         selection = selection or ANALYSIS_CLASSES[analysis].default_selection

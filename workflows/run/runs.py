@@ -15,7 +15,7 @@ import logging
 import os
 
 from trajflow.tasks.plan import RunPlan
-from trajflow.tasks.rundir import PLAN, REPORT, read_outcome
+from trajflow.tasks.rundir import has_plan, PLAN, REPORT, read_outcome
 from trajflow.workflows.errors import RunFailed
 from trajflow.tasks import backend_part
 from trajflow.workflows.profile.inspection import (how_it_ended, inspect_runs, straggler_lines,
@@ -58,6 +58,19 @@ class Run:
         state = outcome["status"] if outcome else "not ended"
         return f"<trajflow.Run {self.plan.analysis} {self.plan.io}/{self.plan.mode} " \
                f"{self.plan.n_blocks} blocks, {state}: {self.path}>"
+
+    @property
+    def state(self):
+        """"done", "failed" or "not ended" (no outcome.json: running, or its client killed)."""
+        if self.ok:
+            return "done"
+        return "failed" if self.outcome else "not ended"
+
+    @property
+    def wall_s(self):
+        """Seconds from the call to the run's end, where both are known, else None."""
+        ended = (self.outcome or {}).get("ended")
+        return ended - self.plan.asked_at if ended and self.plan.asked_at else None
 
     @property
     def result_path(self):
@@ -198,6 +211,21 @@ class Profile:
     def table(self):
         """The phase table, stragglers, advice and scaling as text (`trajflow inspect`)."""
         return summary_text(self.report)
+
+
+def find_runs(folder, depth=4):
+    """The runs in `folder` and below it (`depth` levels: a campaign's runs/RES/EXP), by
+    path; a run's own folders are not searched."""
+    found = []
+    for root, dirs, _ in os.walk(os.path.abspath(folder)):
+        if has_plan(root):
+            found.append(Run(root))
+            dirs[:] = []
+        elif root.count(os.sep) - os.path.abspath(folder).count(os.sep) >= depth:
+            dirs[:] = []
+        else:
+            dirs.sort()
+    return found
 
 
 def open_run(path):
