@@ -266,3 +266,27 @@ def test_a_remote_resource_is_planned_on_its_machine_not_here(tmp_path):
     bad = text.replace('remote = "me@login.hpc.org:2222"\n', "")
     with pytest.raises(InputError, match="remote_python and remote_out go with remote"):
         load_campaign(write(tmp_path, bad, "bad.toml"))
+
+
+def test_a_campaign_analyses_the_frames_its_file_chooses(tmp_path, adk):
+    """start/stop/step in [campaign] are RunSpec's: every experiment's plan analyses
+    those frames, and one run through its stages equals MDAnalysis' run(step=)."""
+    import numpy as np
+    import MDAnalysis as mda
+    from MDAnalysis.analysis import rms
+    from run_stages import run_stages
+    from trajflow.workflows.campaign.run import plan_experiments
+    from trajflow.workflows.run.planning import write_plan
+    from trajflow.workflows.run.results import open_result
+    text = BASE.replace('repeats = 2', 'repeats = 1\nstart = 5\nstep = 4')
+    text = text.replace('dataset = "adk"\ncopies = 1', f'topology = "{adk[0]}"\ntrajectory = "{adk[1]}"')
+    todo, _ = plan_experiments(load_campaign(write(tmp_path, text)), str(tmp_path / "camp"), False)
+    expected = list(range(5, 98, 4))
+    assert all(p.frame_numbers().tolist() == expected for p in todo.values())
+    plan = next(p for e, p in todo.items() if e.io == "split" and e.ranks == 2)
+    os.makedirs(plan.workdir)
+    run_stages(plan, write_plan(plan))
+    ref = rms.RMSD(mda.Universe(*adk), select="name CA").run(start=5, step=4).results.rmsd
+    np.testing.assert_allclose(open_result(plan.workdir)["rmsd"], ref, atol=1e-4)
+    with pytest.raises(InputError, match="step=0"):
+        load_campaign(write(tmp_path, text.replace("step = 4", "step = 0"), "bad.toml"))

@@ -207,8 +207,8 @@ def resolve_resource(name: str) -> str:
 
 def check_resource(resource: str):
     """ValueError (see resolve_resource) unless RADICAL-Pilot has a valid config for
-    `resource`, a whole label."""
-    resolve_resource(resource)
+    `resource` (a whole label, or a platform's name that names one)."""
+    resource = resolve_resource(resource)
     cfg = resource_config(resource)
     import radical.pilot as rp
     try:  # RADICAL-Pilot's own schema: unknown keys and wrong types, named
@@ -235,6 +235,10 @@ def all_configs() -> dict:
 
 def resource_config(resource: str):
     import radical.pilot as rp
+    try:
+        resource = resolve_resource(resource)  # a platform's name alone too
+    except ValueError:
+        return None
     return rp.utils.get_resource_config(resource=resource)
 
 
