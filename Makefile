@@ -2,11 +2,13 @@
 #   make demo   - build the virtualenv from PyPI and run `trajflow demo`
 #   make test   - build the virtualenv from PyPI and run the whole test suite
 #   make test-fast - the unit and stages layers only (no pilot), unit tests on 2 workers
+#   make docs   - the documentation site into site/
+#   make package - the wheel, installed outside the tree and run (the demo, the unit layer)
 VENV   ?= .venv
 PYTHON ?= python3
 PY      = $(VENV)/bin/python
 
-.PHONY: demo test test-fast bench venv clean
+.PHONY: demo test test-fast bench venv docs package clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -28,5 +30,27 @@ test-fast: $(VENV)/.installed
 test: test-fast
 	$(PY) -m pytest -q -rs tests/pilot
 
+# the documentation site into site/ (warnings are errors; the API and CLI references are
+# made from the code by docs/hooks.py)
+docs: $(VENV)/.installed
+	$(PY) -m pip install -q -c constraints.txt -e '.[docs]'
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -q
+
+# the sdist and the wheel into dist/, then the wheel installed into a fresh virtualenv
+# outside the source tree and run from there: --version, the demo, the unit layer (a
+# file missing from the package, or code that imports the source tree, fails here)
+PKG_VENV ?= $(or $(TMPDIR),/tmp)/trajflow-package-venv
+package: $(VENV)/.installed
+	rm -rf dist $(PKG_VENV)
+	$(PY) -m pip install -q -c constraints.txt build
+	$(PY) -m build -q --outdir dist .
+	$(PYTHON) -m venv $(PKG_VENV)
+	$(PKG_VENV)/bin/python -m pip install -q --upgrade pip
+	$(PKG_VENV)/bin/python -m pip install -q -c constraints.txt "$$(ls dist/*.whl)[test]"
+	cd $(PKG_VENV) && bin/trajflow --version
+	cd $(PKG_VENV) && bin/trajflow demo --copies 2 --out demo
+	cd $(PKG_VENV) && bin/python -m pytest -q -p no:cacheprovider -n 2 $(CURDIR)/tests/unit
+	rm -rf $(PKG_VENV)
+
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) *.egg-info site dist

@@ -105,7 +105,7 @@ def slurm():
         subprocess.run(["bash", SLURM_SCRIPT, "stop"], capture_output=True)
 
 
-LAYERS = ("unit", "stages", "pilot")  # tests/<layer>/: see the README's "Tests"
+LAYERS = ("unit", "stages", "pilot")  # tests/<layer>/: see docs/explanation/testing.md
 
 
 def pytest_collection_modifyitems(config, items):

@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 from trajflow.tasks.h5md import H5MDWriter
+from trajflow.workflows.errors import InputError
 
 
 def cache_dir() -> str:
@@ -18,9 +19,20 @@ def cache_dir() -> str:
     return base
 
 
+def mdanalysis_data(*names):
+    """MDAnalysisTests' data files by their names in MDAnalysisTests.datafiles;
+    InputError saying how to install them when the package is missing (it is the
+    `demo` extra, not a requirement: only the demo, the benchmarks and the tests use it)."""
+    try:
+        import MDAnalysisTests.datafiles as datafiles
+    except ImportError:
+        raise InputError("the demo and benchmark data come from MDAnalysisTests, which is not "
+                         "installed: pip install 'trajflow[demo]' (or MDAnalysisTests)") from None
+    return tuple(getattr(datafiles, name) for name in names)
+
+
 def adk_files():
-    from MDAnalysisTests.datafiles import PSF, DCD
-    return PSF, DCD
+    return mdanalysis_data("PSF", "DCD")
 
 
 def adk_concatenated(copies=100, fmt="DCD", folder=None):
@@ -32,8 +44,8 @@ def adk_concatenated(copies=100, fmt="DCD", folder=None):
 def solvated_concatenated(copies=20, fmt="XTC", folder=None):
     """(topology, trajectory) of MDAnalysisTests' solvated AdK (GRO/XTC, 47,681 atoms,
     10 frames, triclinic box) repeated `copies` times."""
-    from MDAnalysisTests.datafiles import GRO, XTC
-    return GRO, concatenated(GRO, XTC, f"solvated_x{copies}", copies, fmt, folder)
+    gro, xtc = mdanalysis_data("GRO", "XTC")
+    return gro, concatenated(gro, xtc, f"solvated_x{copies}", copies, fmt, folder)
 
 
 def concatenated(top, traj, name, copies, fmt, folder=None):

@@ -117,3 +117,27 @@ def test_csv_and_html_are_written(tmp_path, adk):
     page = (tmp_path / "r.html").read_text()
     assert "<img" in page and "Bokeh.embed.embed_items" in page  # static figures, the timeline
     assert not re.search(r"<script[^>]+src=|<link[^>]+href=\"?https?:", page)  # nothing fetched
+
+
+def test_a_notebook_shows_runs_profiles_and_campaigns(tmp_path, adk):
+    """_repr_html_: a finished run's facts and its RMSD against time, a failed one's
+    reasons, the profile's timeline inline, a campaign's table; all self-contained."""
+    import trajflow
+    from trajflow.tasks.rundir import record_outcome
+    plan_and_run(tmp_path / "done", adk[0], [adk[1]], "rmsd", mode="tasks", blocks=2)
+    run = trajflow.open_run(str(tmp_path / "done"))
+    shown = run._repr_html_()
+    assert "<td>done</td>" in shown and '<img alt="result" src="data:image/png;base64,' in shown
+    profile = run.profile._repr_html_()
+    assert "Timeline" in profile and "Bokeh" in profile
+    assert not re.search(r"""(src|href)=["']https?:""", profile)  # nothing fetched
+    plan_and_run(tmp_path / "failed", adk[0], [adk[1]], "rmsd", mode="tasks", blocks=2)
+    os.remove(tmp_path / "failed" / "result.h5")
+    record_outcome(str(tmp_path / "failed"), "failed", "a test says so", "analyze")
+    shown = trajflow.open_run(str(tmp_path / "failed"))._repr_html_()
+    assert "FAILED at its analyze stage: a test says so" in shown and "--resume" in shown
+    result = trajflow.CampaignResult(str(tmp_path), [
+        {"experiment": "local/n1", "status": "done", "t_total": 1.5},
+        {"experiment": "local/n2", "status": "failed", "t_total": ""}])
+    assert repr(result).startswith("<trajflow.CampaignResult 2 experiments: 1 done, 1 not")
+    assert "<td>local/n2</td><td>failed</td>" in result._repr_html_()

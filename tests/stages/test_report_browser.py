@@ -18,13 +18,13 @@ pytestmark = pytest.mark.skipif(not CHROMIUM, reason="chromium is not installed 
                                                      "(apt-get install chromium)")
 
 
-def screenshot(page, tmp_path, height=1600):
+def screenshot(page, tmp_path, height=1600, width=1200):
     """The page as chromium draws it, offline, once its scripts have run (RGB in 0..1)."""
     shot = tmp_path / "shot.png"
     subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                     "--no-first-run", "--disable-background-networking", "--disable-component-update",
                     "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
-                    f"--window-size=1200,{height}", "--virtual-time-budget=10000",
+                    f"--window-size={width},{height}", "--virtual-time-budget=10000",
                     f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120)
     assert shot.exists(), "chromium wrote no screenshot"
     from matplotlib.image import imread
@@ -43,11 +43,16 @@ def test_report_renders_in_headless_chromium(tmp_path, adk):
                  mode="mpi", blocks=3, cpus=3)
     page = tmp_path / "report.html"
     write_html(inspect_runs([str(run)]), str(page))
-    img = screenshot(page, tmp_path)
-    not_white = np.mean(np.any(img < 0.95, axis=2))
-    assert not_white > 0.05, f"the page is nearly blank ({not_white:.1%} of pixels drawn)"
-    assert share(img, "#d62728") > 0.001 and share(img, "#2ca02c") > 0.001, \
-        "the timeline's wait (red) and compute (green) bars are missing"
+    text = page.read_text()
+    # self-contained: no address to fetch anything from, not even in the inlined scripts
+    assert not re.search(r"""(src|href)\s*=\s*["']?https?:""", text)
+    assert "<h2>Result: run</h2>" in text  # the RMSD against time, drawn
+    for width in (1200, 700):  # a laptop's window and half of one: the bars are there
+        img = screenshot(page, tmp_path, width=width)
+        not_white = np.mean(np.any(img < 0.95, axis=2))
+        assert not_white > 0.05, f"the page is nearly blank ({not_white:.1%} of pixels drawn)"
+        assert share(img, "#d62728") > 0.001 and share(img, "#2ca02c") > 0.001, \
+            f"the timeline's wait (red) and compute (green) bars are missing at {width} px"
 
 
 def two_hundred_ranks():

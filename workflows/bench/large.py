@@ -22,7 +22,7 @@ import numpy as np
 
 from trajflow.workflows.bench.measure import (analyze_records, mda_rmsd, mpiexec_stage_s,
                                               slowest_analyze_rank_s)
-from trajflow.workflows.datasets import cache_dir, solvated_concatenated
+from trajflow.workflows.datasets import cache_dir, mdanalysis_data, solvated_concatenated
 from trajflow.workflows.errors import InputError
 from trajflow.workflows.run.execute import run_plans
 from trajflow.workflows.run.pipeline import stage_specs, task_environment
@@ -35,15 +35,15 @@ FRAMES_PER_COPY = 10  # the solvated AdK XTC of MDAnalysisTests
 
 def large_copies(gb):
     """How many copies of the 10-frame solvated XTC make an XTC of `gb` GB."""
-    from MDAnalysisTests.datafiles import XTC
-    return max(1, math.ceil(gb * 1e9 / os.path.getsize(XTC)))
+    [xtc] = mdanalysis_data("XTC")
+    return max(1, math.ceil(gb * 1e9 / os.path.getsize(xtc)))
 
 
 def disk_needed(copies):
     """Bytes the three files take: the XTC as its source compresses, DCD and H5MD 12 bytes an atom."""
-    from MDAnalysisTests.datafiles import XTC
+    [xtc] = mdanalysis_data("XTC")
     frames = copies * FRAMES_PER_COPY
-    return {"xtc": copies * os.path.getsize(XTC), "dcd": frames * (47681 * 12 + 80),
+    return {"xtc": copies * os.path.getsize(xtc), "dcd": frames * (47681 * 12 + 80),
             "h5md": frames * (47681 * 12 + 64)}
 
 

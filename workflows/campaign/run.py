@@ -14,6 +14,7 @@ progress lines and `--resume` read: a failed experiment is recorded and the
 others go on.
 """
 import dataclasses
+import html
 import json
 import logging
 import multiprocessing
@@ -28,10 +29,11 @@ from trajflow.workflows.campaign.folders import (CAMPAIGN_MARKER, EXPERIMENTS_FI
                                                  is_campaign_dir, resource_log, rundir)
 from trajflow.workflows.campaign.remote import run_remote_resource
 from trajflow.workflows.campaign.spec import CampaignSpec
-from trajflow.workflows.campaign.table import (experiment_rows, summary_lines, TABLE_FILE,
+from trajflow.workflows.campaign.table import (COLUMNS, experiment_rows, summary_lines, TABLE_FILE,
                                                write_table)
 from trajflow.workflows.datasets import adk_concatenated
 from trajflow.workflows.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, Interrupted
+from trajflow.workflows.profile.report_html import html_table
 from trajflow.workflows.run import resources
 from trajflow.workflows.run.execute import run_plans
 from trajflow.workflows.run.progress import close_bar, new_bar, shown
@@ -179,6 +181,12 @@ class CampaignResult:
         return (f"<trajflow.CampaignResult {len(self.records)} experiments: {done} done, "
                 f"{len(self.failures)} not{', interrupted' if self.interrupted else ''}: "
                 f"{self.path}>")
+
+    def _repr_html_(self):
+        """In a notebook: the campaign's table, an experiment a row."""
+        columns = [c for c in COLUMNS if any(c in r for r in self.records)]
+        return (f"<p>{html.escape(repr(self))}</p>"
+                + html_table(columns, [[r.get(c, "") for c in columns] for r in self.records]))
 
     @property
     def table_path(self):

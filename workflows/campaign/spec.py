@@ -244,7 +244,7 @@ def load_campaign(path, cls=None) -> "CampaignSpec":
             raise InputError(f"{path}: unknown table {key!r}; allowed: {', '.join(TOP_LEVEL)}")
     for key in ("campaign", "input", "resources"):
         if key not in data:
-            raise InputError(f"{path}: missing table [{key}]; see the README's campaign example")
+            raise InputError(f"{path}: missing table [{key}]; see the campaign example in docs/guide/campaigns.md")
     c = data["campaign"]
     _check_table(c, "campaign", "[campaign]")
     base = os.path.dirname(path)

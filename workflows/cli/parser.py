@@ -49,7 +49,7 @@ def build_parser():
     insp.add_argument("--table", action="append", default=[], metavar="FILE.csv",
                       help="judge a per-rank timing table of any tool (columns: rank and any of "
                            "group, host, frames, t_open, t_io, t_compute, t_wait, t_comm, "
-                           "t_write, t_total; see the README); repeat for several")
+                           "t_write, t_total; see docs/guide/inspecting.md); repeat for several")
     insp.add_argument("--trace", default=None, metavar="FILE.json",
                       help="write the timeline as a Chrome Trace Event file for Perfetto or "
                            "chrome://tracing (default: none)")
@@ -66,7 +66,7 @@ def build_parser():
                                       "pilot per resource, the resources side by side, every "
                                       "experiment in its own RUNDIR under CAMPAIGN_DIR/runs/, "
                                       "the table in CAMPAIGN_DIR/campaign.csv.")
-    camp.add_argument("file", metavar="FILE.toml", help="the campaign file (see the README)")
+    camp.add_argument("file", metavar="FILE.toml", help="the campaign file (see docs/guide/campaigns.md)")
     camp.add_argument("--out", default=None, metavar="CAMPAIGN_DIR",
                       help="the campaign's folder (default: ./<campaign name>)")
     camp.add_argument("--dry-run", action="store_true",

@@ -7,7 +7,7 @@ apart: it is not in the analyze stage's t_total), and the gather's share
 with the result's real size. Where several runs of one input measured
 alternatives at the same rank count, the measurement is the advice
 (`compare_strategies`). The papers are cited by authors and year; the
-README's References section gives their titles.
+documentation's references page (docs/explanation/references.md) gives their titles.
 """
 import glob
 import math

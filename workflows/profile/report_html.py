@@ -10,7 +10,9 @@ import base64
 import html
 import io
 import os
+import re
 
+from trajflow.tasks.rundir import RESULT
 from trajflow.workflows.campaign.table import COLUMNS, curve_points
 from trajflow.workflows.profile.advice import pilot_span
 from trajflow.workflows.profile.inspection import rank_spans, straggler_lines
@@ -53,7 +55,7 @@ def interactive_timeline(records, flags, pilots=None):
     duration; a straggler flag a red triangle at its member's end, its sentence on hover.
     Readable at hundreds of ranks, where a static figure's rows run together."""
     from bokeh.embed import components
-    from bokeh.models import ColumnDataSource, HoverTool
+    from bokeh.models import ColumnDataSource, HoverTool, Range1d
     from bokeh.plotting import figure
     from bokeh.resources import Resources
     pilots = {run: span for run, span in (pilots or {}).items() if span}
@@ -83,7 +85,15 @@ def interactive_timeline(records, flags, pilots=None):
                          ("seconds", b - a)):
                 bars[k].append(v)
     rows = [r for _, r, _ in entries]
-    fig = figure(y_range=list(reversed(labels)), height=min(2400, 120 + 14 * len(rows)),
+    # rows tall enough to read at a few ranks, thin at hundreds; the view starts on the
+    # tasks (the pilot's row runs on far beyond them: zoom out to see it whole)
+    row_px = 26 if len(rows) <= 20 else 18 if len(rows) <= 60 else 12
+    tasks = [(a - starts[r["run"]], b - starts[r["run"]]) for _, r, pieces in entries
+             if r["task"] != "pilot" for _, _, a, b in pieces]
+    lo, hi = (min(a for a, _ in tasks), max(b for _, b in tasks)) if tasks else (0.0, 1.0)
+    margin = 0.03 * max(hi - lo, 1e-3)
+    fig = figure(y_range=list(reversed(labels)), x_range=Range1d(lo - margin, hi + margin),
+                 height=min(2800, 170 + row_px * len(rows)),
                  sizing_mode="stretch_width",
                  x_axis_label="seconds since the run's pilot started (or its first task's launch)",
                  tools="xpan,xwheel_zoom,box_zoom,reset,save", active_scroll="xwheel_zoom",
@@ -112,8 +122,14 @@ def interactive_timeline(records, flags, pilots=None):
     fig.legend.label_text_font_size = "8pt"
     fig.add_layout(fig.legend[0], "above")  # not over the bars
     script, div = components(fig)
-    # BokehJS's core alone (1.3 MB): no widgets, tables or MathJax (another 3 MB) are used
-    return Resources(mode="inline", components=["bokeh"]).render_js() + script + div
+    # BokehJS's core alone (1.3 MB): no widgets, tables or MathJax (another 3 MB) are used;
+    # the core's loader of MathJax from a CDN (for math text, never drawn here) is cut, so
+    # the page holds no address to fetch anything from
+    js = Resources(mode="inline", components=["bokeh"]).render_js()
+    return js.replace(MATHJAX_CDN, "") + script + div
+
+
+MATHJAX_CDN = "https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-svg.js"
 
 
 def stacked_bars(records):
@@ -165,7 +181,8 @@ def scaling_plot(rows):
     return _png(fig)
 
 
-def _table(header, rows):
+def html_table(header, rows):
+    """A plain HTML table, every cell escaped (reports, and reprs in notebooks)."""
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>"
                    for row in rows)
@@ -173,23 +190,33 @@ def _table(header, rows):
 
 
 def render(report, title="trajflow inspection"):
+    """The report as a whole HTML page."""
+    return _page(title, f"<h1>{html.escape(title)}</h1>" + render_body(report))
+
+
+def render_body(report):
+    """The report's content (a notebook shows it inline: Profile._repr_html_)."""
     records = report["records"]
     flags = report["stragglers"]
-    parts = [f"<h1>{html.escape(title)}</h1>",
-             "<p>" + "; ".join(f"{what}: " + ", ".join(html.escape(p) for p in paths)
+    parts = ["<p>" + "; ".join(f"{what}: " + ", ".join(html.escape(p) for p in paths)
                               for what, paths in (("Runs", [r["workdir"] for r in report["runs"]]),
                                                   ("Timing tables", report.get("tables", [])))
                               if paths) + "</p>"]
     parts += [f"<p>{html.escape(note)}</p>" for note in report.get("notes", [])]
+    for run in report.get("runs", []):
+        figures = result_figures(run["workdir"])
+        if figures:
+            parts.append(f"<h2>Result: {html.escape(os.path.basename(run['workdir']))}</h2>"
+                         + "".join(f'<img alt="result" src="{f}">' for f in figures))
     failed = [e for e in report.get("endings", {}).values() if not e["ok"]]
     if failed:  # what failed, where and why, before any timing
         parts.append("<h2>Did not complete</h2>" + "".join(
             f"<pre>{html.escape(chr(10).join(e['lines']))}</pre>" for e in failed))
     parts.append("<h2>Stragglers</h2>")
-    parts.append("<ul>" + "".join(f"<li>{html.escape(line.strip())}</li>"
+    parts.append("<ul>" + "".join(f"<li>{_prose(line.strip())}</li>"
                                   for line in straggler_lines(flags, records)) + "</ul>")
     if flags:
-        parts.append(_table(
+        parts.append(html_table(
             ["run", "task", "kind", "rank(s)", "block", "host", "duration s", "baseline s",
              "baseline", "x baseline", "threshold s", "cause", "impact s", "victims' wait s"],
             [[f["run"], f["task"], f["kind"], f["rank"] if f["kind"] != "host" else
@@ -198,9 +225,9 @@ def render(report, title="trajflow inspection"):
               f"{f['threshold_s']:.3f}", f["cause"], f"{f['impact_s']:.3f}",
               f"{f['victims_wait_s']:.3f}"] for f in flags]))
     parts.append("<h2>Advice</h2><ul>" + "".join(
-        f"<li><b>{html.escape(run)}</b>: {html.escape(a['text'])}</li>"
+        f"<li><b>{html.escape(run)}</b>: {_prose(a['text'])}</li>"
         for run, a in report["advice"].items()) + "".join(
-        f"<li>{html.escape(line)}</li>" for line in report.get("comparisons", [])) + "</ul>")
+        f"<li>{_prose(line)}</li>" for line in report.get("comparisons", [])) + "</ul>")
     if records:
         pilots = {os.path.basename(r["workdir"]): pilot_span(r["workdir"]) for r in report["runs"]}
         parts.append("<h2>Timeline</h2>" + interactive_timeline(records, flags, pilots))
@@ -216,22 +243,78 @@ def render(report, title="trajflow inspection"):
             parts.append(f'<h2>Phase distributions</h2><img alt="distributions" src="{distributions(records)}">')
     if report.get("scaling"):
         parts.append(f'<h2>Scaling</h2><img alt="scaling" src="{scaling_plot(report["scaling"])}">')
-        parts.append(_table(["analysis", "io", "mode", "N", "t_total s", "S(N)", "E(N)"],
+        parts.append(html_table(["analysis", "io", "mode", "N", "t_total s", "S(N)", "E(N)"],
                             [[r["analysis"], r["io"], r["mode"], r["N"], f"{r['t_total']:.3f}",
                               f"{r['S_total']:.2f}", f"{r['E_total']:.2f}"] for r in report["scaling"]]))
     parts.append("<h2>Every task and rank (seconds)</h2>")
     cols = ["open", "io", "compute", "comm", "write", "launch", "other"]
-    parts.append(_table(["run", "task", "rank", "block", "host", "frames"] + cols + ["wait", "total"],
+    parts.append(html_table(["run", "task", "rank", "block", "host", "frames"] + cols + ["wait", "total"],
                         [[r["run"], r["task"], r.get("rank"), r.get("block", ""), r.get("host"),
                           r.get("frames", "")] + [f"{phase_times(r)[c]:.3f}" for c in cols] +
                          [f"{r.get('t_wait', 0.0):.3f}", f"{r['t_total']:.3f}"] for r in records]))
-    return _page(title, "".join(parts))
+    return "".join(parts)
+
+
+def result_figures(rundir, most=2):
+    """Up to `most` figures of a complete run's result (PNG data URIs): each per-frame
+    series against time (rmsd: its rmsd column), and a curve over `bins` (an RDF's)."""
+    import numpy as np
+    from trajflow.workflows.run.results import open_result
+    if not os.path.exists(os.path.join(rundir, RESULT)):
+        return []
+    try:
+        results = open_result(rundir)
+    except Exception:  # noqa: a damaged result shows no figure; the report says the rest
+        return []
+    figures = []
+    bins = np.asarray(results.get("bins", []))
+    for key, value in results.items():
+        if key in ("frame", "time", "bins") or len(figures) >= most:
+            continue
+        value = np.asarray(value) if not isinstance(value, dict) else None
+        if value is None:
+            continue
+        if key == "rmsd" and value.ndim == 2:
+            value = value[:, 2]  # (frame, time, rmsd)
+        if len(bins) > 1 and value.ndim == 1 and len(value) == len(bins):
+            figures.append(_line(bins, value, "bins", key))
+        else:
+            figure = result_plot(results["time"], value, key)
+            if figure:
+                figures.append(figure)
+    return figures
+
+
+def _line(x, y, xlabel, ylabel):
+    """A small line plot as a PNG data URI."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 2.4))
+    ax.plot(x, y, lw=1)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    return _png(fig)
+
+
+def result_plot(time, values, label):
+    """A per-frame result against time (a PNG data URI), or None when `values` is not
+    one number per frame: what a notebook shows of a finished run."""
+    import numpy as np
+    values = np.asarray(values)
+    if values.ndim != 1 or len(values) != len(time) or values.dtype.kind not in "biuf":
+        return None
+    return _line(time, values, "time (ps)", label)
+
+
+
+def _prose(text):
+    """Escaped text whose command-line options (`--mode mpi`) never break across lines."""
+    return re.sub(r"(--[a-z][a-z-]*(?: [A-Za-z0-9.:_]+)?)", r"<code>\1</code>", html.escape(text))
 
 
 def _page(title, body):
     style = ("body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;"
              "font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}"
-             "img{max-width:100%}")
+             "img{max-width:100%}code{white-space:nowrap}")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{style}</style></head><body>{body}</body></html>")
 
@@ -313,7 +396,7 @@ def write_campaign_html(rows, cdir, path):
     else:
         parts.append("<p>No experiment has completed: nothing to plot.</p>")
     parts.append("<h2>Every experiment</h2>")
-    parts.append(_table(COLUMNS, [[_fmt_cell(r.get(c)) for c in COLUMNS] for r in rows]))
+    parts.append(html_table(COLUMNS, [[_fmt_cell(r.get(c)) for c in COLUMNS] for r in rows]))
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(_page(f"trajflow campaign {os.path.basename(cdir)}", "".join(parts)))
 

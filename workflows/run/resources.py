@@ -201,7 +201,7 @@ def resolve_resource(name: str) -> str:
              for label in known if platform[label] == short and label not in near]
     hint = f"did you mean {' or '.join(near[:3])}? " if near else ""
     raise ValueError(f"unknown resource {name!r}: {hint}`trajflow resources` lists every "
-                     "resource trajflow knows (RADICAL-Pilot's and its own), and the README "
+                     "resource trajflow knows (RADICAL-Pilot's and its own), and docs/guide/clusters.md "
                      "says how to add your cluster")
 
 

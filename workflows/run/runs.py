@@ -11,6 +11,7 @@ machine opens the same way:
     >>> run.profile.stragglers            # flags with the numbers behind them
     >>> print(run.summary())              # what `trajflow run` prints at the end
 """
+import html
 import logging
 import os
 
@@ -20,7 +21,7 @@ from trajflow.workflows.errors import RunFailed
 from trajflow.tasks import backend_part
 from trajflow.workflows.profile.inspection import (how_it_ended, inspect_runs, straggler_lines,
                                                    summary_text)
-from trajflow.workflows.profile.report_html import write_html
+from trajflow.workflows.profile.report_html import html_table, render_body, result_plot, write_html
 from trajflow.workflows.run.results import open_result
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,38 @@ class Run:
         state = outcome["status"] if outcome else "not ended"
         return f"<trajflow.Run {self.plan.analysis} {self.plan.io}/{self.plan.mode} " \
                f"{self.plan.n_blocks} blocks, {state}: {self.path}>"
+
+    def _repr_html_(self):
+        """In a notebook: what the run was, how it ended, and its result's first plot."""
+        plan = self.plan
+        wall = "-" if self.wall_s is None else f"{self.wall_s:.1f} s"
+        rows = [["analysis", plan.analysis], ["state", self.state],
+                ["frames", plan.n_frames], ["strategy", f"{plan.io}/{plan.mode}, "
+                                                        f"{plan.n_blocks} blocks"],
+                ["wall time", wall], ["folder", self.path]]
+        parts = [html_table(["trajflow run", ""], rows)]
+        if self.ok:
+            plot = self._first_plot()
+            if plot:
+                parts.append(f'<img alt="result" src="{plot}">')
+        else:
+            parts.append("<pre>" + html.escape("\n".join(
+                how_it_ended(self.path, plan)["lines"])) + "</pre>")
+        return "".join(parts)
+
+    def _first_plot(self):
+        """The first result that is one number per frame, against time (rmsd: its
+        third column), as a PNG; None if there is none."""
+        results = self.results
+        for key, value in results.items():
+            if key in ("frame", "time"):
+                continue
+            if key == "rmsd" and getattr(value, "ndim", 0) == 2:
+                value = value[:, 2]  # (frame, time, rmsd)
+            plot = result_plot(results["time"], value, key)
+            if plot:
+                return plot
+        return None
 
     @property
     def state(self):
@@ -182,6 +215,10 @@ class Profile:
         self.stragglers = self.report["stragglers"]
         self.advice = {run: a["text"] for run, a in self.report["advice"].items()}
         self.scaling = self.report["scaling"]
+
+    def _repr_html_(self):
+        """In a notebook: the interactive timeline, stragglers, advice, the phase tables."""
+        return render_body(self.report)
 
     def __repr__(self):
         return (f"<trajflow.Profile of {len(self.rundirs)} run(s): {len(self.records)} task "
