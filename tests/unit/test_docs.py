@@ -1,0 +1,75 @@
+"""The documentation's code: every Python block in the README and docs/ compiles, every
+`trajflow COMMAND` it shows is a command, every option it shows is one of that
+command's, and the pages MkDocs builds are the ones its navigation lists."""
+import ast
+import glob
+import os
+import re
+
+import pytest
+
+from paths import TESTS
+
+ROOT = os.path.dirname(TESTS)
+PAGES = [os.path.join(ROOT, "README.md")] + sorted(
+    glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True))
+
+
+def blocks(path, language):
+    text = open(path, encoding="utf-8").read()
+    return re.findall(rf"```{language}\n(.*?)```", text, re.S)
+
+
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: os.path.relpath(p, ROOT))
+def test_every_python_block_compiles(path):
+    for code in blocks(path, "python"):
+        if code.lstrip().startswith("--8<--"):  # a file included when the site is built
+            continue
+        ast.parse(code)  # a SyntaxError names the page and the line
+
+
+def shown_commands(path):
+    """(command, words after it) of every `trajflow ...` line of the page's shell blocks,
+    comments left out."""
+    for code in blocks(path, "bash"):
+        for line in code.replace("\\\n", " ").splitlines():
+            line = line.split(" #")[0]
+            match = re.search(r"(?:^|[\s/])trajflow\s+(.*)", line)
+            if match:
+                words = match.group(1).split()
+                yield words[0], words[1:]
+
+
+def test_every_command_and_option_shown_exists():
+    import argparse
+    from trajflow.workflows.cli.parser import build_parser
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    top = {s for a in parser._actions for s in a.option_strings}
+    for path in PAGES:
+        for command, words in shown_commands(path):
+            if command.startswith("-"):
+                assert command in top, f"{path}: `trajflow {command}`: no such option"
+                continue
+            assert command in commands, f"{path}: `trajflow {command}` is not a command"
+            known = {s for a in commands[command]._actions for s in a.option_strings}
+            for word in words:
+                if word in ("|", "&&", ";"):
+                    break
+                if word.startswith("--"):
+                    assert word.split("=")[0] in known, \
+                        f"{path}: `trajflow {command} {word}`: no such option"
+
+
+def test_the_navigation_lists_every_page():
+    import yaml
+    with open(os.path.join(ROOT, "mkdocs.yml"), encoding="utf-8") as fh:
+        nav = yaml.safe_load(fh)["nav"]
+
+    def files(entries):
+        for entry in entries:
+            for value in entry.values():
+                yield from files(value) if isinstance(value, list) else [value]
+    listed = set(files(nav))
+    pages = {os.path.relpath(p, os.path.join(ROOT, "docs")) for p in PAGES[1:]}
+    assert listed == pages, (sorted(pages - listed), sorted(listed - pages))
