@@ -102,3 +102,17 @@ def test_a_lone_fast_member_is_not_the_baseline():
     members[3] = member(3, io=0.2)  # one short block (e.g. cached)
     assert fast_mode([m["t_work"] for m in members])[1] == "median"
     assert judge_group(members) == []
+
+
+def test_with_no_straggler_the_critical_path_is_still_named():
+    """A Bridges-like 72-rank run: rank 5's open takes 1.75x the others' and sets the
+    end, but is not late enough to flag; the report names it, its phase and ratio."""
+    from trajflow.workflows.profile.inspection import straggler_lines
+    members = with_barrier([member(r, open_=0.175 if r == 5 else 0.1) for r in range(72)])
+    for m in members:
+        m.update(run="bridges", task="analyze")
+    assert judge_group(members, ("bridges", "analyze", "")) == []
+    lines = straggler_lines([], members)
+    assert lines[0].startswith("stragglers: none")
+    assert "critical path of bridges analyze: rank 5 worked longest, 0.075 s more than the " \
+           "median member; its open took 0.175 s, 1.75x the median" in lines[1], lines

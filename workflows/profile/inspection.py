@@ -16,8 +16,8 @@ import os
 from trajflow.tasks.plan import RunPlan
 from trajflow.tasks.rundir import OUTCOME, PLAN, read_outcome
 from trajflow.workflows.profile.advice import advice, compare_strategies
-from trajflow.workflows.profile.stragglers import (describe, judge, judged_groups, MIN_GROUP,
-                                                   phase_times)
+from trajflow.workflows.profile.stragglers import (critical_path, describe, judge, judged_groups,
+                                                   MIN_GROUP, phase_times)
 from trajflow.workflows.profile.timing_tables import read_tables
 from trajflow.workflows.run.pipeline import remaining_specs  # what a resume runs again
 
@@ -115,8 +115,30 @@ def straggler_lines(flags, records):
     if not flags:
         if not judged:
             return [f"stragglers: not judged (every group has fewer than {MIN_GROUP} members)"]
-        return [f"stragglers: none (in {judged} group(s) of {MIN_GROUP} or more members)"]
+        return ([f"stragglers: none (in {judged} group(s) of {MIN_GROUP} or more members)"]
+                + critical_path_lines(records))
     return ["stragglers (most harmful first):"] + ["  " + describe(f) for f in flags]
+
+
+def critical_path_lines(records):
+    """For each judged group, the member that set its end, by how much and why."""
+    groups = {}
+    for rec in records:
+        groups.setdefault(group_key(rec), []).append(rec)
+    lines = []
+    for (run, task, _), members in groups.items():
+        if len(members) < MIN_GROUP:
+            continue
+        path = critical_path(members)
+        if path["late_s"] <= 0:
+            continue
+        m = path["member"]
+        who = f"rank {m.get('rank', 0)}" if m.get("mode") == "mpi" else f"block {m.get('block')}"
+        ratio = f", {path['ratio']:.2f}x the median" if path["ratio"] else ""
+        lines.append(f"  critical path of {run} {task}: {who} worked longest, {path['late_s']:.3f} "
+                     f"s more than the median member; its {path['phase']} took "
+                     f"{path['phase_s']:.3f} s{ratio}")
+    return lines
 
 
 def slowest_rank_phases(records):

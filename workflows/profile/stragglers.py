@@ -236,6 +236,22 @@ def judged_groups(records, group_key):
     return judged, len(sizes) - judged
 
 
+def critical_path(members):
+    """Who set a group's end: the member that worked longest (busy time, `t_work`: at a
+    barrier every rank ends together, waiting for it), how much longer than the median
+    member, and the phase holding most of its excess, as {"member", "late_s", "phase",
+    "phase_s", "ratio"}. Named even when no member crosses the straggler rule."""
+    def work(m):
+        return m.get("t_work", m["t_total"])
+    last = max(members, key=work)
+    late = work(last) - statistics.median(work(m) for m in members)
+    medians = {p: statistics.median(phase_times(m)[p] for m in members) for p in PHASES}
+    mine = phase_times(last)
+    phase = max(PHASES, key=lambda p: mine[p] - medians[p])
+    return {"member": last, "late_s": late, "phase": phase, "phase_s": mine[phase],
+            "ratio": mine[phase] / medians[phase] if medians[phase] > 0 else None}
+
+
 def describe(flag):
     """One line of numbers for a flag, the same in the terminal, CSV and HTML."""
     where = (f"host {flag['host']} (ranks {rank_list(flag['ranks'])})" if flag["kind"] == "host"
