@@ -15,6 +15,7 @@ none, the first Progress shows them on stderr itself (`show_on`); the
 """
 import glob
 import logging
+import os
 import sys
 import threading
 import time
@@ -70,7 +71,10 @@ def show_on(stream=None, level=logging.INFO):
 
 
 def frames_done(plan):
-    """Frames the analyze ranks of a run have reported done so far."""
+    """Frames the analyze ranks of a run have reported done so far; all of them once its
+    result is complete (its progress counts are then tidied away: outcomes.tidy)."""
+    if os.path.exists(plan.result_path()):
+        return plan.n_frames
     done = 0
     for path in glob.glob(plan.path("progress", "analyze.block_*")):
         if path.endswith(".tmp"):
