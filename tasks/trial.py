@@ -1,7 +1,7 @@
 """The local trial of a user's analysis: what the tasks will do, on the first frames,
 in a fresh Python on the workstation, before any pilot is requested.
 
-    python -P -s -m trajflow.tasks.trial --plan PLAN --frames N
+    python -P -m trajflow.tasks.trial --plan PLAN --frames N
 
 It loads the analysis as an analyze task does (RUNDIR/analysis/ of a staged
 plan: the factory file's copy and the modules beside it, or the pickled

@@ -49,7 +49,9 @@ def try_analysis(inputs, label, write_code, frames=TRIAL_FRAMES, limit_s=TRIAL_L
         plan.factory_pickle = inputs.factory_pickle
         write_code(plan)
         path = plan.save(os.path.join(staging, "plan.json"))
-        argv = [sys.executable, "-P", "-s", "-m", "trajflow.tasks.trial", "--plan", path,
+        # -P: not the current folder (as a task's Python, started elsewhere); the user
+        # site-packages stay, as they do for the tasks (a `pip install --user` is common)
+        argv = [sys.executable, "-P", "-m", "trajflow.tasks.trial", "--plan", path,
                 "--frames", str(frames)]
         try:
             done = subprocess.run(argv, cwd=staging, capture_output=True, text=True,
