@@ -38,6 +38,15 @@ def balanced_blocks(n_frames: int, n_blocks: int) -> List[Tuple[int, int]]:
     return ranges
 
 
+def chosen_frames(selection: Optional[dict], n_frames: int) -> np.ndarray:
+    """The global frame numbers a plan's frame_selection names (None: 0..n_frames-1)."""
+    if selection is None:
+        return np.arange(n_frames, dtype=np.int64)
+    if "frames" in selection:
+        return np.asarray(selection["frames"], dtype=np.int64)
+    return np.arange(selection["start"], selection["stop"], selection["step"], dtype=np.int64)
+
+
 @dataclasses.dataclass
 class RunPlan:
     """Everything a task needs to know; paths are absolute."""
@@ -96,15 +105,7 @@ class RunPlan:
     def frame_numbers(self, start: int = 0, stop: Optional[int] = None) -> np.ndarray:
         """The global frame numbers of the analysed frames [start, stop) (positions in
         the run's frames, as the blocks count them)."""
-        selection = self.frame_selection
-        if selection is None:
-            numbers = np.arange(self.n_frames, dtype=np.int64)
-        elif "frames" in selection:
-            numbers = np.asarray(selection["frames"], dtype=np.int64)
-        else:
-            numbers = np.arange(selection["start"], selection["stop"], selection["step"],
-                                dtype=np.int64)
-        return numbers[start:stop]
+        return chosen_frames(self.frame_selection, self.n_frames)[start:stop]
 
     def mda_frames(self) -> dict:
         """The run's frames as MDAnalysis' run() and _setup_frames take them."""

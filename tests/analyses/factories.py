@@ -196,3 +196,17 @@ def empty_selection(u):
 
 def protein_rgyr(u):
     return RadiusOfGyration(u.select_atoms("protein"))
+
+
+class FailsEarly(CentreOfMassDrift):
+    """A user's class that cannot analyse frames before 50 (say, its ligand is not bound
+    yet): right with start=50, and its trial must try those frames, not frame 0."""
+
+    def _single_frame(self):
+        if self._ts.frame < 50:
+            raise ValueError(f"frame {self._ts.frame}: nothing to analyse before frame 50")
+        super()._single_frame()
+
+
+def fails_early(u):
+    return FailsEarly(u.select_atoms("protein"))

@@ -267,3 +267,22 @@ def test_a_per_frame_error_is_refused_in_seconds_without_a_pilot(adk, tmp_path):
     assert wall < 10, f"{wall:.1f} s"
     assert not (tmp_path / "run").exists()
     assert not [p for p in os.listdir(tmp_path) if p.startswith("re.session")]
+
+
+def test_the_trial_tries_the_frames_the_run_analyses(tmp_path, adk):
+    """An analysis that fails before frame 50 runs with start=50 (tried on frames 50-54,
+    not 0-4) and equals MDAnalysis' run(start=50); without it, it is refused here."""
+    import MDAnalysis as mda
+    from trajflow.workflows.errors import InputError
+    _, plan = plan_and_run(tmp_path / "late", adk[0], [adk[1]], f"{FACTORIES}:fails_early",
+                           mode="tasks", blocks=2, start=50)
+    assert plan.trial["frames"] == 5
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = factories.fails_early(mda.Universe(*adk)).run(start=50).results
+    got = open_result(plan.workdir)
+    np.testing.assert_allclose(got.com, ref.com, rtol=1e-6)
+    with pytest.raises(InputError, match="nothing to analyse before frame 50"):
+        plan_and_run(tmp_path / "all", adk[0], [adk[1]], f"{FACTORIES}:fails_early",
+                     mode="tasks", blocks=2)
+    assert not (tmp_path / "all").exists()

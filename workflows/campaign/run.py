@@ -39,6 +39,7 @@ from trajflow.workflows.run.execute import run_plans
 from trajflow.workflows.run.progress import close_bar, new_bar, shown
 from trajflow.workflows.run.planning import (check_outdir, InputError, make_plan, read_inputs,
                                              write_plan)
+from trajflow.workflows.run.spec import RunSpec
 
 
 log = logging.getLogger(__name__)
@@ -74,9 +75,10 @@ def plan_experiments(campaign: CampaignSpec, cdir: str, resume: bool):
     if not local:  # every experiment is planned on its own machine
         return {}, []
     top, trajs = input_files(campaign)
+    chosen = RunSpec(**{k: campaign.option(k) for k in ("start", "stop", "step", "frames")})
     inputs = read_inputs(top, trajs, campaign.analysis, campaign.option("select"),
                          campaign.option("args"), campaign.option("allow_truncated"),
-                         campaign.option("trial"))  # once for all
+                         campaign.option("trial"), chosen)  # once for all
     todo, kept = {}, []
     for e in local:
         d = rundir(cdir, e)

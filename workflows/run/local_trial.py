@@ -36,15 +36,18 @@ class TrialResult:
         return self.seconds / self.frames if self.frames else None
 
 
-def try_analysis(inputs, label, write_code, frames=TRIAL_FRAMES, limit_s=TRIAL_LIMIT_S):
-    """Run the trial of `inputs`' user analysis (`write_code(plan)` stages its code as
-    for the tasks); a TrialResult, None if it ran out of time, InputError if it failed.
-    `frames` 0: only load the analysis in a fresh Python (its data is not here)."""
+def try_analysis(inputs, label, write_code, chosen, frames=TRIAL_FRAMES, limit_s=TRIAL_LIMIT_S):
+    """Run the trial of `inputs`' user analysis on the first `frames` of the run's
+    `chosen` frames (`write_code(plan)` stages its code as for the tasks); a TrialResult,
+    None if it ran out of time, InputError if it failed. `frames` 0: only load the
+    analysis in a fresh Python (its data is not here)."""
+    first = [int(f) for f in chosen[:max(frames, 1)]]
     with tempfile.TemporaryDirectory(prefix="trajflow-trial-") as staging:
         plan = RunPlan(workdir=staging, topology=inputs.topology,
                        trajectories=inputs.trajectories, analysis=inputs.analysis, selection="",
-                       io="shared", mode="tasks", gather="gatherv", n_frames=inputs.n_frames,
-                       n_atoms=inputs.n_atoms, blocks=[(0, inputs.n_frames)],
+                       io="shared", mode="tasks", gather="gatherv", n_frames=len(first),
+                       n_atoms=inputs.n_atoms, blocks=[(0, len(first))],
+                       frame_selection={"frames": first}, input_frames=inputs.n_frames,
                        analysis_args=inputs.analysis_args, factory=inputs.factory)
         plan.factory_pickle = inputs.factory_pickle
         write_code(plan)

@@ -21,7 +21,7 @@ import numpy as np
 from trajflow.tasks import mda_analyses
 from trajflow.tasks.analyses import ANALYSES, ANALYSIS_CLASSES
 from trajflow.tasks.h5md import missing_box
-from trajflow.tasks.plan import balanced_blocks, RunPlan
+from trajflow.tasks.plan import balanced_blocks, chosen_frames, RunPlan
 from trajflow.tasks.rundir import FOLDERS, LOCK, MARKER, PLAN
 from trajflow.workflows.errors import InputError
 from trajflow.workflows.run import integrity, local_trial, user_code
@@ -278,10 +278,11 @@ def check_whole(u, trajectories, damages, allow_truncated):
 
 
 def read_inputs(topology, trajectories, analysis, selection=None, analysis_args=None,
-                allow_truncated=False, trial=True) -> Inputs:
+                allow_truncated=False, trial=True, frames=None) -> Inputs:
     """Open the inputs with MDAnalysis as the tasks will and resolve the atoms (or
-    build the user's analysis and try it on the first frames in a fresh Python:
-    `trial` False, only load it there); InputError if not."""
+    build the user's analysis and try it on the run's first frames in a fresh Python:
+    `trial` False, only load it there); InputError if not. `frames`: what chooses the
+    run's frames (a RunSpec's start, stop, step, frames), for the trial."""
     spec = check_analysis_spec(analysis, analysis_args)
     if spec is not None and selection:
         raise InputError(f"{spelled('select')} applies to the built-in analyses; your own "
@@ -305,14 +306,15 @@ def read_inputs(topology, trajectories, analysis, selection=None, analysis_args=
             inputs = Inputs(topology, trajectories, label, "", {}, **common,
                             analysis_args=dict(analysis_args or {}), factory=factory,
                             factory_pickle=pickled)
-            tried = local_trial.try_analysis(inputs, label, write_analysis_code,
+            chosen = chosen_frames(*select_frames(frames or RunSpec(), n_frames))
+            tried = local_trial.try_analysis(inputs, label, write_analysis_code, chosen,
                                              local_trial.TRIAL_FRAMES if trial else 0)
             if tried is not None and tried.frames:
                 inputs.trial = dataclasses.asdict(tried)
                 log.info("%s: tried on this machine: %d frame(s) in %.2f s (with its "
                          "_prepare); all %d frames: about %s on one core", label, tried.frames,
-                         tried.seconds, inputs.n_frames,
-                         eta_text(tried.seconds_per_frame * inputs.n_frames))
+                         tried.seconds, len(chosen),
+                         eta_text(tried.seconds_per_frame * len(chosen)))
             return inputs
         check_boxes(trajectories, analysis)
         selection = selection or ANALYSIS_CLASSES[analysis].default_selection
@@ -342,7 +344,7 @@ def make_plan(spec: RunSpec, cpus: int, *, new_out=True, inputs=None) -> RunPlan
 
     def plan_in(rundir):
         read = inputs or read_inputs(spec.topology, spec.trajectory, spec.analysis, spec.select,
-                                     spec.args, spec.allow_truncated, spec.trial)
+                                     spec.args, spec.allow_truncated, spec.trial, spec)
         plan = _make_plan(rundir, read, spec, cpus)
         plan.asked_at = asked_at
         return plan
