@@ -16,6 +16,8 @@ Whether that was enough is not assumed: the local trial (local_trial.py) loads
 the analysis in a fresh Python that has none of the user's folders on its path.
 """
 import contextlib
+import functools
+import importlib.metadata
 import os
 import shutil
 import site
@@ -33,12 +35,21 @@ def _installed_roots():
     return tuple(os.path.realpath(r) + os.sep for r in roots if r)
 
 
+@functools.lru_cache(maxsize=1)
+def _installed_names():
+    """Top-level import names of every installed distribution (an editable install of
+    MDAnalysis or of the user's own package included: installed, it is there for the
+    tasks too, and its classes must stay the same classes)."""
+    return frozenset(importlib.metadata.packages_distributions())
+
+
 def users_own(module) -> bool:
-    """Whether `module` is the user's own: a file not under an installed location, and
-    not trajflow's (whose editable install also lives outside site-packages)."""
+    """Whether `module` is the user's own: a file not under an installed location, of
+    no installed distribution (trajflow's own editable install is one)."""
     name = getattr(module, "__name__", "") or ""
     path = getattr(module, "__file__", None)
-    if not path or name == "__main__" or name.partition(".")[0] == "trajflow":
+    top = name.partition(".")[0]
+    if not path or name == "__main__" or top == "trajflow" or top in _installed_names():
         return False
     return not os.path.realpath(path).startswith(_installed_roots())
 
@@ -85,7 +96,10 @@ def modules_beside(factory_file):
         if not path.startswith(folder) or path == os.path.realpath(factory_file):
             continue
         top = path[len(folder):].split(os.sep)[0]
-        found[top] = folder + top
+        # imported from this folder as `top` (rgyr.py, or the package rgyr/), not a module
+        # that merely lives somewhere below it
+        if module.__name__.partition(".")[0] == os.path.splitext(top)[0]:
+            found[top] = folder + top
     return dict(sorted(found.items()))
 
 
