@@ -89,14 +89,17 @@ def run_times(records, rundir=None, asked_at=0.0):
              "launch": sum(r.get("t_launch", 0.0) for r in records if r.get("rank", 0) == 0),
              "tasks_span": last - first, "pilot_wait": None}
     span = pilot_span(rundir) if rundir else None
+    asked = asked_at if asked_at and asked_at <= first else None
     if span and span[0] < first:
-        times["pilot_wait"] = first - span[0]
+        # a Pilot kept for several runs started before this one was asked for: this run
+        # waited only from its call
+        times["pilot_wait"] = first - max(span[0], asked or span[0])
     times["whole"] = times["tasks_span"] + (times["pilot_wait"] or 0.0)
     times["before_pilot"] = None
-    if asked_at and asked_at <= first:
+    if asked is not None:
         start = span[0] if span and span[0] < first else first
-        times["before_pilot"] = max(0.0, start - asked_at)
-        times["whole"] = last - asked_at
+        times["before_pilot"] = max(0.0, start - asked)
+        times["whole"] = last - asked
     return times
 
 
