@@ -112,10 +112,11 @@ class ReaderFailed(Exception):
 @contextlib.contextmanager
 def users_code(what):
     """Turn an exception of the code inside into AnalysisRaised (the cause kept for the
-    traceback); ReaderFailed passes as it is."""
+    traceback); ReaderFailed, and the machine's own errors (memory, the file system: a
+    retry elsewhere or later may cure them), pass as they are."""
     try:
         yield
-    except ReaderFailed:
+    except (ReaderFailed, MemoryError, OSError):
         raise
     except Exception as exc:
         raise AnalysisRaised(f"{what} raised {type(exc).__name__}: {exc}") from exc
