@@ -153,12 +153,15 @@ class Progress:
         with self._lock:
             if run_name in self._tracked:
                 return
+            # since when, and from how many frames (a retried or resumed stage starts with
+            # the blocks done before): the time left is timed on this attempt's frames
+            since = (time.time(), min(frames_done(plan), plan.n_frames))
             bar = None
             if self.tty:
-                bar = tqdm(total=plan.n_frames, desc=f"{run_name} analyze", unit="frame",
-                           file=self.stream, leave=False, dynamic_ncols=True)
+                bar = tqdm(total=plan.n_frames, initial=since[1], desc=f"{run_name} analyze",
+                           unit="frame", file=self.stream, leave=False, dynamic_ncols=True)
                 _BARS.add(bar)
-            self._tracked[run_name] = [plan, bar if bar is not None else 0, time.time()]
+            self._tracked[run_name] = [plan, bar if bar is not None else 0, since]
             if self._thread is None:
                 self._thread = threading.Thread(target=self._poll, daemon=True,
                                                 name="trajflow-progress")
@@ -190,8 +193,10 @@ class Progress:
         quarter = 4 * done // max(1, plan.n_frames)
         if quarter > state:
             left = ""
-            if 0 < done < plan.n_frames:
-                left = f", about {eta_text((time.time() - since) * (plan.n_frames - done) / done)} left"
+            t0, done0 = since
+            if done0 < done < plan.n_frames:
+                rate = (done - done0) / max(time.time() - t0, 1e-6)
+                left = f", about {eta_text((plan.n_frames - done) / rate)} left"
             self.line(f"{run_name}: analyze {done} of {plan.n_frames} frames "
                       f"({100 * done // max(1, plan.n_frames)} %{left})")
         return max(quarter, state)
