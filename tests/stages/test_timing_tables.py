@@ -159,14 +159,15 @@ def test_a_runs_records_written_as_a_table_give_the_same_flags(tmp_path, adk):
 def test_a_published_t_total_rounded_below_the_phases_sum_is_accepted(tmp_path):
     """A table from another tool rounds each number: a t_total one unit of its last
     digit below the phases' sum (1076.428852 against 1076.428853) is whole; two units
-    of a coarser table too; a clearly short one is still refused."""
+    of each printed number in a coarser table too; a clearly short one is refused."""
     rows = [[0, "1000.000001", "76.428852", "1076.428852"],
             [1, "1000.000001", "76.428852", "1076.428852"]]
     recs, _ = read_table(write(tmp_path / "paper.csv", ["rank", "t_io", "t_compute", "t_total"], rows))
     assert [r["t_total"] for r in recs] == [1076.428852, 1076.428852]
+    # 1.045 + 1.045 = 2.090, printed to two decimals each: 1.05 + 1.05 and 2.09
     recs, _ = read_table(write(tmp_path / "coarse.csv", ["rank", "t_io", "t_compute", "t_total"],
-                               [[0, "1.04", "1.04", "2.0"]]))
-    assert recs[0]["t_total"] == 2.0
+                               [[0, "1.05", "1.05", "2.09"]]))
+    assert recs[0]["t_total"] == 2.09
     with pytest.raises(InputError, match="is less than the sum of the phases"):
         read_table(write(tmp_path / "short.csv", ["rank", "t_io", "t_compute", "t_total"],
                          [[0, "1000.000001", "76.428852", "1070.4"]]))

@@ -83,7 +83,7 @@ def _record(path, row_number, row, header, name):
         rec[column] = number(column) if column in header else 0.0
     phases = sum(rec[c] for c in PHASE_COLUMNS)
     rec["t_total"] = number("t_total") if "t_total" in header else phases
-    if rec["t_total"] + rounding(row.get("t_total"), phases) < phases:
+    if rec["t_total"] + rounding(row, phases) < phases:
         raise InputError(f"{path} row {row_number}, column t_total: {rec['t_total']} s is less "
                          f"than the sum of the phases ({phases:.6g} s); give the rank's whole "
                          "time, or leave t_total out to have it summed")
@@ -93,16 +93,19 @@ def _record(path, row_number, row, header, name):
     return rec
 
 
-def rounding(text, phases):
+def rounding(row, phases):
     """How far below the phases' sum a printed t_total may be and still be whole: tables
     from other tools round each number (1076.428852 against a sum of 1076.428853), so
-    half a unit of its last printed digit for each phase, at least 1e-6 relative."""
-    relative = 1e-6 * max(phases, 1.0)
-    text = (text or "").strip().lower()
-    if not text or "e" in text:  # summed by trajflow, or in exponent form: relative only
-        return relative
-    decimals = len(text.partition(".")[2])
-    return max(relative, len(PHASE_COLUMNS) * 0.5 * 10.0 ** -decimals)
+    half a unit of the last printed digit of t_total and of each phase given, at least
+    1e-6 relative."""
+    def half_unit(text):
+        text = (text or "").strip().lower()
+        if not text or "e" in text:  # absent, or in exponent form: no printed precision
+            return 0.0
+        return 0.5 * 10.0 ** -len(text.partition(".")[2])
+    cells = [row.get(c) for c in PHASE_COLUMNS if row.get(c) is not None]
+    return max(1e-6 * max(phases, 1.0), half_unit(row.get("t_total"))
+               + sum(half_unit(c) for c in cells))
 
 
 def read_tables(paths):
