@@ -130,6 +130,9 @@ def test_an_exception_of_the_analysis_own_code_is_not_retried(session):
     assert "fails late on purpose" in failed.stderr_tail and "_single_frame" in failed.stderr_tail
     assert report.stopped["user_fails_late"] == "analyze"
     assert not os.path.exists(plans["user_fails_late"].result_path())
+    from trajflow.workflows.profile.inspection import how_it_ended
+    ending = "\n".join(how_it_ended(plans["user_fails_late"].workdir, plans["user_fails_late"])["lines"])
+    assert "fix it and start a new run" in ending and "--resume" not in ending, ending
 
 
 def test_every_rank_left_a_timing_record_also_in_radicals_profile(session):

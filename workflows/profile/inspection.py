@@ -13,6 +13,8 @@ import csv
 import glob
 import json
 import os
+import re
+from trajflow.tasks.exit_codes import ANALYSIS_RAISED
 from trajflow.tasks.plan import RunPlan
 from trajflow.tasks.rundir import OUTCOME, PLAN, read_outcome
 from trajflow.workflows.profile.advice import advice, compare_strategies
@@ -30,6 +32,7 @@ def load_run(rundir):
     if not os.path.exists(plan_path):
         raise FileNotFoundError(f"{rundir} is not a trajflow run (no {PLAN})")
     plan = RunPlan.load(plan_path)
+    plan.workdir = rundir  # a folder moved or copied elsewhere reads from where it is
     records = []
     for path in sorted(glob.glob(os.path.join(rundir, "profile", "*.jsonl"))):
         with open(path, encoding="utf-8") as fh:
@@ -202,6 +205,11 @@ def how_it_ended(rundir, plan) -> dict:
                   for line in task.splitlines()]
     if plan.backend:
         lines.append("  MDAnalysis' run() through trajflow.Backend: run it again")
+        return {"ok": False, "lines": lines}
+    if any(re.search(rf"with exit code {ANALYSIS_RAISED}\b", task)
+           for task in outcome.get("failed_tasks", [])):
+        lines.append("  the analysis' own code raised: fix it and start a new run (a resume "
+                     "would raise again, and refuses changed analysis code)")
         return {"ok": False, "lines": lines}
     again = {stage: len(specs) for stage, specs in remaining_specs(plan, plan.path(PLAN)).items()
              if specs}

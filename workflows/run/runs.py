@@ -52,6 +52,7 @@ class Run:
             raise FileNotFoundError(f"{self.path!r} is not a trajflow run (no {PLAN}): "
                                     "give the folder a run wrote (its --out / out=)")
         self.plan = RunPlan.load(os.path.join(self.path, PLAN))
+        self.plan.workdir = self.path  # a folder moved or copied elsewhere reads from where it is
         self._results = None
 
     def __repr__(self):
