@@ -14,6 +14,7 @@ progress lines and `--resume` read: a failed experiment is recorded and the
 others go on.
 """
 import dataclasses
+import hashlib
 import html
 import json
 import logging
@@ -97,14 +98,20 @@ def plan_experiments(campaign: CampaignSpec, cdir: str, resume: bool):
                             campaign.pilot(e.resource)["cpus"], new_out=False, inputs=inputs)
         todo[e].asked_at = 0.0  # experiments wait their turn: each is timed from its tasks
         if e.io == "h5md":
-            todo[e].shared_h5md = shared_h5md_path(cdir, inputs.checksum, campaign.option("compression"))
+            todo[e].shared_h5md = shared_h5md_path(cdir, inputs.checksum,
+                                                   campaign.option("compression"),
+                                                   todo[e].frame_selection)
     return todo, kept
 
 
-def shared_h5md_path(cdir, checksum, compression):
+def shared_h5md_path(cdir, checksum, compression, frame_selection=None):
     """The campaign's one H5MD copy of its inputs (each h5md experiment wrote its own
-    376 MB copy of the same file, seen); named by the inputs, so other inputs never reuse it."""
-    return os.path.join(cdir, "shared", f"trajectory-{checksum[:16]}-{compression or 'none'}.h5md")
+    376 MB copy of the same file, seen); named by the inputs and the frames chosen (a copy
+    holds just those), so other inputs or frames never reuse it."""
+    frames = "all" if frame_selection is None else hashlib.sha256(
+        json.dumps(frame_selection, sort_keys=True).encode()).hexdigest()[:12]
+    return os.path.join(cdir, "shared",
+                        f"trajectory-{checksum[:16]}-{compression or 'none'}-{frames}.h5md")
 
 
 def prepare_dir(campaign: CampaignSpec, out: str, resume: bool) -> str:
