@@ -271,8 +271,11 @@ def result_figures(rundir, most=2):
     for key, value in results.items():
         if key in ("frame", "time", "bins") or len(figures) >= most:
             continue
-        value = np.asarray(value) if not isinstance(value, dict) else None
-        if value is None:
+        try:
+            value = np.asarray(value) if not isinstance(value, dict) else None
+        except (ValueError, TypeError):  # ragged lists, objects: nothing to plot
+            value = None
+        if value is None or value.dtype.kind not in "biuf":
             continue
         if key == "rmsd" and value.ndim == 2:
             value = value[:, 2]  # (frame, time, rmsd)
@@ -299,7 +302,10 @@ def result_plot(time, values, label):
     """A per-frame result against time (a PNG data URI), or None when `values` is not
     one number per frame: what a notebook shows of a finished run."""
     import numpy as np
-    values = np.asarray(values)
+    try:
+        values = np.asarray(values)
+    except (ValueError, TypeError):  # ragged lists, objects: nothing to plot
+        return None
     if values.ndim != 1 or len(values) != len(time) or values.dtype.kind not in "biuf":
         return None
     return _line(time, values, "time (ps)", label)

@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import time
 import warnings
 from typing import List, Optional
@@ -215,6 +216,14 @@ def check_factory(u, spec, analysis, analysis_args):
     if kind == "file":
         source = os.path.abspath(source)
         _check_readable(source, "factory file")
+    path = list(sys.path)  # loading a factory file puts its folder on the path: for it only
+    try:
+        return _check_factory(u, kind, source, name, analysis, analysis_args)
+    finally:
+        sys.path[:] = path
+
+
+def _check_factory(u, kind, source, name, analysis, analysis_args):
     try:
         factory = source if kind == "pickle" else mda_analyses.load_factory(kind, source, name)
     except Exception as exc:
