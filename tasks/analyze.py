@@ -67,8 +67,12 @@ def analyze_block(plan, block, timer, comm=None):
         analysis.prepare(reference)
     frames_per_chunk = chunk_size(plan.chunk_frames, len(analysis.atom_indices))
     arrays = analysis.run_block(source, start, stop, frames_per_chunk, timer)
-    # the global frame numbers (a copy of chosen frames counts its rows)
-    arrays["frame"] = plan.frame_numbers(*plan.blocks[block])
+    expected = plan.frame_numbers(*plan.blocks[block])
+    if plan.frame_selection is not None and not plan.io_strategy.reads_input_as_is(plan):
+        arrays["frame"] = expected  # a copy of chosen frames counts its rows, not frames
+    elif not np.array_equal(arrays["frame"], expected):  # reduce checks them again
+        raise RuntimeError(f"block {block}: the reader gave frames {arrays['frame'][:3]}... "
+                           f"where the plan has {expected[:3]}...")
     source.close()
     if reference is not source:
         reference.close()  # split io: block 0's segment, opened for frame 0 only
