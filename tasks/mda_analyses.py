@@ -196,9 +196,9 @@ class TimedFrames:
     MDAnalysis' own per-frame timings do not separate the two. Every
     INTERVAL_FRAMES frames, or INTERVAL_S seconds for a slow analysis, the sums
     become one io and one compute interval of the rank's record (about 4 us per
-    frame of overhead, measured on AdK DCD). Each frame counts to the rank's
-    progress as it ends (RankTimer writes it at most every 2 s), so a slow
-    analysis' bar moves too.
+    frame of overhead, measured on AdK DCD). The frames of each interval count to
+    the rank's progress when it closes, so a slow analysis' bar moves at least
+    every 2 s, and the per-frame loop does nothing more than time the frame.
     """
 
     def __init__(self, frames, timer, block):
@@ -213,7 +213,7 @@ class TimedFrames:
         it = iter(self.frames)
         clock = time.time
         t_io = t_compute = 0.0
-        span_start, n = clock(), 0
+        span_start, n, flushed = clock(), 0, 0
         self.timer.inject("io")  # testing hooks (timing.py): within the first frame's times
         while True:
             t0 = clock()
@@ -232,10 +232,11 @@ class TimedFrames:
             t2 = clock()
             t_compute += t2 - t1
             n += 1
-            self.timer.progress(1)
             if n % INTERVAL_FRAMES == 0 or t2 - span_start >= INTERVAL_S:
-                span_start, t_io, t_compute = self._flush(span_start, t_io, t_compute)
-        self._flush(span_start, t_io, t_compute)
+                span_start, t_io, t_compute = self._flush(span_start, t_io, t_compute,
+                                                          n - flushed)
+                flushed = n
+        self._flush(span_start, t_io, t_compute, n - flushed)
 
     def frames_read(self, n):
         """The global number of the block's `n`th frame, for messages."""
@@ -244,10 +245,12 @@ class TimedFrames:
         except Exception:  # noqa: only a message depends on it
             return f"#{n} of the block"
 
-    def _flush(self, span_start, t_io, t_compute):
-        """One io then one compute interval holding the sums since `span_start`."""
+    def _flush(self, span_start, t_io, t_compute, frames):
+        """One io then one compute interval holding the sums since `span_start`, and the
+        `frames` they covered counted to the rank's progress."""
         self.timer.add("io", span_start, span_start + t_io)
         self.timer.add("compute", span_start + t_io, span_start + t_io + t_compute)
+        self.timer.progress(frames)
         return span_start + t_io + t_compute, 0.0, 0.0
 
 

@@ -56,7 +56,8 @@ def main(argv=None):
                                 description="Try a user's analysis on the first frames "
                                             "(on the workstation, before any pilot).")
     p.add_argument("--plan", required=True, help="a staged plan.json")
-    p.add_argument("--frames", type=int, default=5, help="frames to run (0: load only)")
+    p.add_argument("--frames", type=int, required=True,
+                   help="frames to run (0: load only); the workstation's TRIAL_FRAMES")
     args = p.parse_args(argv)
     plan = RunPlan.load(args.plan)
     try:
