@@ -20,6 +20,7 @@ from . import faults, kernels, mda_analyses, parts
 from .exit_codes import ANALYSIS_RAISED, COLLECTIVE_TIMEOUT
 from .analyses import ANALYSIS_CLASSES
 from .plan import RunPlan, chunk_size, decode_path_arg
+from .schedules import Chunk
 from .dcd import open_dcd
 from .xtc import xtc_readable
 from .h5md import is_h5md
@@ -27,56 +28,150 @@ from .readers import SelectedFrames, open_block_reader
 from .timing import RankTimer
 
 
-def open_block_source(plan, analysis, block, timer, comm=None):
-    """Open this block's data as the plan's io strategy says.
+class FrameSources:
+    """The readers one task's chunks come from, each opened once (a rank of a dynamic
+    schedule analyses chunks of several blocks).
 
-    Returns (source, start, stop, reference_source): frames [start, stop) of
-    `source` are the block; `reference_source` holds frame 0 (the trajectory's, as
-    MDAnalysis' references are, whatever frames the run analyses). A run of chosen
-    frames reads them from the inputs by number (SelectedFrames), or from trajflow's
-    copies, which hold just those frames.
+    A chunk of block b is read from b's files as the plan's io strategy says;
+    a run of chosen frames reads them from the inputs by number
+    (SelectedFrames), or from trajflow's copies, which hold just those frames.
+    The reference is frame 0 of the trajectory, as MDAnalysis' references are,
+    whatever frames the run analyses.
     """
-    b_start, b_stop = plan.blocks[block]
-    idx, boxes = analysis.atom_indices, analysis.need_boxes
-    files, first = plan.io_strategy.block_files(plan, block)
-    comm = comm if plan.io_strategy.one_file else None
-    chosen = plan.frame_selection is not None
-    if chosen and plan.io_strategy.reads_input_as_is(plan):
-        source = SelectedFrames(open_block_reader(files, idx, boxes, timer, comm),
-                                plan.frame_numbers(b_start, b_stop))
-        first = 0
-    else:
-        source = open_block_reader(files, idx, boxes, timer, comm, frame_offset=b_start - first)
-    # where frame 0 is: block 0's files, or the inputs when the run's frames are chosen
-    reference_files = list(plan.trajectories) if chosen else plan.io_strategy.block_files(plan, 0)[0]
-    reference = source if reference_files == files and not chosen else open_block_reader(
-        reference_files, idx, boxes, timer, comm)
-    return source, first, first + b_stop - b_start, reference
+
+    def __init__(self, plan, analysis, timer, comm=None):
+        self.plan, self.timer = plan, timer
+        self.idx, self.boxes = analysis.atom_indices, analysis.need_boxes
+        self.comm = comm if plan.io_strategy.one_file else None
+        self.readers = {}
+        self.chosen = plan.frame_selection is not None
+        self.selected = None
+        # a file every rank reads is opened by all at once (MPI-IO opens collectively)
+        self.reference()
+        if self.comm is not None:
+            self.span(Chunk(0, 0, *plan.blocks[0]))
+
+    def _reader(self, files, frame_offset):
+        key = (tuple(files), frame_offset)
+        if key not in self.readers:
+            self.readers[key] = open_block_reader(files, self.idx, self.boxes, self.timer,
+                                                  self.comm, frame_offset=frame_offset)
+        return self.readers[key]
+
+    def span(self, chunk):
+        """(source, start, stop): the chunk's frames are [start, stop) of `source`."""
+        plan = self.plan
+        if self.chosen and plan.io_strategy.reads_input_as_is(plan):
+            if self.selected is None:
+                self.selected = SelectedFrames(self._reader(plan.trajectories, 0),
+                                               plan.frame_numbers())
+            return self.selected, chunk.start, chunk.stop
+        files, first = plan.io_strategy.block_files(plan, chunk.block)
+        b_start = plan.blocks[chunk.block][0]
+        shift = first - b_start  # the block's first frame is `first` of its files
+        return self._reader(files, -shift), chunk.start + shift, chunk.stop + shift
+
+    def reference(self):
+        """A source whose frame 0 is the trajectory's frame 0."""
+        if self.chosen:
+            return self._reader(self.plan.trajectories, 0)
+        return self._reader(self.plan.io_strategy.block_files(self.plan, 0)[0], 0)
+
+    def close(self):
+        for reader in self.readers.values():
+            reader.close()
+
+
+class BuiltinChunks:
+    """A built-in analysis (analyses.py) over chunks: `analyze(chunk)` -> its arrays."""
+
+    def __init__(self, plan, timer, comm=None):
+        self.plan, self.timer = plan, timer
+        with timer.phase("open_topology"):  # the atoms, resolved on the workstation
+            selected = plan.load_selection()
+        self.analysis = ANALYSIS_CLASSES[plan.analysis](selected, plan.selection, plan.repeat)
+        self.sources = FrameSources(plan, self.analysis, timer, comm)
+        with timer.phase("io"):  # frame 0, the reference
+            self.analysis.prepare(self.sources.reference())
+        self.frames_per_chunk = chunk_size(plan.chunk_frames, len(self.analysis.atom_indices))
+
+    def analyze(self, chunk):
+        plan = self.plan
+        source, start, stop = self.sources.span(chunk)
+        arrays = self.analysis.run_block(source, start, stop, self.frames_per_chunk, self.timer)
+        expected = plan.frame_numbers(chunk.start, chunk.stop)
+        if plan.frame_selection is not None and not plan.io_strategy.reads_input_as_is(plan):
+            arrays["frame"] = expected  # a copy of chosen frames counts its rows, not frames
+        elif not np.array_equal(arrays["frame"], expected):  # reduce checks them again
+            raise RuntimeError(f"block {chunk.block}: the reader gave frames "
+                               f"{arrays['frame'][:3]}... where the plan has {expected[:3]}...")
+        return arrays
+
+    def attrs(self):
+        return self.analysis.attrs()
+
+    def close(self):
+        self.sources.close()
+
+
+def chunk_analysis(plan, timer, comm=None, one_chunk=True):
+    """The object that analyses this task's chunks (`one_chunk`: just one): trajflow's
+    kernels for a built-in analysis, MDAnalysis' own machinery for a user's."""
+    if not plan.builtin:
+        return mda_analyses.UserChunks(plan, timer, one_chunk)
+    return BuiltinChunks(plan, timer, comm)
+
+
+def analyze_chunks(work, claims, timer):
+    """Analyse the chunks as they are claimed; each chunk's arrays, by chunk id,
+    and its span and times in the rank's record (`chunks`: id, block, first and
+    last position + 1, start and end time)."""
+    pieces = []
+    record = timer.info.setdefault("chunks", [])
+    for chunk in claims:
+        t0 = time.time()
+        pieces.append((chunk.id, work.analyze(chunk)))
+        record.append([chunk.id, chunk.block, chunk.start, chunk.stop, t0, time.time()])
+    return pieces
+
+
+def join_pieces(pieces, layout):
+    """One rank's chunks as one array per key (in the order analysed), and the rows
+    each chunk has in each (for putting them back in chunk order after the gather).
+    `layout`: {key: (dtype, row shape)} every rank agreed on (a rank may have no chunk)."""
+    arrays = {key: np.concatenate([p[key] for _, p in pieces]) if pieces
+              else np.empty((0,) + shape, dtype=dtype) for key, (dtype, shape) in layout.items()}
+    rows = [(chunk_id, {key: len(p[key]) for key in layout}) for chunk_id, p in pieces]
+    return arrays, rows
+
+
+def agreed_layout(comm, pieces):
+    """{key: (dtype, row shape)} of the arrays, from any rank that analysed a chunk."""
+    mine = ({k: (v.dtype, v.shape[1:]) for k, v in pieces[0][1].items()} if pieces else None)
+    return next(layout for layout in comm.allgather(mine) if layout is not None)
+
+
+def in_chunk_order(gathered, rows_by_rank):
+    """The gather's root: the gathered arrays (every rank's rows, rank after rank, each rank's
+    chunks in the order it analysed them) rearranged in chunk order, i.e. frame order."""
+    out = {}
+    for key, value in gathered.items():
+        pieces, offset = [], 0
+        for rows in rows_by_rank:
+            for chunk_id, counts in rows:
+                pieces.append((chunk_id, value[offset:offset + counts[key]]))
+                offset += counts[key]
+        out[key] = np.concatenate([piece for _, piece in sorted(pieces, key=lambda p: p[0])])
+    return out
 
 
 def analyze_block(plan, block, timer, comm=None):
-    """Run the analysis over one block; returns (arrays, attrs)."""
+    """Run the analysis over one whole block; returns (arrays, attrs)."""
     faults.maybe_fail(plan.workdir, block)
-    if not plan.builtin:  # a user's MDAnalysis analysis, through MDAnalysis' own machinery
-        return mda_analyses.analyze_block(plan, block, timer)
-    with timer.phase("open_topology"):  # the atoms, resolved on the workstation
-        selected = plan.load_selection()
-    analysis = ANALYSIS_CLASSES[plan.analysis](selected, plan.selection, plan.repeat)
-    source, start, stop, reference = open_block_source(plan, analysis, block, timer, comm)
-    with timer.phase("io"):  # frame 0, the reference
-        analysis.prepare(reference)
-    frames_per_chunk = chunk_size(plan.chunk_frames, len(analysis.atom_indices))
-    arrays = analysis.run_block(source, start, stop, frames_per_chunk, timer)
-    expected = plan.frame_numbers(*plan.blocks[block])
-    if plan.frame_selection is not None and not plan.io_strategy.reads_input_as_is(plan):
-        arrays["frame"] = expected  # a copy of chosen frames counts its rows, not frames
-    elif not np.array_equal(arrays["frame"], expected):  # reduce checks them again
-        raise RuntimeError(f"block {block}: the reader gave frames {arrays['frame'][:3]}... "
-                           f"where the plan has {expected[:3]}...")
-    source.close()
-    if reference is not source:
-        reference.close()  # split io: block 0's segment, opened for frame 0 only
-    return arrays, analysis.attrs()
+    work = chunk_analysis(plan, timer, comm)
+    pieces = analyze_chunks(work, [Chunk(block, block, *plan.blocks[block])], timer)
+    work.close()
+    return pieces[0][1], work.attrs()
 
 
 def part_attrs(plan, analysis_attrs, blocks):
@@ -104,17 +199,31 @@ def run_mpi_mode(plan):
         raise SystemExit(f"analyze: {size} MPI ranks for {plan.n_blocks} blocks; "
                          f"start it with mpiexec -n {plan.n_blocks}")
     timer = RankTimer("analyze", rank=rank, size=size, block=rank, mode="mpi",
-                      gather=plan.gather, progress_path=plan.progress_path(rank))
-    arrays, attrs = analyze_block(plan, rank, timer, comm)
-    with timer.phase("wait"):  # the straggler signal of Jakupovic and Beckstein 2021
-        barrier_or_abort(comm, plan.collective_timeout_s)
+                      gather=plan.gather, schedule=plan.schedule,
+                      progress_path=plan.progress_path(rank))
+    faults.maybe_fail(plan.workdir, rank)
+    faults.maybe_slow_down(rank)
+    schedule = plan.schedule_strategy
+    work = chunk_analysis(plan, timer, comm, schedule.one_chunk_per_rank)
+    with schedule.claims(comm, schedule.chunks(plan), timer) as claims:
+        pieces = analyze_chunks(work, claims, timer)
+        with timer.phase("wait"):  # the straggler signal of Jakupovic and Beckstein 2021
+            barrier_or_abort(comm, plan.collective_timeout_s)
+    work.close()
     with timer.phase("comm"):
+        arrays, rows = join_pieces(pieces, agreed_layout(comm, pieces))
+        # the rank that analysed the most frames gathers and writes: rank 0 unless a
+        # dynamic schedule found it slower than another (a throttled rank 0 took 1.3 s
+        # to gather 134 MB of dihedral features that a healthy rank took 0.4 s for)
+        root = int(np.argmax(comm.allgather(len(arrays["frame"]))))
+        timer.info["gather_root"] = root
         gather = gather_rma if plan.gather == "rma" else gather_gatherv
-        gathered = {key: gather(comm, value, plan) for key, value in arrays.items()}
-    if rank == 0:
+        gathered = {key: gather(comm, value, root) for key, value in arrays.items()}
+        rows_by_rank = comm.gather(rows, root=root)
+    if rank == root:
         with timer.phase("write"):
-            parts.write_part(plan.part_path("mpi"), gathered,
-                             part_attrs(plan, attrs, list(range(size))))
+            parts.write_part(plan.part_path("mpi"), in_chunk_order(gathered, rows_by_rank),
+                             part_attrs(plan, work.attrs(), list(range(size))))
     timer.finish(plan.profile_path(f"analyze.block_{rank:05d}"))
 
 
@@ -136,7 +245,7 @@ def barrier_or_abort(comm, timeout_s):
             time.sleep(0.0005)
 
 
-def _row_layout(comm, value, plan):
+def _row_layout(comm, value):
     """Per-rank element counts and displacements for a block's array, and the row
     shape. Rows per rank are exchanged, not derived from the blocks: some arrays
     are one row per frame, others (a user analysis' pickled results) are not."""
@@ -147,32 +256,32 @@ def _row_layout(comm, value, plan):
     return row_shape, counts, displs
 
 
-def gather_gatherv(comm, value, plan):
-    """Collect every rank's block on rank 0 with MPI_Gatherv, in frame order."""
-    row_shape, counts, displs = _row_layout(comm, value, plan)
+def gather_gatherv(comm, value, root):
+    """Collect every rank's rows on `root` with MPI_Gatherv, rank after rank."""
+    row_shape, counts, displs = _row_layout(comm, value)
     send = np.ascontiguousarray(value).reshape(-1)
     recv = None
-    if comm.Get_rank() == 0:
+    if comm.Get_rank() == root:
         recv = np.empty(int(counts.sum()), dtype=send.dtype)
-    comm.Gatherv(send, [recv, (counts, displs)] if recv is not None else None, root=0)
+    comm.Gatherv(send, [recv, (counts, displs)] if recv is not None else None, root=root)
     return recv.reshape((-1,) + row_shape) if recv is not None else None
 
 
-def gather_rma(comm, value, plan):
-    """Each rank puts its block into a window on rank 0 (one-sided, like ga_put)."""
+def gather_rma(comm, value, root):
+    """Each rank puts its rows into a window on `root` (one-sided, like ga_put)."""
     from mpi4py import MPI
-    row_shape, counts, displs = _row_layout(comm, value, plan)
+    row_shape, counts, displs = _row_layout(comm, value)
     send = np.ascontiguousarray(value).reshape(-1)
     rank = comm.Get_rank()
     itemsize = send.dtype.itemsize
-    buf = np.zeros(int(counts.sum()) if rank == 0 else 0, dtype=send.dtype)
-    win = MPI.Win.Create(buf if rank == 0 else None, disp_unit=itemsize, comm=comm)
+    buf = np.zeros(int(counts.sum()) if rank == root else 0, dtype=send.dtype)
+    win = MPI.Win.Create(buf if rank == root else None, disp_unit=itemsize, comm=comm)
     win.Fence()
     if send.size:
-        win.Put(send, 0, target=int(displs[rank]))
+        win.Put(send, root, target=int(displs[rank]))
     win.Fence()
     win.Free()
-    return buf.reshape((-1,) + row_shape) if rank == 0 else None
+    return buf.reshape((-1,) + row_shape) if rank == root else None
 
 
 def needs_mdanalysis(plan):

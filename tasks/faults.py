@@ -11,6 +11,11 @@ that tests can check retries, and failure once retries are spent.
 TRAJFLOW_TEST_KILL=<rank> makes that MPI rank SIGKILL itself in the middle
 of its loop, so that tests can check nothing hangs and nothing is published.
 
+TRAJFLOW_TEST_SLOW=<rank>:<cgroup folder>[,...] moves that MPI rank (in tasks
+mode: the task of that block) into a cgroup the caller made with a CPU quota
+(workflows/bench/cpu_quota.py), so that tests and the bench measure real
+slowness, not a sleep.
+
 TRAJFLOW_TEST_LINGER=<seconds> makes reduce sleep after it has published
 result.h5, so that tests can interrupt a run whose result is complete.
 """
@@ -50,6 +55,7 @@ _DELAYS = {(b, p): s for b, p, s in _parse("TRAJFLOW_TEST_DELAY", ("block", "pha
                                            (int, _phase, float))}
 _FAILS = {b: n for b, n in _parse("TRAJFLOW_TEST_FAIL", ("block", "times"), (int, int))}
 _KILLS = {r for (r,) in _parse("TRAJFLOW_TEST_KILL", ("rank",), (int,))}
+_SLOW = dict(_parse("TRAJFLOW_TEST_SLOW", ("rank", "cgroup"), (int, str)))
 _DONE = set()
 
 
@@ -89,3 +95,12 @@ def maybe_kill(rank):
     if rank in _KILLS:
         print(f"TRAJFLOW_TEST_KILL: rank {rank} kills itself", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def maybe_slow_down(rank):
+    """Join the CPU-limited cgroup TRAJFLOW_TEST_SLOW names for this rank (or block)."""
+    if rank not in _SLOW:
+        return
+    with open(os.path.join(_SLOW[rank], "cgroup.procs"), "w") as fh:
+        fh.write(str(os.getpid()))
+    print(f"TRAJFLOW_TEST_SLOW: rank {rank} runs in {_SLOW[rank]}", file=sys.stderr, flush=True)

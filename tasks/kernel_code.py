@@ -17,7 +17,9 @@ import sys
 import tempfile
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 
 # Newton-Raphson on the QCP characteristic polynomial converges quadratically
@@ -377,6 +379,24 @@ def xtc_decode(buf, starts, nbytes, precision, minint, maxint, smallidx, out):
     return -1
 
 
+# --- a counter in shared memory (schedules.py) ----------------------------------------
+@intrinsic
+def _atomic_add(typingctx, array, index, value):
+    """array[index] += value as one atomic read-modify-write (sequentially consistent);
+    the old value. LLVM's atomicrmw: a `lock xadd` on x86-64."""
+    def codegen(context, builder, signature, args):
+        kind = signature.args[0]
+        view = context.make_array(kind)(context, builder, args[0])
+        pointer = cgutils.get_item_pointer(context, builder, kind, view, [args[1]])
+        return builder.atomic_rmw("add", pointer, args[2], "seq_cst")
+    return types.int64(array, index, value), codegen
+
+
+def atomic_fetch_add(counter, value):
+    """counter[0] += value atomically, for every process mapping the same memory; the old value."""
+    return _atomic_add(counter, 0, value)
+
+
 def qcp_frames(xt, ref_t, w, g_ref, out):
     _qcp_frames(xt, ref_t, w, g_ref, out)
 
@@ -392,6 +412,7 @@ SIGNATURES = {  # kernels.ENTRY_POINTS: exported name -> (function, signature)
     **{f"dihedral_rows_{p}": (dihedral_rows, f"void({x}[:, :, ::1], int64[:, ::1], "
                                               "float64[:, :, ::1], int64[::1], float64[:, :, :, ::1])")
        for p, x in (("f4", "float32"), ("f8", "float64"))},
+    "atomic_fetch_add": (atomic_fetch_add, "int64(int64[::1], int64)"),
     "xtc_decode": (xtc_decode, "int64(uint8[::1], int64[::1], int64[::1], float32[::1], "
                                "int64[:, ::1], int64[:, ::1], int64[::1], float32[:, :, ::1])"),
 }

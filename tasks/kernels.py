@@ -14,7 +14,8 @@ load it in milliseconds and never import numba. Without it (no C compiler,
 or tasks started outside a pilot) the loops run through numba's JIT and its
 on-disk cache; TRAJFLOW_KERNELS=jit asks for that path.
 
-They know nothing of files, MPI or MDAnalysis universes.
+They know nothing of files, MPI or MDAnalysis universes (the shared counter's
+atomic add works on any int64 array).
 """
 import hashlib
 import importlib.machinery
@@ -121,6 +122,12 @@ def _chain_cos_sin(chunk, chain, boxes):
     return out
 
 
+def atomic_fetch_add(counter, value=1) -> int:
+    """counter[0] += value as one atomic instruction, seen at once by every process
+    that maps `counter`'s memory (an MPI shared-memory window); the old value."""
+    return int(_entry("atomic_fetch_add")(counter, value))
+
+
 def triclinic_vectors(boxes):
     """(n_frames, 6) [a, b, c, alpha, beta, gamma] to (n_frames, 3, 3) box vectors.
 
@@ -169,7 +176,7 @@ def compiled_module_path():
 
 # the compiled loops kernel_code.py exports (_f4/_f8: for float32/float64 input)
 ENTRY_POINTS = ("qcp_frames_f4", "qcp_frames_f8", "dihedral_rows_f4", "dihedral_rows_f8",
-                "xtc_decode")
+                "xtc_decode", "atomic_fetch_add")
 _ENTRY_POINTS = {}  # name -> callable, once loaded
 COMPILED = None     # how they were loaded: "ahead of time" or "numba JIT"
 

@@ -331,39 +331,69 @@ def plan_factory(plan):
     return kind, source, name
 
 
-def analyze_block(plan, block, timer):
-    """Run the user's analysis over one block; returns (arrays, attrs) for a part.
+class UserChunks:
+    """The user's analysis over chunks: `analyze(chunk)` -> its arrays for a part.
 
-    Arrays: `frame` and `time` (global, one per frame, from the analysis
-    itself), `results_pickle` (the block's `results`, pickled, as bytes) and
-    `results_pickle_size` (one per block), so the gathers move it like any array.
+    Each chunk is one of MDAnalysis' computation groups: `_compute` on (position
+    in the run's frames, frame number) pairs, on a fresh copy of the analysis as
+    built and set up (MDAnalysis' parallel backends send each group a pickled
+    copy; here the copy shares the Universe). Arrays: `frame` and `time`
+    (global, one per frame, from the analysis itself), `results_pickle` (the
+    chunk's `results`, pickled, as bytes) and `results_pickle_size` (one per
+    chunk), so the gathers move it like any array.
     """
-    b_start, b_stop = plan.blocks[block]
-    # the whole trajectory: the factory sees frame 0 and the frame numbers of a
-    # serial run; with split or h5md io the block's frames then come from
-    # trajflow's own H5MD (CopiedFrames)
-    files = [plan.h5md_path()] if plan.reads_h5md_input else plan.trajectories
-    frames = plan.frame_numbers(b_start, b_stop)
-    u, analysis = open_analysis(plan, (plan.topology, files), timer)
-    # the whole run's frames, as run() does (the whole frames of a truncated input)
-    analysis._setup_frames(analysis._trajectory, **plan.mda_frames())
 
-    copied = plan.io_strategy.copied_frames(plan, block)
-    time_frame_loop(analysis, timer, block, None if copied is None else (
-        lambda: CopiedFrames(*copied, frames, u.trajectory)))
-    with warnings.catch_warnings(), users_code(type(analysis).__name__):
-        warnings.simplefilter("ignore")
-        # (position in the run's frames, frame number), as MDAnalysis' computation groups
-        analysis._compute(np.stack([np.arange(b_start, b_stop), frames], axis=1))
-    u.trajectory.close()
-    blob = np.frombuffer(pickle.dumps(analysis.results, protocol=pickle.HIGHEST_PROTOCOL),
-                         dtype=np.uint8)
-    timer.info.update(frames=len(frames))
-    arrays = {"frame": np.asarray(analysis.frames, dtype=np.int64),
-              "time": np.asarray(analysis.times, dtype=np.float64),
-              "results_pickle": blob, "results_pickle_size": np.array([blob.size], np.int64)}
-    return arrays, {"analysis": plan.analysis, "selection": plan.selection,
-                    "analysis_class": type(analysis).__name__}
+    def __init__(self, plan, timer, one_chunk):
+        self.plan, self.timer, self.one_chunk = plan, timer, one_chunk
+        # the whole trajectory: the factory sees frame 0 and the frame numbers of a
+        # serial run; with split or h5md io a chunk's frames then come from
+        # trajflow's own H5MD (CopiedFrames)
+        files = [plan.h5md_path()] if plan.reads_h5md_input else plan.trajectories
+        self.universe, self.template = open_analysis(plan, (plan.topology, files), timer)
+        # the whole run's frames, as run() does (the whole frames of a truncated input)
+        self.template._setup_frames(self.template._trajectory, **plan.mda_frames())
+
+    def _fresh(self):
+        """The analysis as set up, for one chunk: the object itself when the task has
+        one chunk, else a copy each."""
+        if self.one_chunk:
+            return self.template
+        import copy
+        with users_code(f"copying {type(self.template).__name__} for a chunk of frames"):
+            return copy.deepcopy(self.template, self._shared())
+
+    def _shared(self):
+        """deepcopy's memo: the Universe and its reader stay one."""
+        u = self.universe
+        return {id(u): u, id(u.trajectory): u.trajectory}
+
+    def analyze(self, chunk):
+        plan, timer = self.plan, self.timer
+        frames = plan.frame_numbers(chunk.start, chunk.stop)
+        analysis = self._fresh()
+        copied = plan.io_strategy.copied_frames(plan, chunk.block)
+        if copied is not None:
+            path, first_row = copied
+            copied = (path, first_row + chunk.start - plan.blocks[chunk.block][0])
+        time_frame_loop(analysis, timer, chunk.block, None if copied is None else (
+            lambda: CopiedFrames(*copied, frames, self.universe.trajectory)))
+        with warnings.catch_warnings(), users_code(type(analysis).__name__):
+            warnings.simplefilter("ignore")
+            # (position in the run's frames, frame number), as MDAnalysis' computation groups
+            analysis._compute(np.stack([np.arange(chunk.start, chunk.stop), frames], axis=1))
+        blob = np.frombuffer(pickle.dumps(analysis.results, protocol=pickle.HIGHEST_PROTOCOL),
+                             dtype=np.uint8)
+        timer.info["frames"] = timer.info.get("frames", 0) + len(frames)
+        return {"frame": np.asarray(analysis.frames, dtype=np.int64),
+                "time": np.asarray(analysis.times, dtype=np.float64),
+                "results_pickle": blob, "results_pickle_size": np.array([blob.size], np.int64)}
+
+    def attrs(self):
+        return {"analysis": self.plan.analysis, "selection": self.plan.selection,
+                "analysis_class": type(self.template).__name__}
+
+    def close(self):
+        self.universe.trajectory.close()
 
 
 def conclude(plan, arrays):

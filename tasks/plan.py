@@ -66,6 +66,7 @@ class RunPlan:
     compression: Optional[str] = None
     input_checksum: str = ""
     collective_timeout_s: float = 1800.0  # an MPI rank waits this long for the others
+    schedule: str = "static"  # how MPI ranks share the frames (schedules.py)
     created_by: str = "trajflow"
     # a user's MDAnalysis analysis (analysis = "FILE.py:NAME" or "module:NAME"):
     # the factory's keyword arguments, and where its code is (see mda_analyses)
@@ -120,6 +121,12 @@ class RunPlan:
         """The IOStrategy object of `io` (io_strategies.py)."""
         from .io_strategies import IO_STRATEGIES
         return IO_STRATEGIES[self.io]
+
+    @property
+    def schedule_strategy(self):
+        """The Schedule object of `schedule` (schedules.py)."""
+        from .schedules import SCHEDULES
+        return SCHEDULES[self.schedule]
 
     @property
     def builtin(self) -> bool:
@@ -218,7 +225,10 @@ class RunPlan:
 
 WORKSTATION_ONLY = ("selected", "lock", "factory_pickle")  # fields never written to plan.json
 _PARTIAL = re.compile(r"\.tmp\d*(\.[A-Za-z0-9]+)?$|\.\d+\.tmp$")
-CHUNK_BYTES = 8 << 20  # coordinates read at a time per rank when --chunk is not given
+# coordinates read at a time per rank when --chunk is not given: a chunk that stays in
+# the core's cache while the kernel reads it again (XTC CA-RMSD of AdK, 2 ranks: 8 MiB
+# chunks 2.4 s, 1 MiB 1.9 s, measured side by side)
+CHUNK_BYTES = 1 << 20
 
 
 def chunk_size(chunk_frames: int, n_atoms: int) -> int:

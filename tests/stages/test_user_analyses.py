@@ -8,6 +8,7 @@ strategy in both modes, and the analyses that take positions when they are
 built or read a reference frame (RMSD, Contacts, the user's class) run on split
 segments too. Results equal the serial run to 1e-6 relative (exactly for counts).
 """
+import json
 import os
 import shutil
 import subprocess
@@ -102,6 +103,34 @@ def test_user_analysis_equals_serial_mdanalysis(tmp_path, adk, solvated, name, i
             assert any(np.allclose(edges, np.linspace(0, b, len(edges))) for b in boxes)
             ref = {**ref, dim: {k: v for k, v in ref[dim].items() if k != "hist_bin_edges"}}
     assert_same(got, ref)
+    check_whole_result(plan, got)
+
+
+# a dynamic schedule gives each chunk of frames its own copy of the analysis and merges
+# dozens of pieces with the class' aggregator: sums, stacked arrays, nested results
+DYNAMIC_CASES = [("user_class", "shared"), ("mda_rmsd", "split"), ("contacts", "h5md"),
+                 ("radius_of_gyration", "shared"), ("dihedral", "split"), ("hbonds", "shared"),
+                 ("interrdf", "h5md")]
+
+
+@pytest.mark.parametrize("name,io", DYNAMIC_CASES)
+def test_user_analysis_on_a_dynamic_schedule_equals_serial_mdanalysis(tmp_path, adk, solvated,
+                                                                      name, io):
+    top, traj = inputs_for(name, adk, solvated)
+    path, plan = plan_and_run(tmp_path / "run", top, [traj], f"{FACTORIES}:{name}", io=io,
+                              mode="mpi", schedule="dynamic", blocks=2, cpus=2)
+    with h5py.File(path) as f:
+        got = read_results(f["results"])
+        assert f.attrs["schedule"] == "dynamic"
+    assert_same(got, serial_results(name, top, traj, {}))
+    check_whole_result(plan, got)
+    chunks = [c for rank in (0, 1) for c in json.load(open(plan.profile_path(
+        f"analyze.block_{rank:05d}")))["chunks"]]
+    assert sorted(c[0] for c in chunks) == list(range(len(chunks)))  # each chunk once
+    assert len(chunks) == (2 if name == "interrdf" else 24)  # 10 frames: one chunk per block
+
+
+def check_whole_result(plan, got):
     whole = open_result(plan.workdir)  # what a user reads back: the results plus frame and time
     assert set(whole) == set(got) | {"frame", "time"}
     np.testing.assert_array_equal(whole["frame"], np.arange(plan.n_frames))

@@ -17,8 +17,10 @@ allowed, so a typo ("rank" for "ranks") is not silently a default.
                                remote ([user@]host[:port]: this resource's experiments run
                                by a campaign on that machine over SSH, fetched here),
                                remote_python, remote_out (its folder there)
-    [factors]                  ranks (required), io, mode, gather, repeat: lists of levels
-    [[experiments]]            design = "list" only: resource, ranks, io, mode, gather, repeat
+    [factors]                  ranks (required), io, mode, gather, schedule, repeat: lists
+                               of levels
+    [[experiments]]            design = "list" only: resource, ranks, io, mode, gather,
+                               schedule, repeat
 
 Relative paths are relative to the campaign file. With the full factorial
 design every resource runs every combination of the factors' levels; with
@@ -45,7 +47,7 @@ DATASET_FORMATS = ("DCD", "XTC", "H5MD")
 
 # RunSpec's options: levels in [factors] ("blocks" is ranks), or given by the input, the
 # campaign folder or the experiment; every other one is a [campaign] key of its own
-FACTOR_OPTIONS = ("io", "mode", "gather", "repeat", "blocks")
+FACTOR_OPTIONS = ("io", "mode", "gather", "schedule", "repeat", "blocks")
 _NOT_KEYS = FACTOR_OPTIONS + ("topology", "trajectory", "analysis", "out", "env", "progress")
 RUN_KEYS = {f.metadata["toml"] or f.name: f for f in dataclasses.fields(RunSpec)
             if f.name not in _NOT_KEYS}
@@ -61,14 +63,15 @@ SCHEMA = {
                  "project": (str, False), "client_timeout": (int, False), "remote": (str, False),
                  "remote_python": (str, False), "remote_out": (str, False)},
     "factors": {"ranks": ([int], True), "io": ([str], False), "mode": ([str], False),
-                "gather": ([str], False), "repeat": ([int], False)},
+                "gather": ([str], False), "schedule": ([str], False), "repeat": ([int], False)},
     "experiment": {"resource": (str, True), "ranks": (int, False), "io": (str, False),
-                   "mode": (str, False), "gather": (str, False), "repeat": (int, False)},
+                   "mode": (str, False), "gather": (str, False), "schedule": (str, False),
+                   "repeat": (int, False)},
 }
 TOP_LEVEL = ("campaign", "input", "resources", "factors", "experiments")
 # a factor is a RunSpec option with several levels: its default and choices are the option's
-FACTOR_DEFAULTS = {k: [option_default(k)] for k in ("io", "mode", "gather", "repeat")}
-FACTOR_CHOICES = {k: option_choices(k) for k in ("io", "mode", "gather")}
+FACTOR_DEFAULTS = {k: [option_default(k)] for k in ("io", "mode", "gather", "schedule", "repeat")}
+FACTOR_CHOICES = {k: option_choices(k) for k in ("io", "mode", "gather", "schedule")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,11 +84,14 @@ class Experiment:
     gather: str      # "-" in tasks mode, where nothing is gathered over MPI
     repeat: int      # the workload multiplier (--repeat K)
     rep: int         # which repeat of this point, from 1
+    schedule: str = option_default("schedule")  # how ranks or tasks share the frames
 
     @property
     def point(self) -> str:
-        """The factor levels without the repeat number."""
-        return f"n{self.ranks}-{self.io}-{self.mode}-{self.gather}-k{self.repeat}"
+        """The factor levels without the repeat number (the schedule named when not
+        the default)."""
+        other = "" if self.schedule == option_default("schedule") else f"-{self.schedule}"
+        return f"n{self.ranks}-{self.io}-{self.mode}-{self.gather}{other}-k{self.repeat}"
 
     @property
     def id(self) -> str:
@@ -163,7 +169,8 @@ class CampaignSpec:
         """The RunSpec of one experiment: the file's run keys and the experiment's levels."""
         return RunSpec(topology=topology, trajectory=trajectories, analysis=self.analysis, io=e.io,
                        mode=e.mode, gather=option_default("gather") if e.gather == "-" else e.gather,
-                       blocks=e.ranks, repeat=e.repeat, out=out, **self.run_options)
+                       schedule=e.schedule, blocks=e.ranks, repeat=e.repeat, out=out,
+                       **self.run_options)
 
     def remote_labels(self) -> List[str]:
         """The resources whose experiments run by a campaign on another machine."""
@@ -389,7 +396,8 @@ def _expand(points, repeats):
     for p in points:
         gather = "-" if p["mode"] == "tasks" else p["gather"]
         for rep in range(1, repeats + 1):
-            e = Experiment(p["resource"], p["ranks"], p["io"], p["mode"], gather, p["repeat"], rep)
+            e = Experiment(p["resource"], p["ranks"], p["io"], p["mode"], gather, p["repeat"], rep,
+                           p["schedule"])
             if e not in seen:
                 seen.add(e)
                 out.append(e)

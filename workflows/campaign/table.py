@@ -19,7 +19,8 @@ from trajflow.workflows.profile.advice import comparison_line, prepare_seconds
 from trajflow.workflows.profile.inspection import (find_stragglers, fmt_or_na, load_run,
                                                    slowest_rank_phases, speedup)
 
-COLUMNS = ["experiment", "resource", "analysis", "ranks", "io", "mode", "gather", "repeat", "rep",
+COLUMNS = ["experiment", "resource", "analysis", "ranks", "io", "mode", "gather", "schedule",
+           "repeat", "rep",
            "status", "t_total", "t_prepare", "t_IO", "t_compute", "t_wait", "t_comm", "t_open",
            "stragglers",
            "S", "E", "error"]
@@ -28,7 +29,8 @@ TABLE_FILE = "campaign.csv"
 
 def strategy(row) -> tuple:
     """What must be equal for two experiments to lie on one scaling curve."""
-    return (row["resource"], row["analysis"], row["io"], row["mode"], row["gather"], row["repeat"])
+    return (row["resource"], row["analysis"], row["io"], row["mode"], row["gather"], row["repeat"],
+            row.get("schedule", "static"))
 
 
 def experiment_rows(cdir):
@@ -41,6 +43,7 @@ def experiment_rows(cdir):
         outcome = read_outcome(d) or {"status": "not run"}
         row = {"experiment": e["id"], "resource": e["resource"], "analysis": meta["analysis"],
                "ranks": e["ranks"], "io": e["io"], "mode": e["mode"], "gather": e["gather"],
+               "schedule": e.get("schedule", "static"),
                "repeat": e["repeat"], "rep": e["rep"], "status": outcome["status"],
                "error": outcome.get("error") or "; ".join(outcome.get("failed_tasks", []))[:300],
                "rundir": d}
@@ -121,11 +124,13 @@ def summary_lines(rows):
     for r in rows:
         if r["status"] != "done":
             lines.append(f"  {r['experiment']}: {r['status']}: {r['error']}")
-    lines.append(f"{'resource':18s} {'io':7s} {'mode':6s} {'gather':8s} {'K':>3s} {'N':>4s} "
+    lines.append(f"{'resource':18s} {'io':7s} {'mode':6s} {'gather':8s} {'schedule':8s} "
+                 f"{'K':>3s} {'N':>4s} "
                  f"{'t_total s':>10s} {'+-':>7s} {'S(N)':>6s} {'E(N)':>6s} {'reps':>4s}")
     for key, pts in sorted(curve_points(rows).items()):
         for n, t, sd, s, e, k in pts:
-            lines.append(f"{key[0][:18]:18s} {key[2]:7s} {key[3]:6s} {key[4]:8s} {key[5]:3d} {n:4d} "
+            lines.append(f"{key[0][:18]:18s} {key[2]:7s} {key[3]:6s} {key[4]:8s} {key[6]:8s} "
+                         f"{key[5]:3d} {n:4d} "
                          f"{t:10.3f} {sd:7.3f} {fmt_or_na(s):>6s} {fmt_or_na(e):>6s} {k:4d}")
     if any(pts[0][3] is None for pts in curve_points(rows).values()):
         lines.append("(S and E n/a: that strategy ran at one rank count only)")
@@ -144,7 +149,8 @@ def strategy_comparisons(rows):
     for r in rows:
         if "t_total" in r:
             label = f"--io {r['io']} --mode {r['mode']}" + (
-                f" --gather {r['gather']}" if r["mode"] == "mpi" else "")
+                f" --gather {r['gather']}" if r["mode"] == "mpi" else "") + (
+                f" --schedule {r['schedule']}" if r.get("schedule", "static") != "static" else "")
             points.setdefault((r["resource"], r["analysis"], r["repeat"], r["ranks"]), {}) \
                 .setdefault(label, []).append((r["t_total"] + r["t_prepare"], r["t_prepare"]))
     return [comparison_line(f"{res} {analysis} at N = {n}" + (f" K = {k}" if k != 1 else ""), by)

@@ -171,7 +171,7 @@ def scaling(runs):
         phases = slowest_rank_phases(records)
         if phases is None:
             continue
-        key = (plan.input_checksum, plan.analysis, plan.io, plan.mode, plan.gather)
+        key = (plan.input_checksum, plan.analysis, plan.io, plan.mode, plan.gather, plan.schedule)
         by_input.setdefault(key, []).append((plan.n_blocks, phases))
     for key, points in by_input.items():
         if len({n for n, _ in points}) < 2:

@@ -25,8 +25,9 @@ host is flagged (two or more of them) and the group spans several hosts, one
 far out of line with the same phase of the healthy members (late by the
 floor, beyond 3 MAD, and >= 3x their median) is flagged too ("phase"; the
 launch phase only for MPI ranks, which start together: tasks queued for a
-core are not late; not the comm and write phases of rank 0, the gather's
-root, which receives and writes what the others send). A group of two ("pair") is judged by the ratio of its
+core are not late; not the comm and write phases of the gather's root, rank
+0 or the rank a dynamic schedule found fastest, which receives and writes
+what the others send). A group of two ("pair") is judged by the ratio of its
 members alone (>= 1.5 and above the floor). Each flag says how much sooner
 the group would have ended without it (`impact_s`) and what it cost the
 others: the wait they spent at the barrier because of it (`victims_wait_s`,
@@ -182,7 +183,7 @@ def _phase_outliers(members, late, healthy, phase_base, floor, common):
         if i in late:
             continue
         times = phase_times(m)
-        root = m.get("rank") == 0 and m.get("mode", "mpi") == "mpi"
+        root = m.get("rank") == m.get("gather_root", 0) and m.get("mode", "mpi") == "mpi"
         out = {p: times[p] - phase_base[p] for p in phases
                if not (root and p in ("comm", "write"))  # the gather's root receives, writes
                if times[p] - phase_base[p] > max(floor, 3 * MAD_SCALE * mads[p])

@@ -437,7 +437,7 @@ def _make_plan(out, inputs, spec, cpus):
                          f"or fewer {spelled('blocks')}")
     plan = RunPlan(workdir=out, topology=inputs.topology, trajectories=inputs.trajectories,
                    analysis=inputs.analysis, selection=inputs.selection, io=spec.io,
-                   mode=spec.mode, gather=spec.gather,
+                   mode=spec.mode, gather=spec.gather, schedule=spec.schedule,
                    n_frames=n_frames, n_atoms=inputs.n_atoms,
                    frame_selection=selection, input_frames=inputs.n_frames if selection else 0,
                    blocks=balanced_blocks(n_frames, n_blocks), repeat=spec.repeat,

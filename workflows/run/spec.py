@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Optional
 from trajflow.tasks.analyses import ANALYSIS_CLASSES
 from trajflow.tasks.h5md import parse_compression
 from trajflow.tasks.io_strategies import IO_STRATEGIES
+from trajflow.tasks.schedules import SCHEDULES
 from trajflow.workflows.errors import InputError
 from trajflow.workflows.run import resources
 from trajflow.workflows.run.heartbeat import DEFAULT_CLIENT_TIMEOUT_S
@@ -103,6 +104,8 @@ class RunSpec:
                               "single-core task per block", choices=MODES)
     gather: str = option("gatherv", "mpi mode: collect results with Gatherv, or one-sided puts "
                                     "into an MPI window on rank 0", choices=GATHERS)
+    schedule: str = option("static", "mpi mode: how the ranks share the frames; " + "; ".join(
+        f"{s.name}: {s.help}" for s in SCHEDULES.values()), choices=tuple(SCHEDULES))
     blocks: Optional[int] = option(None, "number of blocks (= ranks in mpi mode); balanced, none "
                                          "empty; none: the pilot's cpus", metavar="N", minimum=1)
     repeat: int = option(1, "repeat the per-frame computation K times to raise t_compute/t_IO "

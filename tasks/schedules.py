@@ -1,0 +1,239 @@
+"""How the ranks of an MPI analyze task share the run's frames: one object per `schedule`.
+
+    static:  rank r analyses block r, the balanced blocks of the papers
+             (Khoshlessan et al. 2019): a slow rank sets the stage's end.
+    dynamic: every block is cut into chunks, and the ranks take the next chunk
+             from a counter in an MPI window on rank 0 (MPI_Fetch_and_op, work
+             sharing without a master loop): a slow rank simply does fewer.
+
+Either way a rank gets `Chunk`s (a span of the run's frames inside one block),
+the gather joins every rank's chunks back in chunk order (analyze.py), and the
+result is the same bit for bit. Adding a schedule is one class registered in
+SCHEDULES; nothing else branches on `plan.schedule`.
+"""
+import contextlib
+import threading
+from typing import Dict, Iterator, List, NamedTuple
+
+import numpy as np
+
+
+class Chunk(NamedTuple):
+    """Positions [start, stop) of the run's frames, all inside block `block`;
+    `id` orders the chunks as the frames are ordered."""
+    id: int
+    block: int
+    start: int
+    stop: int
+
+
+class Schedule:
+    name = ""
+    help = ""
+    one_chunk_per_rank = False
+
+    def chunks(self, plan) -> List[Chunk]:
+        """Every chunk of the run, in frame order (id = index)."""
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def claims(self, comm, chunks: List[Chunk], timer) -> Iterator[Iterator[Chunk]]:
+        """The chunks this rank analyses, as it should take them. The context ends
+        after every rank has left its loop (the caller's barrier is inside it)."""
+        raise NotImplementedError
+
+
+class Static(Schedule):
+    name = "static"
+    help = "rank r analyses block r (balanced blocks, the papers' method)"
+    one_chunk_per_rank = True
+
+    def chunks(self, plan):
+        return [Chunk(b, b, start, stop) for b, (start, stop) in enumerate(plan.blocks)]
+
+    @contextlib.contextmanager
+    def claims(self, comm, chunks, timer):
+        yield iter([chunks[comm.Get_rank()]])
+
+
+# A dynamic run cuts each block into at most this many chunks (fewer when a chunk would
+# hold fewer than MIN_CHUNK_FRAMES frames): with 2 ranks, 64 chunks leave a rank at a
+# quarter of the others' speed at most one of its chunks (1/16 of the run's work at its
+# speed) behind at the end; each chunk costs a claim (hidden behind the work, see
+# ClaimCounter), a seek and a kernel call.
+CHUNKS_PER_BLOCK = 32
+MIN_CHUNK_FRAMES = 4
+
+
+class Dynamic(Schedule):
+    name = "dynamic"
+    help = ("frames in small chunks, each rank takes the next from a shared counter "
+            "(MPI_Fetch_and_op): a slow rank does fewer")
+
+    def chunks(self, plan):
+        out = []
+        for b, (start, stop) in enumerate(plan.blocks):
+            n = max(1, min(CHUNKS_PER_BLOCK, (stop - start) // MIN_CHUNK_FRAMES))
+            edges = np.linspace(start, stop, n + 1).round().astype(int)
+            out += [Chunk(len(out) + i, b, int(lo), int(hi))
+                    for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:]))]
+        return out
+
+    @staticmethod
+    def claim_order(chunks):
+        """The blocks' chunks in turn (chunk i of every block, then i + 1), so that
+        ranks starting together begin in different blocks (a split segment or a
+        region of the file each) and mostly stay there."""
+        by_block = {}
+        for chunk in chunks:
+            by_block.setdefault(chunk.block, []).append(chunk)
+        longest = max(map(len, by_block.values()))
+        return [c[i] for i in range(longest) for c in by_block.values() if i < len(c)]
+
+    @contextlib.contextmanager
+    def claims(self, comm, chunks, timer):
+        counter = claim_counter(comm)
+        try:
+            yield self._claimed(counter, comm.Get_size(), self.claim_order(chunks), timer)
+        except BaseException:
+            counter.abandon()  # the task aborts: no collective call that would wait
+            raise
+        counter.close()
+
+    @staticmethod
+    def _claimed(counter, size, ordered, timer):
+        n = len(ordered)
+        pending = counter.claim()
+        while True:
+            with timer.phase("comm"):  # a remote claim was mostly made during the last chunk
+                k = pending.wait()
+            if k >= n:
+                return
+            # a remote counter: far from the end, claim the next chunk before analysing
+            # this one (the round trip is hidden behind the work); near it, claim after,
+            # so that a slow rank holds no chunk it would start late
+            ahead = counter.round_trip and n - k > 2 * size
+            pending = counter.claim() if ahead else None
+            yield ordered[k]
+            if pending is None:
+                pending = counter.claim()
+
+
+def claim_counter(comm):
+    """The counter the ranks claim chunks from: in shared memory when they all share
+    a node, else in an MPI window on rank 0."""
+    from mpi4py import MPI
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    one_node = node.Get_size() == comm.Get_size()
+    node.Free()
+    return SharedMemoryCounter(comm) if one_node else RemoteCounter(comm)
+
+
+class _Claimed:
+    """A claim made at once (shared memory)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def wait(self) -> int:
+        return self.value
+
+
+class SharedMemoryCounter:
+    """The counter in an MPI shared-memory window (every rank on one node): a claim
+    is one atomic add by the claiming rank itself (kernels.atomic_fetch_add, ~0.2 us),
+    so no rank waits for another, however slow or stopped that one is."""
+    round_trip = False
+
+    def __init__(self, comm):
+        from mpi4py import MPI
+        from . import kernels
+        self.fetch_add = kernels.atomic_fetch_add
+        rank = comm.Get_rank()
+        self.win = MPI.Win.Allocate_shared(8 if rank == 0 else 0, 8, comm=comm)
+        memory, _ = self.win.Shared_query(0)
+        self.counter = np.frombuffer(memory, dtype=np.int64)
+        if rank == 0:
+            self.counter[0] = 0
+        comm.Barrier()  # zeroed before anyone claims
+
+    def claim(self):
+        return _Claimed(self.fetch_add(self.counter, 1))
+
+    def close(self):
+        """Collective, after every rank's last claim (the caller's barrier)."""
+        self.counter = None  # the window's memory goes with it
+        self.win.Free()
+
+    def abandon(self):
+        pass
+
+
+class _Claim:
+    """One outstanding fetch-and-add on a remote counter."""
+
+    def __init__(self, request, result):
+        self.request, self.result = request, result
+
+    def wait(self) -> int:
+        self.request.Wait()
+        return int(self.result[0])
+
+
+class RemoteCounter:
+    """The counter in an MPI window on rank 0, for ranks on several nodes.
+
+    A claim is MPI_Rget_accumulate(+1, SUM): the old value is the chunk claimed.
+    Passive-target RMA needs the target to make MPI progress unless the network
+    does the atomic itself (InfiniBand, Slingshot); over TCP and shared memory
+    MPICH waits for rank 0's next MPI call (a claim waited 1.9 s while rank 0
+    computed, measured). So rank 0 runs a thread that pokes MPI's progress
+    engine every POKE_S (`MPI_Iprobe`) while the window is open: a claim then
+    takes 1-5 ms, and is made while the previous chunk is analysed. A rank 0
+    that is itself throttled pokes late, and the others' claims wait for it.
+    """
+    POKE_S = 0.0005
+    round_trip = True
+
+    def __init__(self, comm):
+        from mpi4py import MPI
+        self.MPI = MPI
+        rank = comm.Get_rank()
+        self.buffer = np.zeros(1, dtype=np.int64)
+        self.win = MPI.Win.Create(self.buffer if rank == 0 else None, disp_unit=8, comm=comm)
+        self.win.Lock_all()
+        self.one = np.ones(1, dtype=np.int64)
+        self.poking = None
+        if rank == 0 and MPI.Query_thread() == MPI.THREAD_MULTIPLE:
+            self.stop = threading.Event()
+            self.poking = threading.Thread(target=self._poke, name="trajflow-mpi-progress",
+                                           daemon=True)
+            self.poking.start()
+
+    def _poke(self):
+        while not self.stop.wait(self.POKE_S):
+            self.MPI.COMM_WORLD.Iprobe(self.MPI.ANY_SOURCE, _NO_TAG)
+
+    def claim(self) -> _Claim:
+        result = np.zeros(1, dtype=np.int64)
+        request = self.win.Rget_accumulate(self.one, result, 0, op=self.MPI.SUM)
+        return _Claim(request, result)
+
+    def close(self):
+        """Collective, after every rank's last claim (the caller's barrier)."""
+        self.win.Unlock_all()
+        self.abandon()
+        self.win.Free()
+
+    def abandon(self):
+        """Stop poking (the window is left to MPI_Abort)."""
+        if self.poking is not None:
+            self.stop.set()
+            self.poking.join()
+            self.poking = None
+
+
+_NO_TAG = 32000  # a tag no message of trajflow's uses: the probe only drives progress
+
+
+SCHEDULES: Dict[str, Schedule] = {s.name: s for s in (Static(), Dynamic())}
