@@ -20,7 +20,8 @@ from . import faults, kernels, mda_analyses, parts
 from .exit_codes import ANALYSIS_RAISED, COLLECTIVE_TIMEOUT
 from .analyses import ANALYSIS_CLASSES
 from .plan import RunPlan, chunk_size, decode_path_arg
-from .schedules import Chunk
+from .block_claims import BlockClaims
+from .schedules import SCHEDULES, Chunk
 from .dcd import open_dcd
 from .xtc import xtc_readable
 from .h5md import is_h5md
@@ -182,13 +183,60 @@ def part_attrs(plan, analysis_attrs, blocks):
 
 def run_tasks_mode(plan, block):
     timer = RankTimer("analyze", rank=0, size=1, block=block, mode="tasks",
-                      progress_path=plan.progress_path(block))
-    arrays, attrs = analyze_block(plan, block, timer)
-    # tasks mode hands its block to reduce through a part file: its "gather"
-    with timer.phase("comm"):
-        parts.write_part(plan.part_path(f"block_{block:05d}"), arrays,
-                         part_attrs(plan, attrs, [block]))
+                      schedule=plan.schedule, progress_path=plan.progress_path(block))
+    faults.maybe_slow_down(block)
+    if plan.schedule_strategy.one_chunk_per_rank:
+        arrays, attrs = analyze_block(plan, block, timer)
+        # tasks mode hands its block to reduce through a part file: its "gather"
+        with timer.phase("comm"):
+            parts.write_part(plan.part_path(f"block_{block:05d}"), arrays,
+                             part_attrs(plan, attrs, [block]))
+    else:
+        run_claimed_blocks(plan, block, timer)
     timer.finish(plan.profile_path(f"analyze.block_{block:05d}"))
+
+
+def run_claimed_blocks(plan, block, timer):
+    """Tasks mode, dynamic: claim the block, analyse it chunk by chunk until it is
+    published (by this task, or by a backup copy elsewhere), then analyse backup
+    copies of late blocks while there are any (block_claims.py)."""
+    claims = BlockClaims(plan, task=f"analyze.block_{block:05d}")
+    runs = timer.info.setdefault("block_copies", [])
+    if claims.published(block):  # a retry of a block a backup copy has published
+        return
+    claims.claim(block)
+    faults.maybe_fail(plan.workdir, block)
+    work = chunk_analysis(plan, timer, one_chunk=False)
+    runs.append(publish_block_copy(plan, work, block, claims, timer, backup=False))
+    timer.counting = False  # a backup's frames are its block's, counted by its own task
+    while (late := claims.next_backup()) is not None:
+        runs.append(publish_block_copy(plan, work, late, claims, timer, backup=True))
+    work.close()
+
+
+def publish_block_copy(plan, work, block, claims, timer, backup):
+    """Analyse `block` chunk by chunk, stopping as soon as another copy has published
+    it; publish it unless another copy did first. What this copy did, for the record."""
+    t0 = time.time()
+    chunks = [c for c in SCHEDULES["dynamic"].chunks(plan) if c.block == block]
+
+    def until_published():
+        for chunk in chunks:
+            if claims.published(block):
+                return
+            yield chunk
+
+    pieces = analyze_chunks(work, until_published(), timer)
+    won = False
+    if len(pieces) == len(chunks):
+        arrays = {key: np.concatenate([p[key] for _, p in pieces]) for key in pieces[0][1]}
+        with timer.phase("comm"):  # tasks mode hands its block to reduce as a file
+            won = parts.write_part(plan.part_path(f"block_{block:05d}"), arrays,
+                                   part_attrs(plan, work.attrs(), [block]), first_wins=True)
+    if won:
+        claims.finished(block, time.time() - t0)
+    return {"block": block, "backup": backup, "won": won, "t_start": t0, "t_stop": time.time(),
+            "chunks_done": len(pieces), "chunks": len(chunks)}
 
 
 def run_mpi_mode(plan):

@@ -49,14 +49,26 @@ def checksum(arrays):
     return crc
 
 
-def write_part(path, arrays, attrs):
+def write_part(path, arrays, attrs, first_wins=False):
+    """Write the part whole under a temporary name, then put it in place. With
+    `first_wins` (two copies of a block racing, block_claims.py) a part already
+    there is kept and False returned: the link fails where the part exists."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
     with h5py.File(tmp, "w") as f:
         for key, value in arrays.items():
             f.create_dataset(key, data=value)
         f.attrs[ATTRIBUTE] = json.dumps({**attrs, "crc32": checksum(arrays)}, default=_plain)
-    os.replace(tmp, path)
+    if not first_wins:
+        os.replace(tmp, path)
+        return True
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.remove(tmp)
 
 
 def read_part(path):

@@ -14,6 +14,7 @@ before anything else is importable and uses `write_record` too.
     RUNDIR/radical_session      the RADICAL session folders that ran it
     RUNDIR/client.json, client.log, client_exit.json, client.sbatch   a remote run's client
     RUNDIR/split/ parts/ profile/ progress/ radical/ analysis/ backend/
+    RUNDIR/claims/              tasks mode, dynamic schedule: who runs which block (block_claims.py)
 """
 import json
 import os
@@ -32,6 +33,7 @@ CLIENT = "client.json"
 CLIENT_LOG = "client.log"
 CLIENT_EXIT = "client_exit.json"
 BATCH_SCRIPT = "client.sbatch"
+CLAIMS = "claims"
 REMOTE = "remote.json"        # in a remote run's local folder: where the run lives
 FOLDERS = ("parts", "profile", "split")  # made when the plan is written; others as needed
 KEPT_TASK_FILES = "radical"   # each task's RADICAL profile, stdout and stderr

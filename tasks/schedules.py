@@ -1,4 +1,5 @@
-"""How the ranks of an MPI analyze task share the run's frames: one object per `schedule`.
+"""How the ranks of an MPI analyze task share the run's frames: one object per `schedule`
+(tasks mode on a dynamic schedule: block_claims.py).
 
     static:  rank r analyses block r, the balanced blocks of the papers
              (Khoshlessan et al. 2019): a slow rank sets the stage's end.
@@ -45,7 +46,7 @@ class Schedule:
 
 class Static(Schedule):
     name = "static"
-    help = "rank r analyses block r (balanced blocks, the papers' method)"
+    help = "rank r analyses block r, task b block b (balanced blocks, the papers' method)"
     one_chunk_per_rank = True
 
     def chunks(self, plan):
@@ -67,8 +68,9 @@ MIN_CHUNK_FRAMES = 4
 
 class Dynamic(Schedule):
     name = "dynamic"
-    help = ("frames in small chunks, each rank takes the next from a shared counter "
-            "(MPI_Fetch_and_op): a slow rank does fewer")
+    help = ("MPI ranks take small chunks of frames from a shared counter, so a slow rank "
+            "does fewer; an idle task runs a backup copy of a late block, the first copy "
+            "to finish wins")
 
     def chunks(self, plan):
         out = []

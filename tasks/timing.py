@@ -54,6 +54,7 @@ class RankTimer:
         self.t_stop = None
         self.progress_path = progress_path
         self.frames_done = 0
+        self.counting = True  # False: frames done now are not the block's (a backup copy's)
         self._progress_written = 0.0
 
     @contextlib.contextmanager
@@ -76,7 +77,8 @@ class RankTimer:
     def progress(self, frames: int):
         """`frames` more are done: rewrite the progress file (at most every
         PROGRESS_EVERY_S; the workstation sums them into its progress bar)."""
-        self.frames_done += frames
+        if self.counting:
+            self.frames_done += frames
         if self.info.get("mode") == "mpi":
             faults.maybe_kill(self.rank)
         now = time.time()

@@ -162,9 +162,9 @@ def test_speedup_and_efficiency_against_the_fewest_ranks_mean():
     assert rows[5]["S"] == pytest.approx(3.0) and rows[5]["E"] == pytest.approx(0.75)
     assert "S" not in rows[6]
     curves = curve_points(rows)
-    n1 = curves[("a", "rmsd", "shared", "mpi", "gatherv", 1)][0]
+    n1 = curves[("a", "rmsd", "shared", "mpi", "gatherv", 1, "static")][0]
     assert n1[:3] == (1, 11.0, pytest.approx(statistics.stdev([10.0, 12.0])))
-    assert curves[("c", "rmsd", "shared", "mpi", "gatherv", 1)] == [(2, 3.0, 0.0, None, None, 1)]
+    assert curves[("c", "rmsd", "shared", "mpi", "gatherv", 1, "static")] == [(2, 3.0, 0.0, None, None, 1)]
     assert n1[3] == pytest.approx(1.0) and n1[5] == 2
 
 

@@ -9,6 +9,8 @@ from trajflow.tasks.analyses import ANALYSES
 from trajflow.tasks.mda_analyses import parallelisable_classes
 from trajflow.tasks.rundir import has_plan
 from trajflow.workflows.bench.small import format_table, run_bench, run_bench_large
+from trajflow.workflows.bench.cpu_quota import unavailable as cpu_quota_unavailable
+from trajflow.workflows.bench.stragglers import format_stragglers, run_stragglers
 from trajflow.workflows.campaign.folders import is_campaign_dir
 from trajflow.workflows.campaign.run import Campaign
 from trajflow.workflows.campaign.table import experiment_rows, summary_lines, write_table
@@ -239,14 +241,23 @@ def cmd_bench(args):
                          "must be at least 1")
     if not args.large_gb > 0:
         raise InputError(f"--large-gb must be more than 0, got {args.large_gb}")
-    if args.scale == "large":
+    if args.stragglers:
+        reason = cpu_quota_unavailable()
+        if reason:
+            raise InputError(f"--stragglers slows a rank with a cgroup CPU quota, and {reason}: "
+                             "run it as root on a Linux machine with the cgroup cpu controller")
+        result = {"stragglers": run_stragglers(args.copies, args.launches,
+                                               with_tasks=not args.no_entk)}
+        print("\n".join(format_stragglers(result["stragglers"])))
+    elif args.scale == "large":
         result = run_bench_large(args.large_gb, args.launches, with_entk=not args.no_entk,
                                  startup_launches=args.startup_launches)
     else:
         result = run_bench(args.copies, args.repeats, args.loop_frames,
                            with_parallel=not args.no_parallel, with_entk=not args.no_entk,
                            user_copies=args.user_copies, startup_launches=args.startup_launches)
-    print(format_table(result))
+    if not args.stragglers:
+        print(format_table(result))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(result, fh, indent=1)

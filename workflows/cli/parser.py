@@ -132,6 +132,11 @@ def build_parser():
     bench.add_argument("--launches", type=int, default=3, metavar="N",
                        help="--scale large: launches of each of our stages, best (pilot against "
                             "mpiexec: median) of N (default: 3)")
+    bench.add_argument("--stragglers", action="store_true",
+                       help="instead: static blocks against --schedule dynamic with one of 2 MPI "
+                            "ranks at a quarter of a core (a cgroup CPU quota; needs root), XTC "
+                            "CA-RMSD and dihedrals of AdK x --copies, --launches each, and tasks "
+                            "mode, 8 blocks on a 2-core local pilot, one task slowed (~5 min)")
     bench.add_argument("--json", default=None, metavar="FILE", help="also write the numbers as JSON")
     add_remote_commands(sub)  # status, follow, fetch, cancel: remote runs
     return parser

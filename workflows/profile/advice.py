@@ -15,6 +15,7 @@ import os
 
 from trajflow.tasks.io_strategies import GUIDELINES
 from trajflow.tasks.rundir import SESSIONS
+from trajflow.workflows.profile.schedule_effects import schedule_advice
 from trajflow.workflows.profile.stragglers import phase_times
 
 REFERENCES = {
@@ -124,7 +125,7 @@ def advice(plan, records):
                 f"shorten it ({GUIDELINES}).")
     else:
         text = plan.io_strategy.io_bound_advice(strategy, ratio, prepared)
-    out["text"] = text + _gather_note(plan, analyze, times)
+    out["text"] = text + _gather_note(plan, analyze, times) + schedule_advice(plan, analyze)
     return out
 
 

@@ -18,6 +18,7 @@ from trajflow.tasks.exit_codes import ANALYSIS_RAISED
 from trajflow.tasks.plan import RunPlan
 from trajflow.tasks.rundir import OUTCOME, PLAN, read_outcome
 from trajflow.workflows.profile.advice import advice, compare_strategies
+from trajflow.workflows.profile.schedule_effects import schedule_lines
 from trajflow.workflows.profile.stragglers import (critical_path, describe, judge, judged_groups,
                                                    MIN_GROUP, phase_times)
 from trajflow.workflows.profile.timing_tables import read_tables
@@ -119,8 +120,18 @@ def straggler_lines(flags, records):
         if not judged:
             return [f"stragglers: not judged (every group has fewer than {MIN_GROUP} members)"]
         return ([f"stragglers: none (in {judged} group(s) of {MIN_GROUP} or more members)"]
-                + critical_path_lines(records))
-    return ["stragglers (most harmful first):"] + ["  " + describe(f) for f in flags]
+                + critical_path_lines(records) + schedule_effect_lines(records))
+    return (["stragglers (most harmful first):"] + ["  " + describe(f) for f in flags]
+            + schedule_effect_lines(records))
+
+
+def schedule_effect_lines(records):
+    """What each analyze group's schedule did (schedule_effects.py)."""
+    groups = {}
+    for rec in records:
+        groups.setdefault(group_key(rec), []).append(rec)
+    return [f"  schedule of {run} {task}: {line}" for (run, task, _), members in groups.items()
+            for line in schedule_lines(members)]
 
 
 def critical_path_lines(records):

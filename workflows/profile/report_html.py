@@ -104,6 +104,7 @@ def interactive_timeline(records, flags, pilots=None):
     fig.add_tools(HoverTool(renderers=[drawn], tooltips=[
         ("run", "@run"), ("task", "@task"), ("rank", "@rank"), ("block", "@block"),
         ("host", "@host"), ("phase", "@phase"), ("seconds", "@seconds{0.000}")]))
+    _draw_work_units(fig, entries, starts, HoverTool, ColumnDataSource)
     marks = {"y": [], "x": [], "flag": []}
     for f in flags:
         for label, r in zip(labels, rows):
@@ -130,6 +131,30 @@ def interactive_timeline(records, flags, pilots=None):
 
 
 MATHJAX_CDN = "https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-svg.js"
+
+
+def _draw_work_units(fig, entries, starts, HoverTool, ColumnDataSource):
+    """Outline each chunk a rank of a dynamic schedule ran, and each copy of a block a
+    task ran (its own, or a backup), over the phase bars; hover says which frames."""
+    units = {"y": [], "left": [], "right": [], "what": []}
+    for label, r, _ in entries:
+        t0 = starts.get(r["run"], 0.0)
+        pieces = [(c[4], c[5], f"chunk {c[0]}: frames {c[2]}-{c[3] - 1} of block {c[1]}")
+                  for c in r.get("chunks") or [] if r.get("mode") == "mpi"]
+        pieces += [(b["t_start"], b["t_stop"],
+                    f"block {b['block']} ({'backup copy' if b['backup'] else 'own'}, "
+                    f"{'won' if b['won'] else 'stopped: the other copy won'})")
+                   for b in r.get("block_copies") or []]
+        for a, b, what in pieces:
+            units["y"].append(label)
+            units["left"].append(a - t0)
+            units["right"].append(b - t0)
+            units["what"].append(what)
+    if units["y"]:
+        drawn = fig.hbar(y="y", left="left", right="right", height=0.9, fill_alpha=0.0,
+                         line_color="#333333", line_width=0.6, source=ColumnDataSource(units),
+                         legend_label="chunk or block copy")
+        fig.add_tools(HoverTool(renderers=[drawn], tooltips=[("work", "@what")]))
 
 
 def stacked_bars(records):

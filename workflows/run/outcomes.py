@@ -15,7 +15,7 @@ import shutil
 import time
 from typing import List
 
-from trajflow.tasks.rundir import FOLDERS, KEPT_TASK_FILES, OUTCOME, record_outcome
+from trajflow.tasks.rundir import CLAIMS, FOLDERS, KEPT_TASK_FILES, OUTCOME, record_outcome
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +167,7 @@ def tidy(plan):
             os.remove(path)
         except OSError:
             pass
+    shutil.rmtree(plan.path(CLAIMS), ignore_errors=True)  # the profile keeps who ran what
     for folder in ("progress",) + FOLDERS:
         try:
             os.rmdir(plan.path(folder))  # only when empty: split/ may hold segments kept

@@ -6,11 +6,13 @@ specs under mpiexec without EnTK, so what is tested is what the pilot runs.
 """
 import dataclasses
 import os
+import shutil
 from typing import Dict, List
 
 from trajflow.tasks.exit_codes import NOT_RETRIED
 from trajflow.tasks.parts import is_whole
 from trajflow.tasks.plan import encode_path_arg, RunPlan
+from trajflow.tasks.rundir import CLAIMS
 from trajflow.workflows.run.outcomes import exit_code_of
 
 
@@ -96,6 +98,7 @@ class RunPipeline:
         `on_event(stage, kind, text)`: told when a stage is handed to EnTK
         (kind "submitted") and when it ends ("done" or "failed")."""
         self.on_event = on_event or (lambda stage, kind, text: None)
+        self.plan = plan
         import radical.entk as re
         self.re = re
         self.name = name
@@ -119,6 +122,8 @@ class RunPipeline:
 
     def _add_stage(self, stage_name, specs):
         self.attempts[stage_name] = self.attempts.get(stage_name, 0) + 1
+        if stage_name == "analyze":  # no analyze task runs now: a new attempt claims anew
+            shutil.rmtree(self.plan.path(CLAIMS), ignore_errors=True)
         stage = self.re.Stage()
         stage.name = entk_name(f"{stage_name}.attempt{self.attempts[stage_name]}")
         by_task_name = {entk_name(spec.name): spec for spec in specs}

@@ -104,7 +104,7 @@ class RunSpec:
                               "single-core task per block", choices=MODES)
     gather: str = option("gatherv", "mpi mode: collect results with Gatherv, or one-sided puts "
                                     "into an MPI window on rank 0", choices=GATHERS)
-    schedule: str = option("static", "mpi mode: how the ranks share the frames; " + "; ".join(
+    schedule: str = option("static", "how ranks or tasks share the frames; " + "; ".join(
         f"{s.name}: {s.help}" for s in SCHEDULES.values()), choices=tuple(SCHEDULES))
     blocks: Optional[int] = option(None, "number of blocks (= ranks in mpi mode); balanced, none "
                                          "empty; none: the pilot's cpus", metavar="N", minimum=1)

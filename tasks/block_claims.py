@@ -1,0 +1,130 @@
+"""Tasks mode on a dynamic schedule: blocks claimed in the run folder, and backup
+copies of late blocks.
+
+Each analyze task claims its block when it starts (the pilot starts a task
+whenever a core frees, so over-decomposition, more blocks than cores, balances
+by itself). When a task has finished its block and no block is left
+unclaimed, it does not leave at once: if a block has run BACKUP_AFTER times
+the median block time, it analyses a backup
+copy of it (at most BACKUP_SHARE of the blocks get one). The first copy to
+publish the block's part wins (a hard link, which fails if the part exists);
+the other stops at its next chunk. Both copies compute the same thing, so the
+result is bit-identical whichever wins.
+
+    RUNDIR/claims/block_00003          {"task", "host", "pid", "t"}: block 3 started at t
+    RUNDIR/claims/block_00003.done     {"seconds", "by"}: how long the block took, who won
+    RUNDIR/claims/block_00003.backup   a backup copy of block 3 was started (one per block)
+    RUNDIR/claims/backup_slot_00000    one of the run's backup slots (the cap)
+
+The workstation clears claims/ before each attempt of the analyze stage
+(pipeline.py), so a resumed run never reads an old attempt's claims.
+"""
+import json
+import math
+import os
+import socket
+import statistics
+import time
+
+from .rundir import CLAIMS
+
+BACKUP_AFTER = 2.0   # a block is late once it has run this many median block times
+BACKUP_SHARE = 0.10  # at most this share of the blocks get a backup copy (at least one)
+POLL_S = 0.2         # how often an idle task looks again for a late block
+
+
+class BlockClaims:
+    """The claims of one run's blocks (RUNDIR/claims/)."""
+
+    def __init__(self, plan, task):
+        self.plan, self.task = plan, task
+        self.folder = plan.path(CLAIMS)
+        os.makedirs(self.folder, exist_ok=True)
+
+    def _path(self, block, suffix=""):
+        return os.path.join(self.folder, f"block_{block:05d}{suffix}")
+
+    def _write(self, path, record, exclusive=False):
+        """Write a small JSON file whole; with `exclusive`, only if it does not exist
+        (False then)."""
+        data = json.dumps(record).encode()
+        if exclusive:
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            return True
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+        return True
+
+    def _read(self, path):
+        try:
+            with open(path, encoding="utf-8") as fh:
+                return json.load(fh)
+        except (OSError, ValueError):
+            return None
+
+    def _me(self):
+        return {"task": self.task, "host": socket.gethostname(), "pid": os.getpid(),
+                "t": time.time()}
+
+    # --- a block's own task ------------------------------------------------------
+    def claim(self, block):
+        """This task takes its block (a retry takes it again)."""
+        self._write(self._path(block), self._me())
+
+    def published(self, block):
+        return os.path.exists(self.plan.part_path(f"block_{block:05d}"))
+
+    def finished(self, block, seconds):
+        """The copy that published says how long the block took (the median's data)."""
+        self._write(self._path(block, ".done"), {"seconds": seconds, "by": self.task})
+
+    # --- an idle task ------------------------------------------------------------
+    def next_backup(self):
+        """The block to copy, or None when there is nothing (more) worth copying.
+        Waits (POLL_S at a time) while a block may still become late; returns at
+        once when a block is unclaimed (its task waits for this core)."""
+        n = self.plan.n_blocks
+        cap = max(1, math.ceil(BACKUP_SHARE * n))
+        while True:
+            missing = [b for b in range(n) if not self.published(b)]
+            if not missing:
+                return None
+            claims = {b: self._read(self._path(b)) for b in missing}
+            if any(c is None for c in claims.values()):
+                return None
+            uncopied = [b for b in missing if not os.path.exists(self._path(b, ".backup"))]
+            if not uncopied or self._slots_taken() >= cap:
+                return None
+            done = [d["seconds"] for d in (self._read(self._path(b, ".done")) for b in range(n))
+                    if d]
+            if done:
+                median = statistics.median(done)
+                now = time.time()
+                late = sorted(((now - claims[b]["t"], b) for b in uncopied), reverse=True)
+                for elapsed, b in late:
+                    if elapsed < BACKUP_AFTER * median:
+                        break
+                    if self._take_backup(b, cap):
+                        return b
+            time.sleep(POLL_S)
+
+    def _slots_taken(self):
+        return sum(1 for name in os.listdir(self.folder) if name.startswith("backup_slot_"))
+
+    def _take_backup(self, block, cap):
+        """One backup slot and the block's backup mark, both or neither."""
+        for slot in range(cap):
+            path = os.path.join(self.folder, f"backup_slot_{slot:05d}")
+            if self._write(path, {**self._me(), "block": block}, exclusive=True):
+                if self._write(self._path(block, ".backup"), self._me(), exclusive=True):
+                    return True
+                os.remove(path)  # another task copies this block: the slot is free again
+                return False
+        return False

@@ -1,0 +1,136 @@
+"""The dynamic schedule through the task programs (mpiexec, no pilot): the same result
+bit for bit as static blocks on every io strategy and gather, and a rank or task
+made really slow (a cgroup CPU quota, workflows/bench/cpu_quota.py) does fewer
+frames (MPI) or is overtaken by a backup copy (tasks), the profile saying so."""
+import json
+import os
+
+import h5py
+import numpy as np
+import pytest
+
+from run_stages import plan_and_run
+from trajflow.workflows.bench import cpu_quota
+from trajflow.workflows.datasets import adk_concatenated
+from trajflow.workflows.profile.advice import advice
+from trajflow.workflows.profile.inspection import load_run, straggler_lines, find_stragglers
+
+needs_quota = pytest.mark.skipif(cpu_quota.unavailable() is not None,
+                                 reason=f"no real slow rank here: {cpu_quota.unavailable()}")
+
+
+def datasets(path):
+    with h5py.File(path) as f:
+        return {k: f[k][()] for k in f if isinstance(f[k], h5py.Dataset)}
+
+
+def records(plan):
+    out = []
+    for name in sorted(os.listdir(plan.path("profile"))):
+        if name.startswith("analyze"):
+            with open(plan.path("profile", name)) as fh:
+                out.append(json.loads(fh.readline()))
+    return out
+
+
+CASES = [("shared", "mpi", "gatherv", 2, "rmsd", "xtc"), ("split", "mpi", "rma", 3, "dihedrals", "xtc"),
+         ("h5md", "mpi", "gatherv", 3, "rmsd", "dcd"), ("shared", "mpi", "rma", 2, "dihedrals", "dcd"),
+         ("split", "tasks", "gatherv", 3, "rmsd", "dcd"), ("h5md", "tasks", "gatherv", 2, "dihedrals", "xtc")]
+
+
+@pytest.mark.parametrize("io,mode,gather,n,analysis,fmt", CASES)
+def test_a_dynamic_schedule_gives_the_static_result_bit_for_bit(tmp_path, adk, adk_xtc, reference_results,
+                                                                io, mode, gather, n, analysis, fmt):
+    top, traj = adk_xtc if fmt == "xtc" else adk
+    got = {}
+    for schedule in ("static", "dynamic"):
+        path, plan = plan_and_run(tmp_path / schedule, top, [traj], analysis, io=io, mode=mode,
+                                  gather=gather, blocks=n, cpus=n, schedule=schedule)
+        got[schedule] = datasets(path)
+    assert got["static"].keys() == got["dynamic"].keys()
+    for key in got["static"]:
+        assert np.array_equal(got["static"][key], got["dynamic"][key]), key
+    ref = reference_results(top, [traj], analysis)
+    key = "rmsd" if analysis == "rmsd" else "features"
+    assert np.abs(got["dynamic"][key] - ref[key]).max() < (1e-4 if analysis == "rmsd" else 1e-6)
+    with h5py.File(path) as f:
+        assert f.attrs["schedule"] == "dynamic"
+
+
+def test_a_dynamic_schedule_of_chosen_frames(tmp_path, adk_xtc):
+    """MDAnalysis' run(start, stop, step): the chunks are of the frames chosen."""
+    got = {}
+    for schedule in ("static", "dynamic"):
+        path, _ = plan_and_run(tmp_path / schedule, adk_xtc[0], [adk_xtc[1]], "rmsd", blocks=2,
+                               cpus=2, schedule=schedule, start=5, stop=90, step=3)
+        got[schedule] = datasets(path)
+    assert np.array_equal(got["static"]["rmsd"], got["dynamic"]["rmsd"])
+    assert np.array_equal(got["dynamic"]["frame"], np.arange(5, 90, 3))
+
+
+@pytest.fixture(scope="module")
+def long_xtc():
+    """AdK x40 as XTC (3,920 frames): a few seconds of CA-RMSD per rank when slowed."""
+    return adk_concatenated(40, "XTC")
+
+
+@needs_quota
+def test_a_slow_rank_does_fewer_frames_and_the_report_says_so(tmp_path, long_xtc):
+    """Rank 1 at a fifth of a core: the dynamic schedule gives it far fewer frames than
+    its half, the result is static's, and the straggler report and advice name it."""
+    with cpu_quota.CpuQuota(0.2) as quota:
+        path, plan = plan_and_run(tmp_path / "dynamic", long_xtc[0], [long_xtc[1]], "rmsd",
+                                  blocks=2, cpus=2, schedule="dynamic",
+                                  env={"TRAJFLOW_TEST_SLOW": f"1:{quota.path}"})
+    static, _ = plan_and_run(tmp_path / "static", long_xtc[0], [long_xtc[1]], "rmsd", blocks=2,
+                             cpus=2)
+    assert np.array_equal(datasets(path)["rmsd"], datasets(static)["rmsd"])
+    ranks = {r["rank"]: r for r in records(plan)}
+    share = ranks[1]["frames"] / plan.n_frames
+    assert share < 0.35, share  # its half at a fifth of the speed: about 1/6 when balanced
+    assert ranks[0]["frames"] + ranks[1]["frames"] == plan.n_frames
+    ids = sorted(c[0] for r in ranks.values() for c in r["chunks"])
+    assert ids == list(range(len(ids)))
+    assert ranks[0]["gather_root"] == 0  # rank 0 did the most frames: it gathers
+    _, recs = load_run(plan.workdir)
+    lines = "\n".join(straggler_lines(find_stragglers(recs), recs))
+    assert "rank 1 ran at 0." in lines and "dynamic scheduling gave it" in lines
+    assert "sooner than static blocks would have" in lines
+    assert "--schedule static" not in advice(plan, recs).get("text", "")
+
+
+@needs_quota
+def test_a_slow_rank_0_is_spared_the_gather(tmp_path, long_xtc):
+    """Rank 0 slowed: rank 1 did the most frames, so it gathers and writes the part."""
+    with cpu_quota.CpuQuota(0.2) as quota:
+        path, plan = plan_and_run(tmp_path / "run", long_xtc[0], [long_xtc[1]], "rmsd",
+                                  blocks=2, cpus=2, schedule="dynamic", gather="rma",
+                                  env={"TRAJFLOW_TEST_SLOW": f"0:{quota.path}"})
+    ranks = {r["rank"]: r for r in records(plan)}
+    assert ranks[1]["frames"] > ranks[0]["frames"]
+    assert ranks[0]["gather_root"] == ranks[1]["gather_root"] == 1
+    assert ranks[1]["t_write"] > 0 and ranks[0]["t_write"] == 0
+    assert np.array_equal(datasets(path)["frame"], np.arange(plan.n_frames))
+
+
+@needs_quota
+def test_a_late_task_is_overtaken_by_a_backup_copy(tmp_path, long_xtc):
+    """Tasks mode, 4 blocks side by side, block 2's task at 5 % of a core: a task
+    that has finished copies block 2, its copy wins, the original stops, and the
+    result is the static run's bit for bit."""
+    with cpu_quota.CpuQuota(0.05) as quota:
+        path, plan = plan_and_run(tmp_path / "dynamic", long_xtc[0], [long_xtc[1]], "rmsd",
+                                  mode="tasks", blocks=4, cpus=4, schedule="dynamic",
+                                  side_by_side=True, env={"TRAJFLOW_TEST_SLOW": f"2:{quota.path}"})
+    static, _ = plan_and_run(tmp_path / "static", long_xtc[0], [long_xtc[1]], "rmsd",
+                             mode="tasks", blocks=4, cpus=4, side_by_side=True)
+    assert np.array_equal(datasets(path)["rmsd"], datasets(static)["rmsd"])
+    copies = {r["block"]: r["block_copies"] for r in records(plan)}
+    original = copies[2][0]
+    assert original["block"] == 2 and not original["won"]
+    assert original["chunks_done"] < original["chunks"]  # it stopped when the copy won
+    backups = [c for cs in copies.values() for c in cs if c["backup"]]
+    assert [(c["block"], c["won"]) for c in backups] == [(2, True)]
+    _, recs = load_run(plan.workdir)
+    assert "block 2: a backup copy in the task of block" in "\n".join(
+        straggler_lines(find_stragglers(recs), recs))
