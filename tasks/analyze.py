@@ -221,10 +221,14 @@ def publish_block_copy(plan, work, block, claims, timer, backup):
     chunks = [c for c in SCHEDULES["dynamic"].chunks(plan) if c.block == block]
 
     def until_published():
+        done = 0
         for chunk in chunks:
             if claims.published(block):
                 return
             yield chunk
+            done += chunk.stop - chunk.start
+            if not backup:  # the pace an idle task judges this block by
+                claims.progressed(block, t0, done)
 
     pieces = analyze_chunks(work, until_published(), timer)
     won = False

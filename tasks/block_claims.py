@@ -5,13 +5,15 @@ Each analyze task claims its block when it starts (the pilot starts a task
 whenever a core frees, so over-decomposition, more blocks than cores, balances
 by itself). When a task has finished its block and no block is left
 unclaimed, it does not leave at once: if a block has run BACKUP_AFTER times
-the median block time, it analyses a backup
+the median block time, or will at the pace its chunks have gone so far, it
+analyses a backup
 copy of it (at most BACKUP_SHARE of the blocks get one). The first copy to
 publish the block's part wins (a hard link, which fails if the part exists);
 the other stops at its next chunk. Both copies compute the same thing, so the
 result is bit-identical whichever wins.
 
     RUNDIR/claims/block_00003          {"task", "host", "pid", "t"}: block 3 started at t
+    RUNDIR/claims/block_00003.progress {"t_first", "frames", "t"}: its own copy's pace
     RUNDIR/claims/block_00003.done     {"seconds", "by"}: how long the block took, who won
     RUNDIR/claims/block_00003.backup   a backup copy of block 3 was started (one per block)
     RUNDIR/claims/backup_slot_00000    one of the run's backup slots (the cap)
@@ -30,7 +32,8 @@ from .rundir import CLAIMS
 
 BACKUP_AFTER = 2.0   # a block is late once it has run this many median block times
 BACKUP_SHARE = 0.10  # at most this share of the blocks get a backup copy (at least one)
-POLL_S = 0.2         # how often an idle task looks again for a late block
+PROJECT_AFTER = 0.1  # a block's pace is projected once this share of its frames is done
+POLL_S = 0.1         # how often an idle task looks again for a late block
 
 
 class BlockClaims:
@@ -81,6 +84,11 @@ class BlockClaims:
     def published(self, block):
         return os.path.exists(self.plan.part_path(f"block_{block:05d}"))
 
+    def progressed(self, block, t_first, frames):
+        """The block's own copy has done `frames` since its first chunk began at `t_first`."""
+        self._write(self._path(block, ".progress"), {"t_first": t_first, "frames": frames,
+                                                      "t": time.time()})
+
     def finished(self, block, seconds):
         """The copy that published says how long the block took (the median's data)."""
         self._write(self._path(block, ".done"), {"seconds": seconds, "by": self.task})
@@ -106,14 +114,28 @@ class BlockClaims:
                     if d]
             if done:
                 median = statistics.median(done)
-                now = time.time()
-                late = sorted(((now - claims[b]["t"], b) for b in uncopied), reverse=True)
-                for elapsed, b in late:
-                    if elapsed < BACKUP_AFTER * median:
+                late = sorted(((self._expected_s(b, claims[b]), b) for b in uncopied),
+                              reverse=True)
+                for expected, b in late:
+                    if expected < BACKUP_AFTER * median:
                         break
                     if self._take_backup(b, cap):
                         return b
             time.sleep(POLL_S)
+
+    def _expected_s(self, block, claim):
+        """How long the block's own copy will have taken: what it has run, or, once it
+        has done PROJECT_AFTER of its frames, what it will run at its pace so far (a task
+        at a quarter of a core is known to be late after a few chunks, not only after
+        twice the median)."""
+        now = time.time()
+        elapsed = now - claim["t"]
+        progress = self._read(self._path(block, ".progress"))
+        start, stop = self.plan.blocks[block]
+        if progress and progress["frames"] >= PROJECT_AFTER * (stop - start):
+            pace = (progress["t"] - progress["t_first"]) / progress["frames"]
+            return max(elapsed, now - progress["t_first"] + pace * (stop - start - progress["frames"]))
+        return elapsed
 
     def _slots_taken(self):
         return sum(1 for name in os.listdir(self.folder) if name.startswith("backup_slot_"))

@@ -65,7 +65,7 @@ def test_tasks_run_one_after_another_push_back_everything_after():
 def test_injected_delay_is_found_exactly(tmp_path, adk, mode, phase, cause):
     run = tmp_path / "run"
     plan_and_run(run, adk[0], [adk[1]], "rmsd", env={"TRAJFLOW_TEST_DELAY": f"2:{phase}:1.0"},
-                 mode=mode, blocks=4, cpus=4, chunk=8)
+                 mode=mode, blocks=4, cpus=4, chunk=8, schedule="static")  # the papers' blocks
     out = tmp_path / "report.json"
     proc = subprocess.run([TRAJFLOW, "inspect", str(run), "--json", str(out)],
                           capture_output=True, text=True, timeout=120)

@@ -40,7 +40,7 @@ def share(img, rgb):
 def test_report_renders_in_headless_chromium(tmp_path, adk):
     run = tmp_path / "run"
     plan_and_run(run, adk[0], [adk[1]], "rmsd", env={"TRAJFLOW_TEST_DELAY": "1:compute:0.5"},
-                 mode="mpi", blocks=3, cpus=3)
+                 mode="mpi", blocks=3, cpus=3, schedule="static")  # the others wait for rank 1
     page = tmp_path / "report.html"
     write_html(inspect_runs([str(run)]), str(page))
     text = page.read_text()

@@ -138,7 +138,7 @@ def test_a_runs_records_written_as_a_table_give_the_same_flags(tmp_path, adk):
     from trajflow.workflows.profile.stragglers import phase_times
     run = tmp_path / "run"
     plan_and_run(run, adk[0], [adk[1]], "rmsd", env={"TRAJFLOW_TEST_DELAY": "2:io:1.0"},
-                 mode="mpi", blocks=4, cpus=4, chunk=8)
+                 mode="mpi", blocks=4, cpus=4, chunk=8, schedule="static")
     _, records = load_run(str(run))
     ranks = [r for r in records if r["task"] == "analyze"]
     table = write(tmp_path / "ranks.csv",

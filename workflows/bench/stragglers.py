@@ -81,7 +81,7 @@ def bench_mpi(top, xtc, analysis, workdir, launches):
     }
 
 
-def bench_tasks(top, xtc, workdir):
+def bench_tasks(top, xtc, workdir, slow_block=TASK_BLOCKS - 1):
     """8 blocks on a 2-core local pilot, one run after another on it: clean (dynamic),
     the last block's task slowed with static blocks, and with the dynamic schedule."""
     from trajflow.workflows.run.execute import run_plans
@@ -95,7 +95,7 @@ def bench_tasks(top, xtc, workdir):
                                      mode="tasks", blocks=TASK_BLOCKS, schedule=schedule)
             runs.append((name, plan, write_plan(plan)))
             if slow:
-                envs[name] = {"TRAJFLOW_TEST_SLOW": f"{TASK_BLOCKS - 1}:{quota.path}"}
+                envs[name] = {"TRAJFLOW_TEST_SLOW": f"{slow_block}:{quota.path}"}
         report = run_plans(runs, "local.localhost", 20, 2, envs=envs, one_at_a_time=True,
                            session_root=workdir)
     finally:

@@ -150,7 +150,7 @@ def strategy_comparisons(rows):
         if "t_total" in r:
             label = f"--io {r['io']} --mode {r['mode']}" + (
                 f" --gather {r['gather']}" if r["mode"] == "mpi" else "") + (
-                f" --schedule {r['schedule']}" if r.get("schedule", "static") != "static" else "")
+                f" --schedule {r['schedule']}" if r.get("schedule", "auto") != "auto" else "")
             points.setdefault((r["resource"], r["analysis"], r["repeat"], r["ranks"]), {}) \
                 .setdefault(label, []).append((r["t_total"] + r["t_prepare"], r["t_prepare"]))
     return [comparison_line(f"{res} {analysis} at N = {n}" + (f" K = {k}" if k != 1 else ""), by)

@@ -14,6 +14,7 @@ import statistics
 SLOW_SPEED = 0.8          # a rank below this share of the others' median speed is named
 WORTH_S, WORTH_SHARE = 0.2, 0.05  # a difference this large (both) is worth a word
 OVERHEAD_SHARE = 0.03     # scheduling costing more than this share of the work is worth a word
+MIN_LOOP_S = 0.5          # a frames' loop shorter than this is too short to judge speeds by
 
 
 def _busy(rec):
@@ -81,7 +82,7 @@ def _unaccounted(rec):
 
 def mpi_lines(effect):
     """What the schedule did, in words (nothing worth saying: no lines)."""
-    if effect is None:
+    if effect is None or effect["dynamic_s"] < MIN_LOOP_S:
         return []
     lines = []
     if effect["schedule"] == "dynamic":
@@ -144,7 +145,7 @@ def schedule_advice(plan, analyze):
     if plan.mode != "mpi":
         return ""
     effect = mpi_effect(analyze)
-    if effect is None:
+    if effect is None or effect["dynamic_s"] < MIN_LOOP_S:
         return ""
     if effect["schedule"] == "static":
         saved = effect["static_s"] - effect["balanced_s"]

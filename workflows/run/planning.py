@@ -28,7 +28,7 @@ from trajflow.workflows.errors import InputError
 from trajflow.workflows.run import integrity, local_trial, user_code
 from trajflow.workflows.run.rundir_lock import RunLock
 from trajflow.workflows.run.progress import eta_text
-from trajflow.workflows.run.spec import RunSpec, spelled
+from trajflow.workflows.run.spec import RunSpec, resolved_schedule, spelled
 
 log = logging.getLogger(__name__)
 
@@ -437,7 +437,8 @@ def _make_plan(out, inputs, spec, cpus):
                          f"or fewer {spelled('blocks')}")
     plan = RunPlan(workdir=out, topology=inputs.topology, trajectories=inputs.trajectories,
                    analysis=inputs.analysis, selection=inputs.selection, io=spec.io,
-                   mode=spec.mode, gather=spec.gather, schedule=spec.schedule,
+                   mode=spec.mode, gather=spec.gather,
+                   schedule=resolved_schedule(spec, builtin=inputs.factory is None),
                    n_frames=n_frames, n_atoms=inputs.n_atoms,
                    frame_selection=selection, input_frames=inputs.n_frames if selection else 0,
                    blocks=balanced_blocks(n_frames, n_blocks), repeat=spec.repeat,

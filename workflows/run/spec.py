@@ -31,6 +31,7 @@ from trajflow.workflows.run import resources
 from trajflow.workflows.run.heartbeat import DEFAULT_CLIENT_TIMEOUT_S
 
 MODES = ("mpi", "tasks")
+AUTO = "auto"  # the schedule chosen by the run's mode and analysis (resolved_schedule)
 GATHERS = ("gatherv", "rma")
 
 _ON_COMMAND_LINE = contextvars.ContextVar("trajflow_on_command_line", default=False)
@@ -104,8 +105,12 @@ class RunSpec:
                               "single-core task per block", choices=MODES)
     gather: str = option("gatherv", "mpi mode: collect results with Gatherv, or one-sided puts "
                                     "into an MPI window on rank 0", choices=GATHERS)
-    schedule: str = option("static", "how ranks or tasks share the frames; " + "; ".join(
-        f"{s.name}: {s.help}" for s in SCHEDULES.values()), choices=tuple(SCHEDULES))
+    schedule: str = option(AUTO, "how ranks or tasks share the frames; " + "; ".join(
+        f"{s.name}: {s.help}" for s in SCHEDULES.values()) + f"; {AUTO}: dynamic for the "
+        "built-in analyses in mpi mode (no slower on a clean run, 2.4x faster with one rank at "
+        "a quarter of a core, measured), static otherwise (your own analysis pays a copy of "
+        "itself and a pickled result per chunk: 3 to 20 per cent slower on a clean run)",
+        choices=(AUTO,) + tuple(SCHEDULES))
     blocks: Optional[int] = option(None, "number of blocks (= ranks in mpi mode); balanced, none "
                                          "empty; none: the pilot's cpus", metavar="N", minimum=1)
     repeat: int = option(1, "repeat the per-frame computation K times to raise t_compute/t_IO "
@@ -190,6 +195,14 @@ class RunSpec:
     @classmethod
     def from_json(cls, text: str) -> "RunSpec":
         return cls(**json.loads(text))
+
+
+def resolved_schedule(spec: "RunSpec", builtin: bool) -> str:
+    """The schedule a run's plan gets: as asked, or for `auto` dynamic where it was
+    measured no slower (a built-in analysis in mpi mode), static elsewhere."""
+    if spec.schedule != AUTO:
+        return spec.schedule
+    return "dynamic" if builtin and spec.mode == "mpi" else "static"
 
 
 def _frame_list(frames):
