@@ -16,6 +16,10 @@ mode: the task of that block) into a cgroup the caller made with a CPU quota
 (workflows/bench/cpu_quota.py), so that tests and the bench measure real
 slowness, not a sleep.
 
+TRAJFLOW_TEST_REMOTE_COUNTER=1 makes a dynamic schedule's ranks claim chunks
+from the MPI window on rank 0 (the counter of ranks on several nodes) even
+when they share one node, so that path is tested here.
+
 TRAJFLOW_TEST_LINGER=<seconds> makes reduce sleep after it has published
 result.h5, so that tests can interrupt a run whose result is complete.
 """
@@ -104,3 +108,8 @@ def maybe_slow_down(rank):
     with open(os.path.join(_SLOW[rank], "cgroup.procs"), "w") as fh:
         fh.write(str(os.getpid()))
     print(f"TRAJFLOW_TEST_SLOW: rank {rank} runs in {_SLOW[rank]}", file=sys.stderr, flush=True)
+
+
+def remote_counter_forced():
+    """Whether TRAJFLOW_TEST_REMOTE_COUNTER asks for the several-node claim counter."""
+    return os.environ.get("TRAJFLOW_TEST_REMOTE_COUNTER", "") not in ("", "0")

@@ -18,6 +18,8 @@ from typing import Dict, Iterator, List, NamedTuple
 
 import numpy as np
 
+from . import faults
+
 
 class Chunk(NamedTuple):
     """Positions [start, stop) of the run's frames, all inside block `block`;
@@ -128,7 +130,9 @@ def claim_counter(comm):
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     one_node = node.Get_size() == comm.Get_size()
     node.Free()
-    return SharedMemoryCounter(comm) if one_node else RemoteCounter(comm)
+    if one_node and not faults.remote_counter_forced():
+        return SharedMemoryCounter(comm)
+    return RemoteCounter(comm)
 
 
 class _Claimed:

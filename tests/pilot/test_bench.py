@@ -66,3 +66,28 @@ def test_bench_refuses_a_bad_size():
     proc = subprocess.run([TRAJFLOW, "bench", "--scale", "large", "--large-gb", "0"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "--large-gb must be more than 0" in proc.stderr
+
+
+@pytest.mark.entk
+@pytest.mark.skipif(os.geteuid() != 0, reason="the straggler bench slows a rank with a cgroup CPU quota (root)")
+def test_bench_stragglers_writes_every_ratio_at_a_small_size(tmp_path):
+    """--stragglers on AdK x10 (980 frames), one launch each: every ratio in the JSON, the
+    slowed rank given fewer frames by the dynamic schedule and none by static blocks, and
+    the tasks-mode runs on a local pilot (their ratios printed, not judged: 980 frames
+    over 8 tasks are too few for a timing to mean anything)."""
+    out = tmp_path / "stragglers.json"
+    proc = subprocess.run([TRAJFLOW, "bench", "--stragglers", "--copies", "10", "--launches", "1",
+                           "--json", str(out)], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "TRAJFLOW_CACHE": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "clean dynamic / static stage" in proc.stdout and "dynamic with backups" in proc.stdout
+    result = json.loads(out.read_text())["stragglers"]
+    for key in ("clean_dynamic_over_static", "slow_static_over_balanced",
+                "slow_dynamic_over_balanced", "tasks_backup_over_clean"):
+        assert result[key] > 0, key
+    for analysis in ("rmsd", "dihedrals"):
+        runs = result["by_analysis"][analysis]["runs"]
+        assert runs["slow_static"][0]["frames"] == [490, 490]
+        fast, slow = runs["slow_dynamic"][0]["frames"]
+        assert fast + slow == 980 and slow < fast
+    assert set(result["makespans_s"]) == {"clean", "slow_static", "slow_dynamic"}

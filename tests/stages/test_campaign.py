@@ -65,6 +65,21 @@ def test_tasks_mode_ignores_gather_levels(tmp_path):
     assert {e.gather for e in per_resource if e.mode == "tasks"} == {"-"}
 
 
+def test_schedules_are_a_factor_named_in_the_experiments(tmp_path):
+    """Static blocks against the dynamic schedule side by side; the default (auto) is
+    not named, so a campaign without the factor keeps its experiments' names."""
+    text = BASE.replace('io = ["shared", "split", "h5md"]', 'schedule = ["static", "dynamic"]')
+    c = load_campaign(write(tmp_path, text))
+    ids = {e.id for e in c.on("local.localhost") if e.rep == 1}
+    assert ids == {f"local.localhost/n{n}-shared-mpi-gatherv-{s}-k1-r1"
+                   for n in (1, 2) for s in ("static", "dynamic")}
+    e = next(e for e in c.experiments if e.schedule == "dynamic")
+    assert c.run_spec(e, "t.psf", ["t.dcd"], str(tmp_path / "x")).schedule == "dynamic"
+    assert all(e.schedule == "auto" for e in load_campaign(write(tmp_path, BASE)).experiments)
+    with pytest.raises(InputError, match="schedule"):
+        load_campaign(write(tmp_path, BASE + 'schedule = ["fastest"]\n', "bad.toml"))
+
+
 def test_list_design_runs_only_the_listed_experiments(tmp_path):
     text = BASE + """
 [[experiments]]

@@ -97,6 +97,28 @@ def test_a_slow_rank_does_fewer_frames_and_the_report_says_so(tmp_path, long_xtc
     assert "rank 1 ran at 0." in lines and "dynamic scheduling gave it" in lines
     assert "sooner than static blocks would have" in lines
     assert "--schedule static" not in advice(plan, recs).get("text", "")
+    from trajflow.workflows.profile.report_html import write_html
+    from trajflow.workflows.profile.inspection import inspect_runs
+    write_html(inspect_runs([plan.workdir]), str(tmp_path / "report.html"))
+    assert "chunk 0: frames 0-" in (tmp_path / "report.html").read_text()  # hover text
+
+
+@needs_quota
+def test_the_counter_of_ranks_on_several_nodes_balances_too(tmp_path, long_xtc):
+    """The claims through MPI_Rget_accumulate on rank 0 (what ranks on several nodes
+    use; forced here on one node): rank 1 slowed does fewer frames, rank 0's progress
+    thread answers its claims, and the result is static's."""
+    with cpu_quota.CpuQuota(0.2) as quota:
+        path, plan = plan_and_run(tmp_path / "run", long_xtc[0], [long_xtc[1]], "dihedrals",
+                                  blocks=2, cpus=2, schedule="dynamic",
+                                  env={"TRAJFLOW_TEST_SLOW": f"1:{quota.path}",
+                                       "TRAJFLOW_TEST_REMOTE_COUNTER": "1"})
+    static, _ = plan_and_run(tmp_path / "static", long_xtc[0], [long_xtc[1]], "dihedrals",
+                             blocks=2, cpus=2, schedule="static")
+    assert np.array_equal(datasets(path)["features"], datasets(static)["features"])
+    ranks = {r["rank"]: r for r in records(plan)}
+    assert ranks[1]["frames"] < 0.35 * plan.n_frames
+    assert ranks[1]["t_comm"] < 2.0  # its claims did not wait for rank 0's chunks
 
 
 @needs_quota
