@@ -1,15 +1,21 @@
-"""The analyze task: one block per process, then gather (MPI) or hand over (tasks).
+"""The analyze task: chunks of frames per process, then gather (MPI) or hand over (tasks).
 
   MPI mode:   mpiexec -n N python -m trajflow.tasks.analyze --plan PLAN
-              rank r analyses block r; results reach rank 0 by Gatherv or by
-              one-sided puts into an MPI window (Khoshlessan et al. 2019's Global Arrays),
-              and rank 0 writes one part file.
+              each rank analyses the chunks its schedule gives it (schedules.py:
+              block r on a static schedule; chunks claimed from a shared counter on a
+              dynamic one); the rows reach the rank that analysed the most frames by
+              Gatherv or by one-sided puts into an MPI window (Khoshlessan et al.
+              2019's Global Arrays), are put back in chunk order there, and it writes
+              one part file.
   tasks mode: python -m trajflow.tasks.analyze --plan PLAN --block B
-              writes that block's part file; the reduce task joins them.
+              writes that block's part file (on a dynamic schedule, first claiming
+              it and, when idle, copying a late block: block_claims.py); the reduce
+              task joins them.
 
 A frame's way: reader -> kernel (analyses.py) -> gather -> part -> reduce.
 """
 import argparse
+import os
 import sys
 import time
 import traceback
@@ -21,7 +27,7 @@ from .exit_codes import ANALYSIS_RAISED, COLLECTIVE_TIMEOUT
 from .analyses import ANALYSIS_CLASSES
 from .plan import RunPlan, chunk_size, decode_path_arg
 from .block_claims import BlockClaims
-from .schedules import SCHEDULES, Chunk
+from .schedules import Chunk
 from .dcd import open_dcd
 from .xtc import xtc_readable
 from .h5md import is_h5md
@@ -146,15 +152,23 @@ def join_pieces(pieces, layout):
     return arrays, rows
 
 
+def agreed_layout_of(pieces):
+    """{key: (dtype, row shape)} of one rank's arrays; None if it analysed no chunk."""
+    return {k: (v.dtype, v.shape[1:]) for k, v in pieces[0][1].items()} if pieces else None
+
+
 def agreed_layout(comm, pieces):
-    """{key: (dtype, row shape)} of the arrays, from any rank that analysed a chunk."""
-    mine = ({k: (v.dtype, v.shape[1:]) for k, v in pieces[0][1].items()} if pieces else None)
-    return next(layout for layout in comm.allgather(mine) if layout is not None)
+    """The arrays' layout, from any rank that analysed a chunk."""
+    return next(layout for layout in comm.allgather(agreed_layout_of(pieces))
+                if layout is not None)
 
 
 def in_chunk_order(gathered, rows_by_rank):
     """The gather's root: the gathered arrays (every rank's rows, rank after rank, each rank's
     chunks in the order it analysed them) rearranged in chunk order, i.e. frame order."""
+    ids = [chunk_id for rows in rows_by_rank for chunk_id, _ in rows]
+    if ids == sorted(ids):  # static blocks, or chunks that fell in order: no copy
+        return gathered
     out = {}
     for key, value in gathered.items():
         pieces, offset = [], 0
@@ -185,40 +199,64 @@ def run_tasks_mode(plan, block):
     timer = RankTimer("analyze", rank=0, size=1, block=block, mode="tasks",
                       schedule=plan.schedule, progress_path=plan.progress_path(block))
     faults.maybe_slow_down(block)
-    if plan.schedule_strategy.one_chunk_per_rank:
+    if plan.schedule_strategy.copies_late_blocks:
+        run_claimed_blocks(plan, block, timer)
+    else:
         arrays, attrs = analyze_block(plan, block, timer)
         # tasks mode hands its block to reduce through a part file: its "gather"
         with timer.phase("comm"):
             parts.write_part(plan.part_path(f"block_{block:05d}"), arrays,
                              part_attrs(plan, attrs, [block]))
-    else:
-        run_claimed_blocks(plan, block, timer)
     timer.finish(plan.profile_path(f"analyze.block_{block:05d}"))
 
 
 def run_claimed_blocks(plan, block, timer):
     """Tasks mode, dynamic: claim the block, analyse it chunk by chunk until it is
     published (by this task, or by a backup copy elsewhere), then analyse backup
-    copies of late blocks while there are any (block_claims.py)."""
+    copies of late blocks while there are any (block_claims.py). A backup is extra
+    work: its failure is recorded, never the task's."""
     claims = BlockClaims(plan, task=f"analyze.block_{block:05d}")
     runs = timer.info.setdefault("block_copies", [])
-    if claims.published(block):  # a retry of a block a backup copy has published
+    part = plan.part_path(f"block_{block:05d}")
+    if parts.is_whole(part):  # a retry of a block a backup copy has published
+        timer.frames_done = _block_frames(plan, block)
         return
+    if os.path.exists(part):  # damaged since (reduce said so): --resume analyses it again
+        os.remove(part)
     claims.claim(block)
     faults.maybe_fail(plan.workdir, block)
     work = chunk_analysis(plan, timer, one_chunk=False)
     runs.append(publish_block_copy(plan, work, block, claims, timer, backup=False))
-    timer.counting = False  # a backup's frames are its block's, counted by its own task
-    while (late := claims.next_backup()) is not None:
-        runs.append(publish_block_copy(plan, work, late, claims, timer, backup=True))
+    # the block is done, by this copy or another: its progress is whole
+    timer.frames_done = _block_frames(plan, block)
+    timer.counting = False  # a backup's frames are its block's, counted for that block
+    while True:
+        with timer.phase("wait"):  # idle: looking for a late block
+            late = claims.next_backup()
+        if late is None:
+            break
+        try:
+            runs.append(publish_block_copy(plan, work, late, claims, timer, backup=True))
+        except Exception as exc:  # noqa: BLE001 - the block's own task still runs it
+            runs.append({"block": late, "backup": True, "won": False,
+                         "error": f"{type(exc).__name__}: {exc}"})
+            break
     work.close()
+
+
+def _block_frames(plan, block):
+    start, stop = plan.blocks[block]
+    return stop - start
 
 
 def publish_block_copy(plan, work, block, claims, timer, backup):
     """Analyse `block` chunk by chunk, stopping as soon as another copy has published
     it; publish it unless another copy did first. What this copy did, for the record."""
     t0 = time.time()
-    chunks = [c for c in SCHEDULES["dynamic"].chunks(plan) if c.block == block]
+    chunks = plan.schedule_strategy.block_chunks(plan, block)
+
+    if not backup:  # the block's copy has started: idle tasks judge its pace from here
+        claims.progressed(block, t0, 0)
 
     def until_published():
         done = 0
@@ -233,12 +271,14 @@ def publish_block_copy(plan, work, block, claims, timer, backup):
     pieces = analyze_chunks(work, until_published(), timer)
     won = False
     if len(pieces) == len(chunks):
-        arrays = {key: np.concatenate([p[key] for _, p in pieces]) for key in pieces[0][1]}
+        arrays, _ = join_pieces(pieces, agreed_layout_of(pieces))
         with timer.phase("comm"):  # tasks mode hands its block to reduce as a file
             won = parts.write_part(plan.part_path(f"block_{block:05d}"), arrays,
                                    part_attrs(plan, work.attrs(), [block]), first_wins=True)
     if won:
         claims.finished(block, time.time() - t0)
+        if backup:  # the block's own task stops at its next chunk: its progress is whole
+            claims.whole_progress(block, _block_frames(plan, block))
     return {"block": block, "backup": backup, "won": won, "t_start": t0, "t_stop": time.time(),
             "chunks_done": len(pieces), "chunks": len(chunks)}
 
@@ -257,7 +297,7 @@ def run_mpi_mode(plan):
     faults.maybe_slow_down(rank)
     schedule = plan.schedule_strategy
     work = chunk_analysis(plan, timer, comm, schedule.one_chunk_per_rank)
-    with schedule.claims(comm, schedule.chunks(plan), timer) as claims:
+    with schedule.claims(comm, schedule.chunks(plan), timer, plan.collective_timeout_s) as claims:
         pieces = analyze_chunks(work, claims, timer)
         with timer.phase("wait"):  # the straggler signal of Jakupovic and Beckstein 2021
             barrier_or_abort(comm, plan.collective_timeout_s)

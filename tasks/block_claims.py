@@ -14,6 +14,8 @@ result is bit-identical whichever wins.
 
     RUNDIR/claims/block_00003          {"task", "host", "pid", "t"}: block 3 started at t
     RUNDIR/claims/block_00003.progress {"t_first", "frames", "t"}: its own copy's pace
+                                       (times are each host's clock: skew between nodes
+                                       shifts the judgement by as much)
     RUNDIR/claims/block_00003.done     {"seconds", "by"}: how long the block took, who won
     RUNDIR/claims/block_00003.backup   a backup copy of block 3 was started (one per block)
     RUNDIR/claims/backup_slot_00000    one of the run's backup slots (the cap)
@@ -33,7 +35,8 @@ from .rundir import CLAIMS
 BACKUP_AFTER = 2.0   # a block is late once it has run this many median block times
 BACKUP_SHARE = 0.10  # at most this share of the blocks get a backup copy (at least one)
 PROJECT_AFTER = 0.1  # a block's pace is projected once this share of its frames is done
-POLL_S = 0.1         # how often an idle task looks again for a late block
+POLL_S = 0.1         # how soon an idle task looks again for a late block (then less often)
+MAX_POLL_S = 2.0
 
 
 class BlockClaims:
@@ -93,52 +96,68 @@ class BlockClaims:
         """The copy that published says how long the block took (the median's data)."""
         self._write(self._path(block, ".done"), {"seconds": seconds, "by": self.task})
 
+    def whole_progress(self, block, frames):
+        """A backup copy published the block: its progress (the progress bar's) is whole."""
+        path = self.plan.progress_path(block)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="ascii") as fh:
+            fh.write(f"{frames}\n")
+        os.replace(tmp, path)
+
     # --- an idle task ------------------------------------------------------------
     def next_backup(self):
         """The block to copy, or None when there is nothing (more) worth copying.
-        Waits (POLL_S at a time) while a block may still become late; returns at
-        once when a block is unclaimed (its task waits for this core)."""
+        Waits while a block may still become late (POLL_S, then longer: the file
+        system's metadata server serves every idle task); returns at once when a
+        block is unclaimed (its task waits for this core)."""
         n = self.plan.n_blocks
         cap = max(1, math.ceil(BACKUP_SHARE * n))
+        parts_dir = os.path.dirname(self.plan.part_path("x"))
+        names = {os.path.basename(self.plan.part_path(f"block_{b:05d}")): b for b in range(n)}
+        published, pause = set(), POLL_S
         while True:
-            missing = [b for b in range(n) if not self.published(b)]
+            # one listing of parts/ and of claims/ a look; a published block stays so
+            published |= {names[f] for f in _listing(parts_dir) if f in names}
+            missing = [b for b in range(n) if b not in published]
             if not missing:
                 return None
-            claims = {b: self._read(self._path(b)) for b in missing}
-            if any(c is None for c in claims.values()):
+            here = _listing(self.folder)
+            if any(f"block_{b:05d}" not in here for b in missing):
                 return None
-            uncopied = [b for b in missing if not os.path.exists(self._path(b, ".backup"))]
-            if not uncopied or self._slots_taken() >= cap:
+            uncopied = [b for b in missing if f"block_{b:05d}.backup" not in here]
+            if not uncopied or sum(f.startswith("backup_slot_") for f in here) >= cap:
                 return None
-            done = [d["seconds"] for d in (self._read(self._path(b, ".done")) for b in range(n))
-                    if d]
+            done = [d["seconds"] for d in (self._read(os.path.join(self.folder, f)) for f in here
+                                           if f.endswith(".done")) if d]
             if done:
                 median = statistics.median(done)
-                late = sorted(((self._expected_s(b, claims[b]), b) for b in uncopied),
-                              reverse=True)
+                late = sorted(((self._expected_s(b), b) for b in uncopied), reverse=True)
                 for expected, b in late:
                     if expected < BACKUP_AFTER * median:
                         break
                     if self._take_backup(b, cap):
                         return b
-            time.sleep(POLL_S)
+            time.sleep(pause)
+            pause = min(MAX_POLL_S, pause * 1.5)
 
-    def _expected_s(self, block, claim):
-        """How long the block's own copy will have taken: what it has run, or, once it
-        has done PROJECT_AFTER of its frames, what it will run at its pace so far (a task
-        at a quarter of a core is known to be late after a few chunks, not only after
-        twice the median)."""
+    def _expected_s(self, block):
+        """How long the block's own copy will have taken, counted from where the
+        median's are (the copy's start, after its set-up): what it has run, or, once
+        it has done PROJECT_AFTER of its frames, what it will run at its pace so far
+        (a task at a quarter of a core is known to be late after a few chunks, not only
+        after twice the median). Before its copy starts: since its claim."""
         now = time.time()
-        elapsed = now - claim["t"]
         progress = self._read(self._path(block, ".progress"))
+        if not progress:
+            claim = self._read(self._path(block))
+            return now - claim["t"] if claim else 0.0
+        elapsed = now - progress["t_first"]
         start, stop = self.plan.blocks[block]
-        if progress and progress["frames"] >= PROJECT_AFTER * (stop - start):
+        if progress["frames"] >= PROJECT_AFTER * (stop - start):
             pace = (progress["t"] - progress["t_first"]) / progress["frames"]
-            return max(elapsed, now - progress["t_first"] + pace * (stop - start - progress["frames"]))
+            return max(elapsed, elapsed + pace * (stop - start - progress["frames"]))
         return elapsed
-
-    def _slots_taken(self):
-        return sum(1 for name in os.listdir(self.folder) if name.startswith("backup_slot_"))
 
     def _take_backup(self, block, cap):
         """One backup slot and the block's backup mark, both or neither."""
@@ -150,3 +169,10 @@ class BlockClaims:
                 os.remove(path)  # another task copies this block: the slot is free again
                 return False
         return False
+
+
+def _listing(folder):
+    try:
+        return set(os.listdir(folder))
+    except FileNotFoundError:
+        return set()

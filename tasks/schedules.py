@@ -1,24 +1,31 @@
-"""How the ranks of an MPI analyze task share the run's frames: one object per `schedule`
-(tasks mode on a dynamic schedule: block_claims.py).
+"""How an analyze task's ranks (MPI) or tasks (tasks mode) share the run's frames:
+one object per `schedule`.
 
-    static:  rank r analyses block r, the balanced blocks of the papers
-             (Khoshlessan et al. 2019): a slow rank sets the stage's end.
-    dynamic: every block is cut into chunks, and the ranks take the next chunk
-             from a counter in an MPI window on rank 0 (MPI_Fetch_and_op, work
-             sharing without a master loop): a slow rank simply does fewer.
+    static:  rank r analyses block r, task b block b: the balanced blocks of the
+             papers (Khoshlessan et al. 2019); a slow rank sets the stage's end.
+    dynamic: every block is cut into chunks. MPI ranks take the next chunk from
+             a shared counter (work sharing without a master loop), so a slow
+             rank simply does fewer: on one node an atomic add in an MPI
+             shared-memory window, across nodes MPI_Rget_accumulate on rank 0.
+             Tasks claim their blocks and, when idle, copy a late block
+             (block_claims.py).
 
-Either way a rank gets `Chunk`s (a span of the run's frames inside one block),
-the gather joins every rank's chunks back in chunk order (analyze.py), and the
-result is the same bit for bit. Adding a schedule is one class registered in
-SCHEDULES; nothing else branches on `plan.schedule`.
+Either way a rank gets `Chunk`s (a span of the run's frames inside one block)
+and the gather joins every rank's chunks back in chunk order (analyze.py): a
+built-in analysis' result is the same bit for bit; a user's analysis merges
+more pieces with its class' aggregator (equal to float rounding). Adding a
+schedule is one class registered in SCHEDULES.
 """
 import contextlib
+import sys
 import threading
+import time
 from typing import Dict, Iterator, List, NamedTuple
 
 import numpy as np
 
 from . import faults
+from .exit_codes import COLLECTIVE_TIMEOUT
 
 
 class Chunk(NamedTuple):
@@ -33,16 +40,22 @@ class Chunk(NamedTuple):
 class Schedule:
     name = ""
     help = ""
-    one_chunk_per_rank = False
+    one_chunk_per_rank = False   # MPI: a rank analyses one chunk, its block
+    copies_late_blocks = False   # tasks mode: claim blocks, copy late ones (block_claims.py)
 
     def chunks(self, plan) -> List[Chunk]:
         """Every chunk of the run, in frame order (id = index)."""
         raise NotImplementedError
 
+    def block_chunks(self, plan, block) -> List[Chunk]:
+        """The chunks of one block, in frame order."""
+        return [c for c in self.chunks(plan) if c.block == block]
+
     @contextlib.contextmanager
-    def claims(self, comm, chunks: List[Chunk], timer) -> Iterator[Iterator[Chunk]]:
+    def claims(self, comm, chunks: List[Chunk], timer, timeout_s) -> Iterator[Iterator[Chunk]]:
         """The chunks this rank analyses, as it should take them. The context ends
-        after every rank has left its loop (the caller's barrier is inside it)."""
+        after every rank has left its loop (the caller's barrier is inside it); a
+        claim not answered within `timeout_s` aborts the job."""
         raise NotImplementedError
 
 
@@ -55,7 +68,7 @@ class Static(Schedule):
         return [Chunk(b, b, start, stop) for b, (start, stop) in enumerate(plan.blocks)]
 
     @contextlib.contextmanager
-    def claims(self, comm, chunks, timer):
+    def claims(self, comm, chunks, timer, timeout_s):
         yield iter([chunks[comm.Get_rank()]])
 
 
@@ -73,6 +86,7 @@ class Dynamic(Schedule):
     help = ("MPI ranks take small chunks of frames from a shared counter, so a slow rank "
             "does fewer; an idle task runs a backup copy of a late block, the first copy "
             "to finish wins")
+    copies_late_blocks = True
 
     def chunks(self, plan):
         out = []
@@ -95,8 +109,8 @@ class Dynamic(Schedule):
         return [c[i] for i in range(longest) for c in by_block.values() if i < len(c)]
 
     @contextlib.contextmanager
-    def claims(self, comm, chunks, timer):
-        counter = claim_counter(comm)
+    def claims(self, comm, chunks, timer, timeout_s):
+        counter = claim_counter(comm, timeout_s)
         try:
             yield self._claimed(counter, comm.Get_size(), self.claim_order(chunks), timer)
         except BaseException:
@@ -109,7 +123,7 @@ class Dynamic(Schedule):
         n = len(ordered)
         pending = counter.claim()
         while True:
-            with timer.phase("comm"):  # a remote claim was mostly made during the last chunk
+            with timer.phase("wait"):  # a remote claim was mostly made during the last chunk
                 k = pending.wait()
             if k >= n:
                 return
@@ -123,16 +137,17 @@ class Dynamic(Schedule):
                 pending = counter.claim()
 
 
-def claim_counter(comm):
+def claim_counter(comm, timeout_s):
     """The counter the ranks claim chunks from: in shared memory when they all share
-    a node, else in an MPI window on rank 0."""
+    a node, else in an MPI window on rank 0 (a claim unanswered for `timeout_s`
+    aborts the job)."""
     from mpi4py import MPI
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     one_node = node.Get_size() == comm.Get_size()
     node.Free()
     if one_node and not faults.remote_counter_forced():
         return SharedMemoryCounter(comm)
-    return RemoteCounter(comm)
+    return RemoteCounter(comm, timeout_s)
 
 
 class _Claimed:
@@ -178,11 +193,24 @@ class SharedMemoryCounter:
 class _Claim:
     """One outstanding fetch-and-add on a remote counter."""
 
-    def __init__(self, request, result):
-        self.request, self.result = request, result
+    def __init__(self, request, result, timeout_s):
+        self.request, self.result, self.timeout_s = request, result, timeout_s
 
     def wait(self) -> int:
-        self.request.Wait()
+        """The chunk claimed. A rank 0 that stopped answering (hung, or its node lost)
+        must not leave this rank waiting until the walltime: past `timeout_s` the job
+        is aborted, as at the gather's barrier."""
+        from mpi4py import MPI
+        t0 = time.time()
+        while not self.request.Test():
+            waited = time.time() - t0
+            if waited > self.timeout_s:
+                print(f"analyze rank {MPI.COMM_WORLD.Get_rank()}: rank 0 did not answer a "
+                      f"claim for a chunk within {self.timeout_s:.0f} s; aborting the job",
+                      file=sys.stderr, flush=True)
+                MPI.COMM_WORLD.Abort(COLLECTIVE_TIMEOUT)
+            if waited > 0.005:  # answered at once, as a rule; else do not hold a core
+                time.sleep(0.0002)
         return int(self.result[0])
 
 
@@ -195,35 +223,43 @@ class RemoteCounter:
     MPICH waits for rank 0's next MPI call (a claim waited 1.9 s while rank 0
     computed, measured). So rank 0 runs a thread that pokes MPI's progress
     engine every POKE_S (`MPI_Iprobe`) while the window is open: a claim then
-    takes 1-5 ms, and is made while the previous chunk is analysed. A rank 0
-    that is itself throttled pokes late, and the others' claims wait for it.
+    takes 1-5 ms, and is made while the previous chunk is analysed. The thread
+    needs MPI_THREAD_MULTIPLE (mpi4py asks for it; an MPI without it is named on
+    stderr, and claims then wait for rank 0's chunks). A rank 0 that is itself
+    throttled pokes late, and the others' claims wait for it.
     """
     POKE_S = 0.0005
     round_trip = True
 
-    def __init__(self, comm):
+    def __init__(self, comm, timeout_s):
         from mpi4py import MPI
-        self.MPI = MPI
+        self.MPI, self.comm, self.timeout_s = MPI, comm, timeout_s
         rank = comm.Get_rank()
         self.buffer = np.zeros(1, dtype=np.int64)
         self.win = MPI.Win.Create(self.buffer if rank == 0 else None, disp_unit=8, comm=comm)
         self.win.Lock_all()
         self.one = np.ones(1, dtype=np.int64)
         self.poking = None
-        if rank == 0 and MPI.Query_thread() == MPI.THREAD_MULTIPLE:
-            self.stop = threading.Event()
-            self.poking = threading.Thread(target=self._poke, name="trajflow-mpi-progress",
-                                           daemon=True)
-            self.poking.start()
+        if rank != 0:
+            return
+        if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+            print("analyze: this MPI gives no MPI_THREAD_MULTIPLE: the other ranks' claims of "
+                  "chunks wait for rank 0's own (--schedule static avoids the wait)",
+                  file=sys.stderr, flush=True)
+            return
+        self.stop = threading.Event()
+        self.poking = threading.Thread(target=self._poke, name="trajflow-mpi-progress",
+                                       daemon=True)
+        self.poking.start()
 
     def _poke(self):
         while not self.stop.wait(self.POKE_S):
-            self.MPI.COMM_WORLD.Iprobe(self.MPI.ANY_SOURCE, _NO_TAG)
+            self.comm.Iprobe(self.MPI.ANY_SOURCE, _NO_TAG)
 
     def claim(self) -> _Claim:
         result = np.zeros(1, dtype=np.int64)
         request = self.win.Rget_accumulate(self.one, result, 0, op=self.MPI.SUM)
-        return _Claim(request, result)
+        return _Claim(request, result, self.timeout_s)
 
     def close(self):
         """Collective, after every rank's last claim (the caller's barrier)."""

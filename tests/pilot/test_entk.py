@@ -140,8 +140,11 @@ def test_every_rank_left_a_timing_record_also_in_radicals_profile(session):
     ranks = [json.loads(open(p).readline())
              for p in sorted(glob.glob(plans["rmsd_mpi"].profile_path("analyze.*")))]
     assert sorted(r["rank"] for r in ranks) == [0, 1]
+    # the default schedule of a built-in analysis in mpi mode: chunks claimed as they go
+    assert sum(r["frames"] for r in ranks) == 98
     for r in ranks:
-        assert r["frames"] == 49 and r["t_total"] > 0
+        assert r["schedule"] == "dynamic" and r["frames"] > 0 and r["t_total"] > 0
+        assert sum(c[3] - c[2] for c in r["chunks"]) == r["frames"]
         assert r["t_total"] >= r["t_io"] + r["t_compute"] + r["t_wait"] + r["t_comm"]
     task = next(o for o in report.outcomes if o.pipeline == "rmsd_mpi" and o.stage == "analyze")
     prof = open(glob.glob(os.path.join(task.kept, "*.prof"))[0]).read()  # RUNDIR's copy

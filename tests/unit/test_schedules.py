@@ -115,3 +115,16 @@ def test_a_dynamic_run_of_equal_ranks_whose_chunks_cost_much_is_advised_static()
         members.append(rec)
     plan = type("Plan", (), {"mode": "mpi"})()
     assert "--schedule static" in schedule_advice(plan, members)
+
+
+def test_a_dynamic_runs_slow_rank_cost_what_a_healthy_rank_would_have_saved():
+    """Rank 1 at a quarter of rank 0's speed, both ending at 2 s with 8,000 and 2,000
+    frames: it is flagged (its frames took 4x as long each), and it cost the 0.75 s a
+    healthy rank would have saved (10,000 frames at 2 x 4,000 per s: 1.25 s), not the
+    6 s its frames-scaled duration exceeds the other's by."""
+    from trajflow.workflows.profile.stragglers import judge_group
+    members = [{**_rank(r, f, 2.0, "dynamic"), "t_work": 2.0, "t_total": 2.0, "t_start": 100.0,
+                "t_stop": 102.0, "t_wait": 0.0} for r, f in ((0, 8000), (1, 2000))]
+    [flag] = judge_group(members, ("run", "analyze"))
+    assert flag["rank"] == 1
+    assert abs(flag["impact_s"] - 0.75) < 1e-9

@@ -53,6 +53,10 @@ class CpuQuota:
         else:
             self.path = os.path.join(V2_ROOT, name)
             os.mkdir(self.path)
+            if not os.path.exists(os.path.join(self.path, "cpu.max")):
+                os.rmdir(self.path)
+                raise RuntimeError(f"{V2_ROOT}/cgroup.subtree_control does not enable the cpu "
+                                   "controller: echo +cpu > it (as root)")
             self._write("cpu.max", f"{quota} {PERIOD_US}")
 
     def _write(self, name, value):

@@ -48,7 +48,8 @@ def experiment_rows(cdir):
                "error": outcome.get("error") or "; ".join(outcome.get("failed_tasks", []))[:300],
                "rundir": d}
         if outcome["status"] == "done":
-            _, records = load_run(d)
+            plan, records = load_run(d)
+            row["schedule"] = plan.schedule  # what ran ("auto" resolved when planned)
             phases = slowest_rank_phases(records)
             if phases:
                 row.update({"t_total": phases["total"],

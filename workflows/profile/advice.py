@@ -180,7 +180,8 @@ def compare_strategies(runs):
             continue
         times = run_times(records)
         label = f"--io {plan.io} --mode {plan.mode}" + (
-            f" --gather {plan.gather}" if plan.mode == "mpi" else "")
+            f" --gather {plan.gather}" if plan.mode == "mpi" else "") + (
+            f" --schedule {plan.schedule}" if plan.schedule != "static" else "")
         key = (plan.input_checksum, plan.analysis, plan.n_blocks)
         points.setdefault(key, {}).setdefault(label, []).append(
             (times["analyze_stage"] + times["prepare"], times["prepare"]))

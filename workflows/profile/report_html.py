@@ -139,7 +139,8 @@ def _draw_work_units(fig, entries, starts, HoverTool, ColumnDataSource):
     units = {"y": [], "left": [], "right": [], "what": []}
     for label, r, _ in entries:
         t0 = starts.get(r["run"], 0.0)
-        pieces = [(c[4], c[5], f"chunk {c[0]}: frames {c[2]}-{c[3] - 1} of block {c[1]}")
+        pieces = [(c[4], c[5], f"chunk {c[0]}: the run's frames #{c[2]}-#{c[3] - 1} "
+                               f"(block {c[1]})")
                   for c in r.get("chunks") or [] if r.get("mode") == "mpi"]
         pieces += [(b["t_start"], b["t_stop"],
                     f"block {b['block']} ({'backup copy' if b['backup'] else 'own'}, "

@@ -24,12 +24,12 @@ def _busy(rec):
 
 
 def rank_speeds(members):
-    """[(member, frames per second)] of the members that analysed frames."""
+    """[(member, frames per second)]; 0 for a member that analysed no frame (a rank
+    a dynamic schedule gave no chunk: it was too slow to claim one)."""
     out = []
     for m in members:
         busy = _busy(m)
-        if m.get("frames") and busy > 0:
-            out.append((m, m["frames"] / busy))
+        out.append((m, m["frames"] / busy if m.get("frames") and busy > 0 else 0.0))
     return out
 
 
@@ -41,16 +41,16 @@ def mpi_effect(members):
     can do; `dynamic_s`: the dynamic loop's span as measured (a static run: its own
     slowest block). None when the speeds are unknown."""
     speeds = rank_speeds(members)
-    if len(speeds) < 2 or len(speeds) != len(members):
+    total = sum(m.get("frames") or 0 for m, _ in speeds)
+    if len(speeds) < 2 or not total or not any(v for _, v in speeds):
         return None
-    total = sum(m["frames"] for m, _ in speeds)
     schedule = members[0].get("schedule", "static")
     slow = []
     for m, v in speeds:
         others = statistics.median(o for x, o in speeds if x is not m)
-        if v < SLOW_SPEED * others:
-            slow.append((m.get("rank"), v / others, m["frames"] / total))
-    static_s = max(total / len(speeds) / v for _, v in speeds)
+        if others > 0 and v < SLOW_SPEED * others:
+            slow.append((m.get("rank"), v / others, (m.get("frames") or 0) / total))
+    static_s = max(total / len(speeds) / v if v > 0 else float("inf") for _, v in speeds)
     balanced_s = total / sum(v for _, v in speeds)
     loop_s = max(_loop_span(m) for m in members)
     chunks = sum(len(m.get("chunks") or []) for m in members)
@@ -90,7 +90,7 @@ def mpi_lines(effect):
             lines.append(f"rank {rank} ran at {ratio:.2f}x the others' speed; dynamic "
                          f"scheduling gave it {share:.0%} of the frames")
         saved = effect["static_s"] - effect["dynamic_s"]
-        if effect["slow"] and saved > 0:
+        if effect["slow"] and 0 < saved < float("inf"):
             lines.append(f"the frames' loop ended {saved:.2f} s sooner than static blocks would "
                          f"have (estimated {effect['static_s']:.2f} s at the measured speeds; "
                          f"{effect['dynamic_s']:.2f} s measured, {effect['balanced_s']:.2f} s "

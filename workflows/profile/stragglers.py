@@ -208,6 +208,8 @@ def _phase_outliers(members, late, healthy, phase_base, floor, common):
 
 def impact(member, members, excess):
     """How much sooner the group would have ended had `member` not been late."""
+    if member.get("mode") == "mpi" and member.get("schedule") == "dynamic":
+        return dynamic_impact(member, members)
     if member.get("mode") == "mpi" or any(o.get("t_wait") for o in members):
         return excess  # the other ranks wait for it at the barrier
     if any(o.get("t_start", 0.0) >= member.get("t_stop", 0.0) for o in members if o is not member):
@@ -215,6 +217,20 @@ def impact(member, members, excess):
     end = max(o.get("t_stop", 0.0) for o in members)
     others = max((o.get("t_stop", 0.0) for o in members if o is not member), default=0.0)
     return max(0.0, end - max(others, member.get("t_stop", 0.0) - excess))
+
+
+def dynamic_impact(member, members):
+    """On a dynamic schedule a slow rank does fewer frames and the others do not wait
+    for it: it cost the group the difference between the loop's end and what the
+    frames would have taken with it at the others' median speed."""
+    def speed(m):
+        work = m.get("t_work", m["t_total"])
+        return (m.get("frames") or 0) / work if work > 0 else 0.0
+    others = [speed(o) for o in members if o is not member]
+    total = sum(m.get("frames") or 0 for m in members)
+    healthy = sum(others) + (statistics.median(others) if others else speed(member))
+    end = max(m.get("t_work", m["t_total"]) for m in members)
+    return max(0.0, end - total / healthy) if healthy > 0 else 0.0
 
 
 def judge(records, group_key):
