@@ -157,3 +157,84 @@ def test_a_late_task_is_overtaken_by_a_backup_copy(tmp_path, long_xtc):
     _, recs = load_run(plan.workdir)
     assert "block 2: a backup copy in the task of block" in "\n".join(
         straggler_lines(find_stragglers(recs), recs))
+
+
+@pytest.fixture(scope="module")
+def foreign_xtc(tmp_path_factory):
+    """MDAnalysisTests' solvated AdK (periodic, triclinic) x4 as an XTC nobody here
+    would write: precision 2 (0.01 nm), 3,000 A from the origin, no box in frame 0, and
+    a copy cut inside its last frame."""
+    import MDAnalysis as mda
+    from trajflow.workflows.datasets import solvated_concatenated
+    top, src = solvated_concatenated(4, "XTC")
+    u = mda.Universe(top, src)
+    folder = tmp_path_factory.mktemp("foreign")
+    path = str(folder / "odd.xtc")
+    with mda.Writer(path, n_atoms=len(u.atoms), precision=2) as w:
+        for ts in u.trajectory:
+            ts.positions += 3000.0
+            if ts.frame == 0:
+                ts.dimensions = None
+            w.write(u.atoms)
+    cut = str(folder / "odd_cut.xtc")
+    data = open(path, "rb").read()
+    with open(cut, "wb") as fh:
+        fh.write(data[:len(data) - 5000])  # the last frame loses its tail
+    return top, path, cut
+
+
+def features_in_float64(top, traj):
+    """cos/sin of backbone phi/psi from the coordinates written, in float64 throughout
+    (bond vectors, a brute-force triclinic minimum image, the angles): the data's own
+    answer. At 3,000 A from the origin MDAnalysis' float32 minimum image is 2.6e-5 off
+    it (measured), so the file is judged against this, not against MDAnalysis."""
+    import MDAnalysis as mda
+    from MDAnalysis.analysis.dihedrals import Ramachandran
+    from MDAnalysis.lib.mdamath import triclinic_vectors
+    u = mda.Universe(top, traj)
+    rama = Ramachandran(u.select_atoms("protein"))
+    groups = [rama.ag1, rama.ag2, rama.ag3, rama.ag4, rama.ag5]
+    shifts = np.array([[i, j, k] for i in (-1, 0, 1) for j in (-1, 0, 1) for k in (-1, 0, 1)])
+
+    def nearest(d, vec):
+        d = d - np.round(np.linalg.solve(vec.T, d.T).T) @ vec
+        images = d[:, None, :] + (shifts @ vec)[None]
+        return images[np.arange(len(d)), np.argmin((images ** 2).sum(2), axis=1)]
+
+    def angle(b1, b2, b3):
+        n1, n2 = np.cross(b1, b2), np.cross(b2, b3)
+        return np.arctan2(np.linalg.norm(b2, axis=1) * (n1 * b3).sum(1), (n1 * n2).sum(1))
+
+    out = []
+    for ts in u.trajectory:
+        x = [g.positions.astype(np.float64) for g in groups]
+        b = [x[k + 1] - x[k] for k in range(4)]
+        if ts.dimensions is not None:
+            vec = triclinic_vectors(ts.dimensions).astype(np.float64)
+            b = [nearest(v, vec) for v in b]
+        phi, psi = angle(*b[:3]), angle(*b[1:])
+        out.append(np.stack([np.cos(phi), np.sin(phi), np.cos(psi), np.sin(psi)], 1).ravel())
+    return np.array(out)
+
+
+@pytest.mark.parametrize("analysis", ["rmsd", "dihedrals"])
+def test_a_dynamic_schedule_on_a_foreign_periodic_xtc_equals_the_data(
+        tmp_path, foreign_xtc, reference_results, analysis):
+    """Several chunks per block on a file of another precision, far from the origin, with
+    a box missing, whole and cut short (--allow-truncated: its whole frames): RMSD
+    against MDAnalysis' serial run of the whole file, the dihedral features against the
+    data written (MDAnalysis' own are 2.6e-5 off them here)."""
+    top, whole, cut = foreign_xtc
+    if analysis == "rmsd":
+        key, tolerance, expected = "rmsd", 1e-4, reference_results(top, [whole], "rmsd")["rmsd"]
+    else:
+        key, tolerance, expected = "features", 1e-9, features_in_float64(top, whole)
+    for name, traj, extra in (("whole", whole, {}), ("cut", cut, {"allow_truncated": True})):
+        path, plan = plan_and_run(tmp_path / name, top, [traj], analysis, blocks=2, cpus=2,
+                                  schedule="dynamic", chunk=3, **extra)
+        got = datasets(path)
+        n = plan.n_frames
+        assert n == (40 if name == "whole" else 39)
+        assert max(len(r["chunks"]) for r in records(plan)) > 1
+        np.testing.assert_array_equal(got["frame"], np.arange(n))
+        np.testing.assert_allclose(got[key], expected[:n], rtol=0, atol=tolerance)
