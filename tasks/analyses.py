@@ -83,9 +83,7 @@ class BlockAnalysis:
             out["time"].append(chunk.times)
             for key, value in rows.items():
                 out.setdefault(key, []).append(value)
-        # a rank of a dynamic schedule runs several chunks: its record sums them
-        timer.info["frames"] = timer.info.get("frames", 0) + stop - start
-        timer.info["bytes_read"] = timer.info.get("bytes_read", 0) + n_bytes
+        timer.count(frames=stop - start, bytes_read=n_bytes)
         return {k: np.concatenate(v) if v else np.empty(0) for k, v in out.items()}
 
     def attrs(self) -> dict:

@@ -31,6 +31,7 @@ import statistics
 import time
 
 from .rundir import CLAIMS
+from .timing import write_progress
 
 BACKUP_AFTER = 2.0   # a block is late once it has run this many median block times
 BACKUP_SHARE = 0.10  # at most this share of the blocks get a backup copy (at least one)
@@ -98,12 +99,7 @@ class BlockClaims:
 
     def whole_progress(self, block, frames):
         """A backup copy published the block: its progress (the progress bar's) is whole."""
-        path = self.plan.progress_path(block)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="ascii") as fh:
-            fh.write(f"{frames}\n")
-        os.replace(tmp, path)
+        write_progress(self.plan.progress_path(block), frames)
 
     # --- an idle task ------------------------------------------------------------
     def next_backup(self):

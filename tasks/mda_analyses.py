@@ -383,7 +383,7 @@ class UserChunks:
             analysis._compute(np.stack([np.arange(chunk.start, chunk.stop), frames], axis=1))
         blob = np.frombuffer(pickle.dumps(analysis.results, protocol=pickle.HIGHEST_PROTOCOL),
                              dtype=np.uint8)
-        timer.info["frames"] = timer.info.get("frames", 0) + len(frames)
+        timer.count(frames=len(frames))
         return {"frame": np.asarray(analysis.frames, dtype=np.int64),
                 "time": np.asarray(analysis.times, dtype=np.float64),
                 "results_pickle": blob, "results_pickle_size": np.array([blob.size], np.int64)}

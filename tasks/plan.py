@@ -66,7 +66,8 @@ class RunPlan:
     compression: Optional[str] = None
     input_checksum: str = ""
     collective_timeout_s: float = 1800.0  # an MPI rank waits this long for the others
-    schedule: str = "static"  # how MPI ranks share the frames (schedules.py)
+    schedule: str = "static"  # how ranks or tasks share the frames (schedules.py; older
+    # plans, which have none, ran static blocks)
     created_by: str = "trajflow"
     # a user's MDAnalysis analysis (analysis = "FILE.py:NAME" or "module:NAME"):
     # the factory's keyword arguments, and where its code is (see mda_analyses)

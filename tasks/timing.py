@@ -34,6 +34,15 @@ def read_bytes():
         return None
 
 
+def write_progress(path, frames):
+    """A block's frames done so far, as the workstation's progress bar reads it."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(f"{frames}\n")
+    os.replace(tmp, path)
+
+
 class RankTimer:
     """One task's (one MPI rank's) phases; with `progress_path`, its frames done so far.
 
@@ -87,11 +96,13 @@ class RankTimer:
             self._progress_written = now
 
     def _write_progress(self):
-        os.makedirs(os.path.dirname(self.progress_path), exist_ok=True)
-        tmp = f"{self.progress_path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(f"{self.frames_done}\n")
-        os.replace(tmp, self.progress_path)
+        write_progress(self.progress_path, self.frames_done)
+
+    def count(self, **amounts):
+        """Add to the record's totals (`frames`, `bytes_read`): a rank of a dynamic
+        schedule runs several chunks, and its record sums them."""
+        for key, value in amounts.items():
+            self.info[key] = self.info.get(key, 0) + value
 
     def add(self, name: str, t0: float, t1: float):
         """An interval measured by the caller (e.g. sums of per-frame times)."""

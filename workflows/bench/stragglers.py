@@ -52,7 +52,7 @@ def _mpi_launch(top, xtc, analysis, schedule, slow, workdir):
         raise RuntimeError(f"{workdir}: the ranks' records hold no frames' speeds")
     return {"stage_s": max(r["t_stop"] for r in records) - min(r["t_start"] for r in records),
             # first chunk's start to last chunk's end (a static rank's one chunk: its block)
-            "loop_s": effect["dynamic_s"], "balanced_s": effect["balanced_s"],
+            "loop_s": effect["loop_s"], "balanced_s": effect["balanced_s"],
             "frames": [r["frames"] for r in records],
             "speeds": [round(r["frames"] / max(1e-9, r["t_io"] + r["t_compute"]))
                        for r in records]}

@@ -15,7 +15,7 @@ import os
 import statistics
 
 from trajflow.tasks.rundir import read_outcome
-from trajflow.workflows.profile.advice import comparison_line, prepare_seconds
+from trajflow.workflows.profile.advice import comparison_line, prepare_seconds, strategy_flags
 from trajflow.workflows.profile.inspection import (find_stragglers, fmt_or_na, load_run,
                                                    slowest_rank_phases, speedup)
 
@@ -149,9 +149,7 @@ def strategy_comparisons(rows):
     points = {}
     for r in rows:
         if "t_total" in r:
-            label = f"--io {r['io']} --mode {r['mode']}" + (
-                f" --gather {r['gather']}" if r["mode"] == "mpi" else "") + (
-                f" --schedule {r['schedule']}" if r.get("schedule", "auto") != "auto" else "")
+            label = strategy_flags(r["io"], r["mode"], r["gather"], r.get("schedule"))
             points.setdefault((r["resource"], r["analysis"], r["repeat"], r["ranks"]), {}) \
                 .setdefault(label, []).append((r["t_total"] + r["t_prepare"], r["t_prepare"]))
     return [comparison_line(f"{res} {analysis} at N = {n}" + (f" K = {k}" if k != 1 else ""), by)

@@ -104,6 +104,13 @@ def run_times(records, rundir=None, asked_at=0.0):
     return times
 
 
+def strategy_flags(io, mode, gather, schedule=None):
+    """A strategy as the flags that ask for it; the gather only in mpi mode, the
+    schedule only when neither the papers' static blocks nor left to auto."""
+    return (f"--io {io} --mode {mode}" + (f" --gather {gather}" if mode == "mpi" else "")
+            + (f" --schedule {schedule}" if schedule not in (None, "static", "auto") else ""))
+
+
 def advice(plan, records):
     """The advice for one run: {"text", "ratio", "t_io", "t_compute", "times"}."""
     analyze = [r for r in records if r["task"] == "analyze"]
@@ -117,8 +124,7 @@ def advice(plan, records):
     if times["analysis"] < max(MIN_ANALYSIS_S, MIN_ANALYSIS_SHARE * times["whole"]):
         out["text"] = too_short(plan, times)
         return out
-    strategy = f"--io {plan.io} --mode {plan.mode}" + (
-        f" --gather {plan.gather}" if plan.mode == "mpi" else "")
+    strategy = strategy_flags(plan.io, plan.mode, plan.gather)
     prepared = _prepared(plan, times)
     if ratio >= COMPUTE_BOUND:
         text = (f"compute bound with {strategy} (t_compute/t_IO = {ratio:.0f}): more ranks "
@@ -179,9 +185,7 @@ def compare_strategies(runs):
         if not any(r["task"] == "analyze" for r in records):
             continue
         times = run_times(records)
-        label = f"--io {plan.io} --mode {plan.mode}" + (
-            f" --gather {plan.gather}" if plan.mode == "mpi" else "") + (
-            f" --schedule {plan.schedule}" if plan.schedule != "static" else "")
+        label = strategy_flags(plan.io, plan.mode, plan.gather, plan.schedule)
         key = (plan.input_checksum, plan.analysis, plan.n_blocks)
         points.setdefault(key, {}).setdefault(label, []).append(
             (times["analyze_stage"] + times["prepare"], times["prepare"]))

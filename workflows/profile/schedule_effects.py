@@ -11,8 +11,9 @@ have saved.
 """
 import statistics
 
+from trajflow.workflows.profile.stragglers import FLOOR_S, FLOOR_SHARE
+
 SLOW_SPEED = 0.8          # a rank below this share of the others' median speed is named
-WORTH_S, WORTH_SHARE = 0.2, 0.05  # a difference this large (both) is worth a word
 OVERHEAD_SHARE = 0.03     # scheduling costing more than this share of the work is worth a word
 MIN_LOOP_S = 0.5          # a frames' loop shorter than this is too short to judge speeds by
 
@@ -35,11 +36,11 @@ def rank_speeds(members):
 
 def mpi_effect(members):
     """For the ranks of one MPI analyze task: {"schedule", "slow": [(rank, speed ratio,
-    share of frames)], "static_s", "dynamic_s", "balanced_s", "chunks", "overhead_s"}.
+    share of frames)], "static_s", "loop_s", "balanced_s", "chunks", "overhead_s"}.
     `static_s`: the loop's span with balanced blocks at the measured speeds (the
     slowest rank's block), `balanced_s`: W / sum of speeds, the best any schedule
-    can do; `dynamic_s`: the dynamic loop's span as measured (a static run: its own
-    slowest block). None when the speeds are unknown."""
+    can do; `loop_s`: the frames' loop's span as measured (first chunk's start to last
+    chunk's end; a static run: its slowest block). None when the speeds are unknown."""
     speeds = rank_speeds(members)
     total = sum(m.get("frames") or 0 for m, _ in speeds)
     if len(speeds) < 2 or not total or not any(v for _, v in speeds):
@@ -56,7 +57,7 @@ def mpi_effect(members):
     chunks = sum(len(m.get("chunks") or []) for m in members)
     overhead = sum(max(0.0, _loop_span(m) - _busy(m)) + _unaccounted(m) for m in members)
     return {"schedule": schedule, "slow": sorted(slow, key=lambda s: s[1]),
-            "static_s": static_s, "balanced_s": balanced_s, "dynamic_s": loop_s,
+            "static_s": static_s, "balanced_s": balanced_s, "loop_s": loop_s,
             "chunks": chunks, "overhead_s": overhead,
             "work_s": sum(_busy(m) for m in members)}
 
@@ -82,18 +83,18 @@ def _unaccounted(rec):
 
 def mpi_lines(effect):
     """What the schedule did, in words (nothing worth saying: no lines)."""
-    if effect is None or effect["dynamic_s"] < MIN_LOOP_S:
+    if effect is None or effect["loop_s"] < MIN_LOOP_S:
         return []
     lines = []
     if effect["schedule"] == "dynamic":
         for rank, ratio, share in effect["slow"]:
             lines.append(f"rank {rank} ran at {ratio:.2f}x the others' speed; dynamic "
                          f"scheduling gave it {share:.0%} of the frames")
-        saved = effect["static_s"] - effect["dynamic_s"]
+        saved = effect["static_s"] - effect["loop_s"]
         if effect["slow"] and 0 < saved < float("inf"):
             lines.append(f"the frames' loop ended {saved:.2f} s sooner than static blocks would "
                          f"have (estimated {effect['static_s']:.2f} s at the measured speeds; "
-                         f"{effect['dynamic_s']:.2f} s measured, {effect['balanced_s']:.2f} s "
+                         f"{effect['loop_s']:.2f} s measured, {effect['balanced_s']:.2f} s "
                          "the best any schedule could do)")
         per_chunk = effect["overhead_s"] / max(1, effect["chunks"])
         lines.append(f"{effect['chunks']} chunks, {per_chunk * 1e3:.2f} ms of scheduling each "
@@ -110,7 +111,8 @@ def mpi_lines(effect):
 
 
 def _worth(saved, of):
-    return saved > WORTH_S and saved > WORTH_SHARE * of
+    """A saving as large as the straggler judge's floor (stragglers.py) is worth a word."""
+    return saved > FLOOR_S and saved > FLOOR_SHARE * of
 
 
 def backup_lines(members):
@@ -145,7 +147,7 @@ def schedule_advice(plan, analyze):
     if plan.mode != "mpi":
         return ""
     effect = mpi_effect(analyze)
-    if effect is None or effect["dynamic_s"] < MIN_LOOP_S:
+    if effect is None or effect["loop_s"] < MIN_LOOP_S:
         return ""
     if effect["schedule"] == "static":
         saved = effect["static_s"] - effect["balanced_s"]
