@@ -287,9 +287,11 @@ def run_mpi_mode(plan):
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    if size != plan.n_blocks:
-        raise SystemExit(f"analyze: {size} MPI ranks for {plan.n_blocks} blocks; "
-                         f"start it with mpiexec -n {plan.n_blocks}")
+    if size != plan.analyze_ranks or (size < plan.n_blocks
+                                      and plan.schedule_strategy.one_chunk_per_rank):
+        raise SystemExit(f"analyze: {size} MPI ranks for {plan.n_blocks} blocks "
+                         f"({plan.schedule} schedule); start it with mpiexec -n "
+                         f"{plan.analyze_ranks}")
     timer = RankTimer("analyze", rank=rank, size=size, block=rank, mode="mpi",
                       gather=plan.gather, schedule=plan.schedule,
                       progress_path=plan.progress_path(rank))

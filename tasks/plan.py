@@ -68,6 +68,8 @@ class RunPlan:
     collective_timeout_s: float = 1800.0  # an MPI rank waits this long for the others
     schedule: str = "static"  # how ranks or tasks share the frames (schedules.py; older
     # plans, which have none, ran static blocks)
+    mpi_ranks: int = 0  # 0: a rank per block; fewer (dynamic schedule) on a pilot with
+    # fewer cores than blocks, e.g. a resume on the nodes left after one was lost
     created_by: str = "trajflow"
     # a user's MDAnalysis analysis (analysis = "FILE.py:NAME" or "module:NAME"):
     # the factory's keyword arguments, and where its code is (see mda_analyses)
@@ -103,6 +105,11 @@ class RunPlan:
     @property
     def n_blocks(self) -> int:
         return len(self.blocks)
+
+    @property
+    def analyze_ranks(self) -> int:
+        """The analyze task's MPI ranks (mpi mode)."""
+        return self.mpi_ranks or self.n_blocks
 
     def frame_numbers(self, start: int = 0, stop: Optional[int] = None) -> np.ndarray:
         """The global frame numbers of the analysed frames [start, stop) (positions in

@@ -110,7 +110,7 @@ def write_result(plan, arrays, analysis_attrs, results=None):
             "topology": plan.topology, "trajectories": json.dumps(plan.trajectories),
             "io": plan.io, "mode": plan.mode, "gather": plan.gather, "schedule": plan.schedule,
             "n_blocks": plan.n_blocks, "blocks": json.dumps(plan.blocks),
-            "ranks": plan.n_blocks if plan.mode == "mpi" else 1,
+            "ranks": plan.analyze_ranks if plan.mode == "mpi" else 1,
             "tasks": 1 if plan.mode == "mpi" else plan.n_blocks,
             "repeat": plan.repeat, "n_frames": plan.n_frames,
             "input_checksum": plan.input_checksum, "compression": plan.compression or "none",

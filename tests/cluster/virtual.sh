@@ -6,7 +6,7 @@
 # them all. The file system is shared, as NFS or Lustre is on a real cluster.
 # This machine (the bridge's first address) is the login node.
 #
-#   tests/cluster/virtual.sh start N [CPUS]  N nodes (2-4), CPUS declared per node (default 1)
+#   tests/cluster/virtual.sh start N [CPUS]  N nodes (2-4), CPUS declared per node (default 2)
 #   tests/cluster/virtual.sh status          the nodes and their states (exit 0 when all are up)
 #   tests/cluster/virtual.sh env             the exports a client needs (eval "$(... env)")
 #   tests/cluster/virtual.sh nodes           the node names, one per line
@@ -105,7 +105,7 @@ write_conf() {
 
 cmd_start() {
     need_root
-    local n=${1:-3} cpus=${2:-1}
+    local n=${1:-3} cpus=${2:-2}
     [[ "$n" =~ ^[2-4]$ ]] || die "N must be 2, 3 or 4 (got '$n')"
     [[ "$cpus" =~ ^[1-9][0-9]*$ ]] || die "CPUS must be a positive number (got '$cpus')"
     command -v slurmctld >/dev/null && command -v munged >/dev/null \

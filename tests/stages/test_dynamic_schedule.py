@@ -9,11 +9,13 @@ import h5py
 import numpy as np
 import pytest
 
-from run_stages import plan_and_run
+from plans import make_plan
+from run_stages import plan_and_run, run_stages
 from trajflow.workflows.bench import cpu_quota
 from trajflow.workflows.datasets import adk_concatenated
 from trajflow.workflows.profile.advice import advice
 from trajflow.workflows.profile.inspection import load_run, straggler_lines, find_stragglers
+from trajflow.workflows.run.planning import fit_to_cores, write_plan
 
 needs_quota = pytest.mark.skipif(cpu_quota.unavailable() is not None,
                                  reason=f"no real slow rank here: {cpu_quota.unavailable()}")
@@ -66,6 +68,35 @@ def test_a_dynamic_schedule_of_chosen_frames(tmp_path, adk_xtc):
         got[schedule] = datasets(path)
     assert np.array_equal(got["static"]["rmsd"], got["dynamic"]["rmsd"])
     assert np.array_equal(got["dynamic"]["frame"], np.arange(5, 90, 3))
+
+
+@pytest.mark.parametrize("io,gather,analysis", [("shared", "gatherv", "rmsd"),
+                                                 ("split", "rma", "dihedrals")])
+def test_fewer_ranks_than_blocks_share_them_and_give_the_same_result(tmp_path, adk, io, gather,
+                                                                    analysis):
+    """A pilot with fewer cores than blocks (a run resumed on the nodes left after one
+    was lost): fit_to_cores gives the analyze task that many ranks on the dynamic
+    schedule, and the result is the one-rank-per-block static result bit for bit."""
+    path, _ = plan_and_run(tmp_path / "static", *adk[:1], [adk[1]], analysis, io=io,
+                           gather=gather, blocks=5, cpus=5, schedule="static")
+    want = datasets(path)
+    plan = make_plan(adk[0], [adk[1]], analysis, str(tmp_path / "fitted"), io=io, gather=gather,
+                     blocks=5, cpus=5, schedule="static")
+    try:
+        assert fit_to_cores(plan, 5) is plan
+        fitted = fit_to_cores(plan, 2)
+        assert (fitted.mpi_ranks, fitted.analyze_ranks, fitted.schedule) == (2, 2, "dynamic")
+        got = datasets(run_stages(fitted, write_plan(fitted)))
+    finally:
+        plan.lock.release()
+    assert want.keys() == got.keys()
+    for key in want:
+        assert np.array_equal(want[key], got[key]), key
+    ranks = records(fitted)
+    assert sorted(r["rank"] for r in ranks) == [0, 1]
+    assert sum(r["frames"] for r in ranks) == 98
+    # every block's frames were analysed, by the two ranks between them
+    assert {c[1] for r in ranks for c in r["chunks"]} == set(range(5))
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,7 @@ from trajflow.workflows.campaign.run import Campaign
 from trajflow.workflows.cli.commands import run_planned
 from trajflow.workflows.cli.main import run_guarded
 from trajflow.workflows.errors import EXIT_INPUT, InputError
-from trajflow.workflows.remote.batch import BATCH_SYSTEMS, BatchError
+from trajflow.workflows.run.batch import BATCH_SYSTEMS, BatchError
 from trajflow.workflows.run import resources
 from trajflow.workflows.run.api import plan_of
 from trajflow.workflows.run.planning import write_plan

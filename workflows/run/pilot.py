@@ -33,7 +33,7 @@ from trajflow.workflows.run import resources
 from trajflow.workflows.run.execute import PilotProcess, RunRequest
 from trajflow.workflows.run.heartbeat import cancel_orphans
 from trajflow.workflows.run.outcomes import failed_for_good, remove_partial_files
-from trajflow.workflows.run.planning import full_disk_note, make_plan, write_plan
+from trajflow.workflows.run.planning import fit_to_cores, full_disk_note, make_plan, write_plan
 from trajflow.workflows.run.progress import Progress
 from trajflow.workflows.run.runs import Run
 from trajflow.workflows.run.signals import stop_on_signals
@@ -228,13 +228,11 @@ class Pilot:
             raise RuntimeError("this Pilot is closed (it takes no more runs): start a new one")
         if self._broken is not None:
             raise RuntimeError(f"this Pilot can take no more runs: {self._broken}")
-        if plan.mode == "mpi" and plan.n_blocks > self.cpus:
-            raise InputError(f"{plan.n_blocks} MPI ranks do not fit in the pilot's {self.cpus} "
-                             "cpus: give fewer blocks or a larger Pilot")
+        plan = fit_to_cores(plan, self.cpus)
         if resume:  # a pilot of this run whose client died must not run beside this one
             cancel_orphans(plan.workdir, self._say)
             remove_partial_files(plan)
-        path = plan.path(PLAN) if resume else write_plan(plan)
+        path = plan.save(plan.path(PLAN)) if resume else write_plan(plan)
         future = RunFuture(RunRequest(self._unique_name(plan), plan, path, spec.retries, resume,
                                       spec.env, spec.progress))
         lock = plan.lock  # one run per RUNDIR, until this one has ended
@@ -295,14 +293,15 @@ class Pilot:
                     if run.ok:
                         f.set_result(run)
                         continue
-                    error = exc
+                    why = f"{exc}"
                     if run.outcome is None and f.running():  # the child died: say so on disk
                         note = full_disk_note(f.request.plan)
-                        why = f"{exc}" + (f"; {note}" if note else "")
+                        why += f"; {note}" if note else ""
                         record_outcome(f.request.plan.workdir, "failed", why)
-                        if not isinstance(exc, Interrupted):
-                            error = RunFailed(f"run {f.request.name} failed: {why}", run=Run(f.path))
-                    f.set_exception(error)
+                    # a lost pilot fails its runs as any failure does (a RunFailed with the run)
+                    f.set_exception(exc if isinstance(exc, (Interrupted, KeyboardInterrupt))
+                                    else RunFailed(f"run {f.request.name} failed: {why}",
+                                                   run=Run(f.path)))
                 return
             for f in batch:  # ended without a word from the pilot (it should not happen)
                 if not f.done():

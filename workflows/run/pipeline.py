@@ -40,7 +40,8 @@ def stage_specs(plan: RunPlan, plan_path: str) -> Dict[str, List[TaskSpec]]:
     split = [TaskSpec(name, "trajflow.tasks.split", p + args, ranks=max(ranks, 1), mpi=ranks > 0)
              for name, args, ranks in plan.io_strategy.split_tasks(plan)]
     if plan.mode == "mpi":
-        analyze = [TaskSpec("analyze", "trajflow.tasks.analyze", p, ranks=n, mpi=True)]
+        analyze = [TaskSpec("analyze", "trajflow.tasks.analyze", p, ranks=plan.analyze_ranks,
+                            mpi=True)]
     else:
         analyze = [TaskSpec(f"analyze.b{b:05d}", "trajflow.tasks.analyze", p + ["--block", str(b)])
                    for b in range(n)]

@@ -552,6 +552,20 @@ def _resumable(plan, rundir):
     return plan
 
 
+def fit_to_cores(plan: RunPlan, cores: int) -> RunPlan:
+    """The plan for a pilot of `cores`: unchanged when its MPI ranks fit; else
+    its blocks shared by `cores` ranks through the dynamic schedule (the result
+    is the same, in the same order), which is how a run resumed on the nodes
+    left after one was lost goes on. Tasks mode and an MDAnalysis run() (tasks
+    of one core each, which queue for a core) stay as they are."""
+    if plan.mode != "mpi" or plan.backend or plan.n_blocks <= cores:
+        return dataclasses.replace(plan, mpi_ranks=0) if plan.mpi_ranks else plan
+    log.warning("%s: the pilot has %d cores for %d blocks: %d MPI ranks share the blocks "
+                "(dynamic schedule%s)", os.path.basename(plan.workdir), cores, plan.n_blocks,
+                cores, "" if plan.schedule == "dynamic" else f", instead of {plan.schedule}")
+    return dataclasses.replace(plan, mpi_ranks=cores, schedule="dynamic")
+
+
 def write_plan(plan: RunPlan) -> str:
     """Create RUNDIR and its folders and write plan.json; returns the plan's path."""
     for sub in ("",) + FOLDERS:

@@ -22,6 +22,8 @@ import sys
 import tempfile
 from importlib import resources as importlib_resources
 
+from trajflow.workflows.run.batch import BATCH_SYSTEMS
+
 VENV_BIN_PLACEHOLDER = "${TRAJFLOW_VENV_BIN}"
 
 
@@ -310,6 +312,18 @@ def resource_sources() -> dict:
         for label in _labels_in(folder):
             sources.setdefault(label, []).append(origin)
     return sources
+
+
+def pilot_batch_system(resource: str, access_schema=None):
+    """The batch system (batch.BATCH_SYSTEMS) that runs the resource's pilot job,
+    or None: a pilot started by fork (this machine, or inside a batch job already:
+    the "batch" access schema) or under a batch system trajflow does not know."""
+    cfg = merged_config(resource) or {}
+    schema = access_schema or cfg.get("default_schema")
+    endpoint = str(((cfg.get("schemas") or {}).get(schema) or {}).get("job_manager_endpoint", ""))
+    if endpoint.startswith("fork:"):
+        return None
+    return BATCH_SYSTEMS.get(str(cfg.get("resource_manager", "")).upper())
 
 
 def merged_config(resource: str) -> dict:

@@ -17,6 +17,7 @@ from resource import RUSAGE_SELF, getrusage
 from trajflow.tasks.client_guard import CLIENT_CONFIGS
 from trajflow.tasks.rundir import record_outcome
 from trajflow.workflows.run import resources
+from trajflow.workflows.run.batch import BATCH_JOB, lost_nodes_of_job
 from trajflow.workflows.run.entk_client import (new_appmanager, reap_local_tasks,
                                                 remove_id_counters, remove_local_sandbox, shutdown,
                                                 working_dir)
@@ -114,6 +115,10 @@ class _Session:
         self.renewed = False  # a session replaced once already is not replaced again
 
     def open(self):
+        batch = resources.pilot_batch_system(self.pilot["resource"],
+                                             self.pilot.get("access_schema"))
+        if batch is not None:  # before RADICAL starts the components that submit the job
+            os.environ.update(batch.client_environment())
         self.appman = new_appmanager(self.pilot, autoterminate=False, base_path=self.session_root,
                                      rts_config={"sandbox_cleanup": not self.keep_sandbox
                                                  and not self.local, "db_cleanup": False})
@@ -122,8 +127,13 @@ class _Session:
         self.configs = os.path.join(self.dir, CLIENT_CONFIGS)
         python = resources.task_python(self.pilot["resource"])
         guard = [guard_bootstrap_command(python, self.dir, self.client_timeout)]
+        job_record = []
+        if batch is not None:  # so that a pilot lost with a node is reported by its name
+            _SESSION_JOB[0] = (batch, os.path.join(self.dir, BATCH_JOB))
+            job_record = [resources.pre_bootstrap_entry(batch.job_record_command(
+                _SESSION_JOB[0][1]))]
         resources.session_configs(self.configs, self.pilot["resource"], self.pilot["cpus"],
-                                  (guard if self.client_timeout else [])
+                                  (guard if self.client_timeout else []) + job_record
                                   + [resources.kernels_bootstrap_entry(python)]
                                   + _test_start_delay())
         self.beat = Heartbeat(self.dir, self.client_pid, _client_gone,
@@ -219,16 +229,22 @@ def _terminated(signum, frame):
     seen), which was reported as "interrupted by the user"; or a kill."""
     pilot = _SESSION_PILOT[0]() if _SESSION_PILOT[0] else None
     if getattr(pilot, "state", None) == "FAILED":
-        _PILOT_FAILED[0] = (f"the pilot {pilot.uid} failed (RADICAL-Pilot: its job ended before "
-                            "the runs did: the walltime ran out, or the job was killed or "
-                            "could not start; the batch system's and RADICAL's logs are in "
-                            "the session folder)")
+        lost = lost_nodes_of_job(*_SESSION_JOB[0]) if _SESSION_JOB[0] else ""
+        _PILOT_FAILED[0] = (
+            f"the pilot {pilot.uid} failed: {lost}, and the batch system ended the job with it "
+            "(--resume RUNDIR finishes the run on a new pilot; ask for fewer cores if the "
+            "cluster has fewer nodes now)" if lost else
+            f"the pilot {pilot.uid} failed (RADICAL-Pilot: its job ended before "
+            "the runs did: the walltime ran out, or the job was killed or "
+            "could not start; the batch system's and RADICAL's logs are in "
+            "the session folder)")
     else:
         _STOPPED_BY[0] = "a SIGTERM"
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 _SESSION_PILOT = [None]  # returns the current session's pilot (for _terminated)
+_SESSION_JOB = [None]    # (batch system, the pilot job's record) of the current session
 
 
 def _interrupted_text():

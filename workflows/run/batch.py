@@ -1,13 +1,21 @@
-"""Batch systems as trajflow uses them: submit a job, ask its state, cancel it.
+"""Batch systems as trajflow uses them: submit a job, ask its state, cancel it,
+and, for a pilot's own job, keep it from being requeued and say which of its
+nodes were lost.
 
 One class per batch system, as Parsl's providers are: `--remote-batch` puts a
-run's client into a job of its own through the resource's batch system. SLURM
-is the first; another (PBS, LSF) is one more class in BATCH_SYSTEMS, named as
+run's client into a job of its own through the resource's batch system; a
+pilot's job (submitted by RADICAL-Pilot) records its id and nodes, so that a
+pilot that dies with a node is reported by the node's name. SLURM is the
+first; another (PBS, LSF) is one more class in BATCH_SYSTEMS, named as
 RADICAL-Pilot's resource configs name it (`resource_manager`).
 """
 import math
+import shlex
 import subprocess
 from typing import List, Optional
+
+
+BATCH_JOB = "batch_job.txt"  # in a RADICAL session's folder: its pilot job's id and nodes
 
 
 class BatchError(RuntimeError):
@@ -34,6 +42,19 @@ class BatchSystem:
 
     def cancel(self, job_id: str) -> None:
         """End the job (its processes are signalled first, so its client can stop in order)."""
+        raise NotImplementedError
+
+    def client_environment(self) -> dict:
+        """Variables for the process whose RADICAL-Pilot submits a pilot's job."""
+        return {}
+
+    def job_record_command(self, path: str) -> str:
+        """A shell command, run inside a pilot's job, writing `<job id> <node list>` to path."""
+        raise NotImplementedError
+
+    def lost_nodes(self, nodes: str) -> List[str]:
+        """Of a job's node list, those the batch system has found down, as
+        'NODE (STATE: REASON)'; [] when none is, or it cannot say."""
         raise NotImplementedError
 
 
@@ -73,5 +94,44 @@ class Slurm(BatchSystem):
         # SLURM signals the job's processes (the client cancels its pilot), then ends the job
         subprocess.run(["scancel", str(job_id)], capture_output=True)
 
+    def client_environment(self):
+        # SLURM requeues a batch job whose node failed (JobRequeue=1 is its default): the
+        # pilot's job came back PENDING as a job no client listens to, and RADICAL-Pilot,
+        # seeing no end, left the run waiting without a word (seen on the virtual cluster)
+        return {"SBATCH_NO_REQUEUE": "1"}
+
+    def job_record_command(self, path):
+        return f'echo "$SLURM_JOB_ID $SLURM_JOB_NODELIST" > {shlex.quote(path)}'
+
+    def lost_nodes(self, nodes):
+        try:
+            proc = subprocess.run(["sinfo", "-h", "-N", "-n", nodes, "-o", "%N|%T|%E"],
+                                  capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+        lost = []
+        for line in proc.stdout.splitlines():
+            node, state, reason = (line.split("|") + ["", ""])[:3]
+            # '*': not responding; down, fail(ing): taken out of service
+            if state.endswith("*") or state.startswith(("down", "fail")):
+                lost.append(f"{node} ({self.name}: {state.rstrip('*')}"
+                            + (f", {reason}" if reason and reason != "none" else "") + ")")
+        return sorted(set(lost))
+
 
 BATCH_SYSTEMS = {system.name: system for system in (Slurm(),)}
+
+
+def lost_nodes_of_job(system: BatchSystem, record_path: str) -> str:
+    """'node X of batch job J is down (STATE: REASON)' from the job's record
+    (written in the job by job_record_command), or "" when none is or no record."""
+    try:
+        with open(record_path, encoding="utf-8") as fh:
+            job_id, nodes = (fh.read().split() + ["", ""])[:2]
+    except OSError:
+        return ""
+    lost = system.lost_nodes(nodes) if nodes else []
+    if not lost:
+        return ""
+    return (f"{'node' if len(lost) == 1 else 'nodes'} {', '.join(lost)} of its batch job "
+            f"{job_id} {'was' if len(lost) == 1 else 'were'} lost")
