@@ -1,5 +1,6 @@
 """Shared fixtures: real MDAnalysisTests files and trajectories built from them at run time."""
 import os
+import shutil
 import subprocess
 import sys
 import warnings
@@ -103,6 +104,58 @@ def slurm():
     yield
     if started:
         subprocess.run(["bash", SLURM_SCRIPT, "stop"], capture_output=True)
+
+
+VIRTUAL_CLUSTER = os.path.join(os.path.dirname(__file__), "cluster", "virtual.sh")
+
+
+class VirtualCluster:
+    """tests/cluster/virtual.sh's cluster, as the tests drive it."""
+
+    def __init__(self, nodes):
+        self.nodes = nodes
+
+    @staticmethod
+    def do(*args):
+        proc = subprocess.run(["bash", VIRTUAL_CLUSTER, *args], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, (args, proc.stdout, proc.stderr)
+        return proc.stdout
+
+    def processes(self, node):
+        """pids running in the node's namespaces, its slurmd left out."""
+        out = subprocess.run(["ip", "netns", "pids", node], capture_output=True, text=True).stdout
+        slurmd = open(f"/tmp/trajflow-vcluster/run/slurmd.{node}.pid").read().strip() \
+            if os.path.exists(f"/tmp/trajflow-vcluster/run/slurmd.{node}.pid") else ""
+        return [p for p in out.split() if p != slurmd]
+
+
+@pytest.fixture(scope="module")
+def virtual_cluster():
+    """A 3-node virtual SLURM cluster (tests/cluster/virtual.sh, 2 cpus per node), the
+    client's environment pointing at it (SLURM_CONF, RADICAL_DEFAULT_IFACE); stopped
+    after the module, by the pids it recorded."""
+    if os.geteuid() != 0:
+        pytest.skip("the virtual cluster needs root (namespaces, a bridge, slurmd)")
+    if shutil.which("slurmctld") is None or shutil.which("ip") is None:
+        pytest.skip("no slurm-wlm or iproute2 here: `sudo tests/slurm/single_node.sh install`")
+    subprocess.run(["bash", VIRTUAL_CLUSTER, "stop"], capture_output=True, timeout=120)
+    proc = subprocess.run(["bash", VIRTUAL_CLUSTER, "start", "3"], capture_output=True,
+                          text=True, timeout=120)
+    if proc.returncode != 0:
+        subprocess.run(["bash", VIRTUAL_CLUSTER, "stop"], capture_output=True, timeout=120)
+        if "namespaces cannot be made" in proc.stderr:
+            pytest.skip(proc.stderr.strip())
+        pytest.fail(f"the virtual cluster did not start: {proc.stdout}{proc.stderr}")
+    env = dict(line.replace("export ", "", 1).split("=", 1)
+               for line in VirtualCluster.do("env").splitlines())
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for key, value in env.items():
+                mp.setenv(key, value)
+            yield VirtualCluster(VirtualCluster.do("nodes").split())
+    finally:
+        subprocess.run(["bash", VIRTUAL_CLUSTER, "stop"], capture_output=True, timeout=120)
 
 
 LAYERS = ("unit", "stages", "pilot")  # tests/<layer>/: see docs/explanation/testing.md

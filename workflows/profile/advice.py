@@ -16,7 +16,7 @@ import os
 from trajflow.tasks.io_strategies import GUIDELINES
 from trajflow.tasks.rundir import SESSIONS
 from trajflow.workflows.profile.schedule_effects import schedule_advice
-from trajflow.workflows.profile.stragglers import phase_times
+from trajflow.workflows.profile.stragglers import phase_times, rank_list
 
 REFERENCES = {
     "Khoshlessan et al. 2019": (
@@ -133,6 +133,17 @@ def advice(plan, records):
         text = plan.io_strategy.io_bound_advice(strategy, ratio, prepared)
     out["text"] = text + _gather_note(plan, analyze, times) + schedule_advice(plan, analyze)
     return out
+
+
+def slow_host_advice(flags):
+    """A sentence per host the straggler judge found slow as a whole (all its ranks
+    late): on a cluster that is a node to leave out, not ranks to rebalance."""
+    return "".join(
+        f" Host {f['host']} was slow as a whole in {f['task']} (ranks {rank_list(f['ranks'])}, "
+        f"{f['ratio']:.1f}x the healthy ranks' time, mostly {f['cause']}): leave the node out "
+        f"of the next pilot (SLURM reads SBATCH_EXCLUDE={f['host']} from trajflow's environment) "
+        "and tell the site, or use --schedule dynamic, which gives a slow node's ranks fewer "
+        "frames." for f in flags if f["kind"] == "host")
 
 
 def too_short(plan, times):

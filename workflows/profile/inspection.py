@@ -17,7 +17,7 @@ import re
 from trajflow.tasks.exit_codes import ANALYSIS_RAISED
 from trajflow.tasks.plan import RunPlan
 from trajflow.tasks.rundir import OUTCOME, PLAN, read_outcome
-from trajflow.workflows.profile.advice import advice, compare_strategies
+from trajflow.workflows.profile.advice import advice, compare_strategies, slow_host_advice
 from trajflow.workflows.profile.schedule_effects import schedule_lines
 from trajflow.workflows.profile.stragglers import (critical_path, describe, judge, judged_groups,
                                                    MIN_GROUP, phase_times)
@@ -236,6 +236,8 @@ def inspect_runs(rundirs, tables=()):
     records = [r for _, rs in runs for r in rs] + table_records
     flags = find_stragglers(records)
     advices = {os.path.basename(p.workdir): advice(p, rs) for p, rs in runs}
+    for name, a in advices.items():
+        a["text"] += slow_host_advice([f for f in flags if f["run"] == name])
     return {"runs": [p.to_dict() for p, _ in runs], "tables": [os.path.abspath(t) for t in tables],
             "endings": {os.path.basename(p.workdir): how_it_ended(p.workdir, p) for p, _ in runs},
             "notes": notes, "records": records, "stragglers": flags, "advice": advices,
