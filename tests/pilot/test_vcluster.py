@@ -80,7 +80,7 @@ def test_a_slow_node_is_flagged_as_a_host_and_a_clean_run_flags_nothing(pilot, v
     p, path = pilot
     virtual_cluster.do("throttle", "tfvc2", "0.2")
     try:
-        slow = p.run(*longer, "dihedrals", repeat=20, schedule="static", blocks=6,
+        slow = p.run(*longer, "dihedrals", repeat=400, schedule="static", blocks=6,
                      out=str(path / "slow-node"))
     finally:
         virtual_cluster.do("throttle", "tfvc2", "off")
@@ -90,7 +90,7 @@ def test_a_slow_node_is_flagged_as_a_host_and_a_clean_run_flags_nothing(pilot, v
     assert flags[0]["cause"] == "compute"
     text = "\n".join(slow.profile.summary_lines())
     assert "host tfvc2" in text and "SBATCH_EXCLUDE=tfvc2" in text, text
-    clean = p.run(*longer, "dihedrals", repeat=20, schedule="static", blocks=6,
+    clean = p.run(*longer, "dihedrals", repeat=400, schedule="static", blocks=6,
                   out=str(path / "clean"))
     assert clean.ok
     assert [f for f in clean.profile.stragglers if f["task"] == "analyze"] == []
