@@ -81,6 +81,12 @@ def record_outcome(rundir, status, error=None, stopped_at=None, failed_tasks=(),
               "retried_tasks": list(retried_tasks)}
     if note:
         record["note"] = note
+    before = read_outcome(rundir) or {}  # a resumed run keeps how its earlier attempts ended
+    earlier = list(before.get("earlier", []))
+    if before.get("status") == "failed":
+        earlier.append({k: before.get(k) for k in ("ended", "stopped_at", "error", "failed_tasks")})
+    if earlier:
+        record["earlier"] = earlier
     tmp = path(rundir, OUTCOME + ".tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(record, fh, indent=1)

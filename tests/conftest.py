@@ -3,6 +3,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import warnings
 
 import numpy as np
@@ -128,6 +129,15 @@ class VirtualCluster:
         slurmd = open(f"/tmp/trajflow-vcluster/run/slurmd.{node}.pid").read().strip() \
             if os.path.exists(f"/tmp/trajflow-vcluster/run/slurmd.{node}.pid") else ""
         return [p for p in out.split() if p != slurmd]
+
+    def assert_nothing_left(self):
+        """Only the slurmds run on the nodes (a pilot's job ends seconds after its cancel)."""
+        for _ in range(30):
+            left = {node: self.processes(node) for node in self.nodes}
+            if not any(left.values()):
+                return
+            time.sleep(1)
+        raise AssertionError(f"processes left on the nodes: {left}")
 
 
 @pytest.fixture(scope="module")

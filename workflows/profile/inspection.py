@@ -204,8 +204,13 @@ def how_it_ended(rundir, plan) -> dict:
     (its stderr's last lines), and what `--resume` would run again."""
     outcome = read_outcome(rundir) or {}
     name = os.path.basename(rundir)
+    earlier = ["  resumed after it failed" + (f" at its {e['stopped_at']} stage"
+                                                if e.get("stopped_at") else "")
+               + (f": {e['error']}" if e.get("error") else "") + "".join(
+                   f"; {task.splitlines()[0]}" for task in e.get("failed_tasks") or [])
+               for e in outcome.get("earlier", [])]
     if os.path.exists(plan.result_path()) and outcome.get("status", "done") == "done":
-        return {"ok": True, "lines": [f"{name}: done: {plan.result_path()}"]}  # complete
+        return {"ok": True, "lines": [f"{name}: done: {plan.result_path()}"] + earlier}
     if not outcome:
         lines = [f"{name}: NOT ENDED: no {OUTCOME} (still running, or the process that ran it "
                  "was killed)"]

@@ -1,0 +1,63 @@
+"""A node of the virtual SLURM cluster (tests/cluster/virtual.sh) lost during a run:
+every process of it killed while the analyze task runs, as a node crash. SLURM
+declares it down and ends the pilot's job (a pilot job is never requeued: a requeued
+one comes back as a job nobody listens to); the run fails within two minutes with a
+message naming the node, and --resume finishes it on a new pilot on the two nodes
+left, with fewer MPI ranks (4) than blocks (6): the dynamic schedule shares them.
+The result equals MDAnalysis; nothing is left running on any node.
+(Its own module: its own cluster, and no other pilot holding the nodes.)
+"""
+import os
+import threading
+import time
+
+import MDAnalysis as mda
+import numpy as np
+import pytest
+from MDAnalysis.analysis.dihedrals import Ramachandran
+
+import trajflow
+from processes import processes_mentioning
+from trajflow.workflows.datasets import adk_concatenated
+
+
+def test_a_lost_node_fails_the_run_by_its_name_and_resume_finishes_on_the_rest(
+        virtual_cluster, tmp_path):
+    longer = adk_concatenated(20)
+    out = str(tmp_path / "lost")
+    killed_at = {}
+
+    def kill_when_analyzing():
+        for _ in range(600):
+            if os.path.isdir(os.path.join(out, "progress")) and os.listdir(
+                    os.path.join(out, "progress")):
+                break
+            time.sleep(0.2)
+        virtual_cluster.do("kill", "tfvc3")
+        killed_at["killed"] = time.time()
+
+    killer = threading.Thread(target=kill_when_analyzing, daemon=True)
+    killer.start()
+    with pytest.raises(trajflow.RunFailed) as failed:
+        trajflow.run(*longer, "dihedrals", repeat=40, schedule="static", blocks=6, out=out,
+                     resource="local.vcluster", cpus=6, walltime=20, progress=False)
+    killer.join(5)
+    assert "killed" in killed_at
+    assert "tfvc3" in str(failed.value) and "lost" in str(failed.value), failed.value
+    assert time.time() - killed_at["killed"] < 120
+    assert not os.path.exists(os.path.join(out, "result.h5"))
+    # the two nodes left carry the run to its end: 4 cores for 6 blocks
+    run = trajflow.resume(out, resource="local.vcluster", cpus=4, walltime=20, progress=False)
+    assert run.ok
+    assert run.plan.mpi_ranks == 4 and run.plan.schedule == "dynamic"
+    assert {r["host"] for r in run.profile.records if r["task"] == "analyze"} == {"tfvc1", "tfvc2"}
+    # the run's story keeps the lost node: how the first attempt ended
+    assert "resumed after it failed" in run.summary() and "tfvc3" in run.summary(), run.summary()
+    assert "tfvc3" in run.outcome["earlier"][0]["error"]
+    u = mda.Universe(*longer)
+    rama = np.deg2rad(Ramachandran(u.select_atoms("protein")).run().results.angles)
+    feats = np.stack([np.cos(rama[..., 0]), np.sin(rama[..., 0]), np.cos(rama[..., 1]),
+                      np.sin(rama[..., 1])], axis=2).reshape(len(rama), -1)
+    assert np.abs(run.results.features - feats).max() < 1e-6
+    virtual_cluster.assert_nothing_left()
+    assert processes_mentioning("trajflow.tasks.analyze") == []
