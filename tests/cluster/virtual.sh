@@ -253,6 +253,7 @@ cmd_stop() {
         rm -rf "/etc/netns/$node"
     done
     ip link del "$BRIDGE" 2>/dev/null || true
+    rmdir /etc/netns 2>/dev/null || true  # only when empty: made for these nodes
     rm -f "$STATE/nodes"
     echo "virtual cluster stopped"
 }
