@@ -168,6 +168,31 @@ def virtual_cluster():
         subprocess.run(["bash", VIRTUAL_CLUSTER, "stop"], capture_output=True, timeout=120)
 
 
+@pytest.fixture(scope="session")
+def cluster(adk):
+    """sshd, the two accounts, the virtualenv and AdK in the cluster's home
+    (tests/ssh/cluster.sh; names and paths in ssh_cluster.py)."""
+    from ssh_cluster import CLUSTER, CLUSTER_SH, DATA, WORK, WORKSTATION
+    if os.geteuid() != 0:
+        pytest.skip("the SSH tests make accounts and start sshd: run them as root")
+    for step in ("install", "start"):
+        proc = subprocess.run(["bash", CLUSTER_SH, step], capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"sshd could not {step} here: {(proc.stderr or proc.stdout)[-400:]}")
+    shutil.rmtree(f"/home/{CLUSTER}/runs", ignore_errors=True)  # an earlier session's
+    os.makedirs(DATA, exist_ok=True)
+    for path in adk:
+        shutil.copy(path, DATA)
+    subprocess.run(["chown", "-R", f"{CLUSTER}:{CLUSTER}", f"/home/{CLUSTER}"], check=True)
+    shutil.rmtree(WORKSTATION, ignore_errors=True)
+    os.makedirs(WORKSTATION)
+    shutil.chown(WORKSTATION, WORK)
+    yield {"top": os.path.join(DATA, os.path.basename(adk[0])),
+           "traj": os.path.join(DATA, os.path.basename(adk[1]))}
+    subprocess.run(["bash", CLUSTER_SH, "stop"], capture_output=True)
+    shutil.rmtree(f"/home/{CLUSTER}/radical.pilot.sandbox", ignore_errors=True)
+
+
 LAYERS = ("unit", "stages", "pilot")  # tests/<layer>/: see docs/explanation/testing.md
 
 

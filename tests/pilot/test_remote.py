@@ -20,50 +20,10 @@ import numpy as np
 import pytest
 
 import trajflow
-from paths import TESTS
 
 pytestmark = pytest.mark.entk
 
-HERE = TESTS
-CLUSTER_SH = os.path.join(HERE, "ssh", "cluster.sh")
-VENV = os.environ.get("TRAJFLOW_REMOTE_VENV", "/opt/trajflow-remote-venv")
-PORT = os.environ.get("TRAJFLOW_SSHD_PORT", "2222")
-CLUSTER, WORK = "tfcluster", "tfwork"
-TARGET = f"{CLUSTER}@127.0.0.1:{PORT}"
-DATA = f"/home/{CLUSTER}/data dir"   # a space in every cluster path
-WORKSTATION = "/tmp/trajflow-remote-tests"
-
-
-@pytest.fixture(scope="session")
-def cluster(adk):
-    """sshd, the two accounts, the virtualenv and AdK in the cluster's home."""
-    if os.geteuid() != 0:
-        pytest.skip("the SSH tests make accounts and start sshd: run them as root")
-    for step in ("install", "start"):
-        proc = subprocess.run(["bash", CLUSTER_SH, step], capture_output=True, text=True)
-        if proc.returncode != 0:
-            pytest.skip(f"sshd could not {step} here: {(proc.stderr or proc.stdout)[-400:]}")
-    shutil.rmtree(f"/home/{CLUSTER}/runs", ignore_errors=True)  # an earlier session's
-    os.makedirs(DATA, exist_ok=True)
-    for path in adk:
-        shutil.copy(path, DATA)
-    subprocess.run(["chown", "-R", f"{CLUSTER}:{CLUSTER}", f"/home/{CLUSTER}"], check=True)
-    shutil.rmtree(WORKSTATION, ignore_errors=True)
-    os.makedirs(WORKSTATION)
-    shutil.chown(WORKSTATION, WORK)
-    yield {"top": os.path.join(DATA, os.path.basename(adk[0])),
-           "traj": os.path.join(DATA, os.path.basename(adk[1]))}
-    subprocess.run(["bash", CLUSTER_SH, "stop"], capture_output=True)
-    shutil.rmtree(f"/home/{CLUSTER}/radical.pilot.sandbox", ignore_errors=True)
-
-
-def workstation(*args, popen=False, timeout=600):
-    """`trajflow ARGS` as the workstation account."""
-    argv = ["runuser", "-u", WORK, "--", f"{VENV}/bin/trajflow", *args]
-    kw = dict(cwd=WORKSTATION, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if popen:
-        return subprocess.Popen(argv, **kw)
-    return subprocess.run(argv, timeout=timeout, **kw)
+from ssh_cluster import CLUSTER, DATA, PORT, TARGET, VENV, WORK, WORKSTATION, workstation
 
 
 def run_args(cluster, name, *extra, analysis="rmsd"):

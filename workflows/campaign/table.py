@@ -139,18 +139,40 @@ def summary_lines(rows):
     if compared:
         lines.append("strategies side by side (analyze t_total + split/convert, mean of repeats):")
         lines += ["  " + line for line in compared]
+    across = resource_comparisons(rows)
+    if across:
+        lines.append("resources side by side (the same strategy at the same N; analyze t_total "
+                     "+ split/convert, mean of repeats):")
+        lines += ["  " + line for line in across]
     return lines
+
+
+def _points(rows, key, label):
+    """key(row) -> label(row) -> [(seconds with split/convert, of which split/convert)]."""
+    points = {}
+    for r in rows:
+        if "t_total" in r:
+            points.setdefault(key(r), {}).setdefault(label(r), []).append(
+                (r["t_total"] + r["t_prepare"], r["t_prepare"]))
+    return points
+
+
+def resource_comparisons(rows):
+    """Per strategy and rank count measured on several resources (clusters): which
+    resource was fastest, by how much."""
+    points = _points(rows, lambda r: (r["analysis"], strategy_flags(
+        r["io"], r["mode"], r["gather"], r.get("schedule")), r["repeat"], r["ranks"]),
+        lambda r: r["resource"])
+    return [comparison_line(f"{analysis} {label} at N = {n}" + (f" K = {k}" if k != 1 else ""),
+                            by) for (analysis, label, k, n), by in sorted(points.items())
+            if len(by) > 1]
 
 
 def strategy_comparisons(rows):
     """Per resource and rank count where several strategies were measured: which was
     fastest, the split or conversion counted (S and E of each strategy against its own
     fewest-ranks point cannot say that: the slowest strategy can have the best E)."""
-    points = {}
-    for r in rows:
-        if "t_total" in r:
-            label = strategy_flags(r["io"], r["mode"], r["gather"], r.get("schedule"))
-            points.setdefault((r["resource"], r["analysis"], r["repeat"], r["ranks"]), {}) \
-                .setdefault(label, []).append((r["t_total"] + r["t_prepare"], r["t_prepare"]))
+    points = _points(rows, lambda r: (r["resource"], r["analysis"], r["repeat"], r["ranks"]),
+                     lambda r: strategy_flags(r["io"], r["mode"], r["gather"], r.get("schedule")))
     return [comparison_line(f"{res} {analysis} at N = {n}" + (f" K = {k}" if k != 1 else ""), by)
             for (res, analysis, k, n), by in sorted(points.items()) if len(by) > 1]
