@@ -5,9 +5,14 @@ one comes back as a job nobody listens to); the run fails within two minutes wit
 message naming the node, and --resume finishes it on a new pilot on the two nodes
 left, with fewer MPI ranks (4) than blocks (6): the dynamic schedule shares them.
 The result equals MDAnalysis; nothing is left running on any node.
-(Its own module: its own cluster, and no other pilot holding the nodes.)
+Before it, `trajflow bench --width` starts a pilot of 1 and of 2 nodes and says how
+their start-up grows. (Its own module: its own cluster, and no other pilot holding
+the nodes.)
 """
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -19,6 +24,21 @@ from MDAnalysis.analysis.dihedrals import Ramachandran
 import trajflow
 from processes import processes_mentioning
 from trajflow.workflows.datasets import adk_concatenated
+
+
+def test_bench_width_starts_a_pilot_per_width_and_says_how_start_up_grows(virtual_cluster,
+                                                                          tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "trajflow.workflows.cli.main", "bench",
+                           "--width", "--nodes", "1", "2", "--json", str(tmp_path / "w.json")],
+                          capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    width = json.load(open(tmp_path / "w.json"))["width"]
+    assert [(r["nodes"], r["cpus"], len(r["hosts"])) for r in width["rows"]] == [(1, 2, 1), (2, 4, 2)]
+    for r in width["rows"]:
+        assert 0 < r["analyze_launch_s"] < r["tasks_s"] < r["wall_s"]
+        assert 0 < r["pilot_s"] < r["wall_s"]
+    assert "per added node: pilot" in proc.stdout and "at 100 nodes" in proc.stdout
+    virtual_cluster.assert_nothing_left()
 
 
 def test_a_lost_node_fails_the_run_by_its_name_and_resume_finishes_on_the_rest(

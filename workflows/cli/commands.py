@@ -11,6 +11,7 @@ from trajflow.tasks.rundir import has_plan
 from trajflow.workflows.bench.small import format_table, run_bench, run_bench_large
 from trajflow.workflows.bench.cpu_quota import unavailable as cpu_quota_unavailable
 from trajflow.workflows.bench.stragglers import format_stragglers, run_stragglers
+from trajflow.workflows.bench.width import format_width, run_width
 from trajflow.workflows.campaign.folders import is_campaign_dir
 from trajflow.workflows.campaign.run import Campaign
 from trajflow.workflows.campaign.table import experiment_rows, summary_lines, write_table
@@ -241,7 +242,16 @@ def cmd_bench(args):
                          "must be at least 1")
     if not args.large_gb > 0:
         raise InputError(f"--large-gb must be more than 0, got {args.large_gb}")
-    if args.stragglers:
+    if args.width and (min(args.nodes) < 1 or len(set(args.nodes)) != len(args.nodes)):
+        raise InputError(f"--nodes: distinct widths of 1 node or more, got {args.nodes}")
+    if args.width:
+        try:
+            result = {"width": run_width(resources.resolve_resource(args.width_resource),
+                                         sorted(args.nodes))}
+        except ValueError as exc:
+            raise InputError(f"--width-resource: {exc}")
+        print("\n".join(format_width(result["width"])))
+    elif args.stragglers:
         reason = cpu_quota_unavailable()
         if reason:
             raise InputError(f"--stragglers slows a rank with a cgroup CPU quota, and {reason}: "
@@ -256,7 +266,7 @@ def cmd_bench(args):
         result = run_bench(args.copies, args.repeats, args.loop_frames,
                            with_parallel=not args.no_parallel, with_entk=not args.no_entk,
                            user_copies=args.user_copies, startup_launches=args.startup_launches)
-    if not args.stragglers:
+    if not (args.stragglers or args.width):
         print(format_table(result))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:

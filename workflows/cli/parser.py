@@ -137,6 +137,14 @@ def build_parser():
                             "ranks at a quarter of a core (a cgroup CPU quota; needs root), XTC "
                             "CA-RMSD and dihedrals of AdK x --copies, --launches each, and tasks "
                             "mode, 8 blocks on a 2-core local pilot, one task slowed (~5 min)")
+    bench.add_argument("--width", action="store_true",
+                       help="instead: a pilot's start-up and its tasks' launch at --nodes nodes of "
+                            "a SLURM resource, one pilot each, and their growth per node (start "
+                            "the virtual cluster first: sudo tests/cluster/virtual.sh start 4)")
+    bench.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 4], metavar="N",
+                       help="--width: the pilots' widths in nodes (default: 1 2 4)")
+    bench.add_argument("--width-resource", default="local.vcluster", metavar="NAME",
+                       help="--width: the resource (default: local.vcluster)")
     bench.add_argument("--json", default=None, metavar="FILE", help="also write the numbers as JSON")
     add_remote_commands(sub)  # status, follow, fetch, cancel: remote runs
     return parser
