@@ -6,8 +6,9 @@ One pilot carries the runs across nodes: MPI ranks on every node (Gatherv and RM
 static and dynamic schedules, so the cross-node claim counter), tasks spread over
 the nodes, split and H5MD on the shared file system, each result against
 MDAnalysis and each rank's record with its real host; then one node throttled by a
-cgroup CPU quota, which the report flags as a host, and a clean run flagging
-nothing. (A node lost during a run: test_vcluster_node_loss.py.)
+cgroup CPU quota, which the report flags as a host, the dynamic schedule giving
+that node's ranks fewer frames (claims across the network), and a clean run
+flagging nothing. (A node lost during a run: test_vcluster_node_loss.py.)
 """
 import os
 
@@ -69,8 +70,18 @@ def test_a_slow_node_is_flagged_as_a_host_and_a_clean_run_flags_nothing(pilot, v
     try:
         slow = p.run(*longer, "dihedrals", repeat=400, schedule="static", blocks=6,
                      out=str(path / "slow-node"))
+        # the cure across nodes: ranks claim chunks from a counter on rank 0 over the network
+        cured = p.run(*longer, "dihedrals", repeat=400, schedule="dynamic", blocks=6,
+                      out=str(path / "slow-node-dynamic"))
     finally:
         virtual_cluster.do("throttle", "tfvc2", "off")
+    frames = {}
+    for r in cured.profile.records:
+        if r["task"] == "analyze":
+            frames.setdefault(r["host"], []).append(r["frames"])
+    assert sum(map(sum, frames.values())) == 1960
+    assert max(frames["tfvc2"]) < 0.6 * min(frames["tfvc1"] + frames["tfvc3"]), frames
+    np.testing.assert_array_equal(cured.results.features, slow.results.features)
     assert slow.ok
     flags = [f for f in slow.profile.stragglers if f["task"] == "analyze"]
     assert [(f["kind"], f["host"]) for f in flags] == [("host", "tfvc2")], flags
