@@ -289,9 +289,9 @@ def run_mpi_mode(plan):
     rank, size = comm.Get_rank(), comm.Get_size()
     if size != plan.analyze_ranks or (size < plan.n_blocks
                                       and plan.schedule_strategy.one_chunk_per_rank):
+        need = plan.analyze_ranks if size != plan.analyze_ranks else plan.n_blocks
         raise SystemExit(f"analyze: {size} MPI ranks for {plan.n_blocks} blocks "
-                         f"({plan.schedule} schedule); start it with mpiexec -n "
-                         f"{plan.analyze_ranks}")
+                         f"({plan.schedule} schedule); start it with mpiexec -n {need}")
     timer = RankTimer("analyze", rank=rank, size=size, block=rank, mode="mpi",
                       gather=plan.gather, schedule=plan.schedule,
                       progress_path=plan.progress_path(rank))

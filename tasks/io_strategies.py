@@ -80,7 +80,7 @@ class Split(IOStrategy):
 
     def split_tasks(self, plan):
         if plan.mode == "mpi":
-            return [("split", ["--mpi"], plan.n_blocks)]
+            return [("split", ["--mpi"], plan.analyze_ranks)]  # ranks stride over the blocks
         return [(f"split.b{b:05d}", ["--block", str(b)], 0) for b in range(plan.n_blocks)]
 
     def _missing(self, plan):

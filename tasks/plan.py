@@ -111,6 +111,11 @@ class RunPlan:
         """The analyze task's MPI ranks (mpi mode)."""
         return self.mpi_ranks or self.n_blocks
 
+    @property
+    def n_workers(self) -> int:
+        """The analyze stage's N as scaling counts it: its MPI ranks, or its tasks."""
+        return self.analyze_ranks if self.mode == "mpi" else self.n_blocks
+
     def frame_numbers(self, start: int = 0, stop: Optional[int] = None) -> np.ndarray:
         """The global frame numbers of the analysed frames [start, stop) (positions in
         the run's frames, as the blocks count them)."""

@@ -25,6 +25,7 @@ SELECTION = "selection.npz"
 MARKER = ".trajflow-run"
 LOCK = ".trajflow-lock"
 OUTCOME = "outcome.json"
+OUTCOME_BEFORE = "outcome.before.json"  # a failed outcome set aside while a resume runs
 RESULT = "result.h5"
 REPORT = "report.html"
 SESSIONS = "radical_session"
@@ -81,7 +82,8 @@ def record_outcome(rundir, status, error=None, stopped_at=None, failed_tasks=(),
               "retried_tasks": list(retried_tasks)}
     if note:
         record["note"] = note
-    before = read_outcome(rundir) or {}  # a resumed run keeps how its earlier attempts ended
+    # a resumed run keeps how its earlier attempts ended
+    before = read_outcome(rundir) or read_record(path(rundir, OUTCOME_BEFORE)) or {}
     earlier = list(before.get("earlier", []))
     if before.get("status") == "failed":
         earlier.append({k: before.get(k) for k in ("ended", "stopped_at", "error", "failed_tasks")})
@@ -91,6 +93,19 @@ def record_outcome(rundir, status, error=None, stopped_at=None, failed_tasks=(),
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(record, fh, indent=1)
     os.replace(tmp, path(rundir, OUTCOME))
+    try:
+        os.remove(path(rundir, OUTCOME_BEFORE))
+    except FileNotFoundError:
+        pass
+
+
+def begin_attempt(rundir):
+    """A failed run about to be resumed: its outcome set aside (record_outcome keeps it
+    in `earlier`), so that until this attempt ends the folder says it has not ended,
+    and a failure of this attempt is recorded as its own."""
+    outcome = read_outcome(rundir)
+    if outcome is not None and outcome.get("status") != "done":
+        os.replace(path(rundir, OUTCOME), path(rundir, OUTCOME_BEFORE))
 
 
 def read_outcome(rundir):

@@ -126,8 +126,9 @@ class VirtualCluster:
     def processes(self, node):
         """pids running in the node's namespaces, its slurmd left out."""
         out = subprocess.run(["ip", "netns", "pids", node], capture_output=True, text=True).stdout
-        slurmd = open(f"/tmp/trajflow-vcluster/run/slurmd.{node}.pid").read().strip() \
-            if os.path.exists(f"/tmp/trajflow-vcluster/run/slurmd.{node}.pid") else ""
+        pidfile = os.path.join(os.environ.get("TRAJFLOW_VCLUSTER_DIR", "/tmp/trajflow-vcluster"),
+                               "run", f"slurmd.{node}.pid")
+        slurmd = open(pidfile).read().strip() if os.path.exists(pidfile) else ""
         return [p for p in out.split() if p != slurmd]
 
     def assert_nothing_left(self):
@@ -147,8 +148,11 @@ def virtual_cluster():
     after the module, by the pids it recorded."""
     if os.geteuid() != 0:
         pytest.skip("the virtual cluster needs root (namespaces, a bridge, slurmd)")
-    if shutil.which("slurmctld") is None or shutil.which("ip") is None:
-        pytest.skip("no slurm-wlm or iproute2 here: `sudo tests/slurm/single_node.sh install`")
+    missing = [cmd for cmd in ("slurmctld", "slurmd", "munged", "ip", "nsenter", "unshare")
+               if shutil.which(cmd) is None and not os.path.exists(f"/usr/sbin/{cmd}")]
+    if missing:
+        pytest.skip(f"no {', '.join(missing)} here: the virtual cluster needs slurm-wlm, munge, "
+                    "iproute2 and util-linux (`sudo tests/slurm/single_node.sh install`)")
     subprocess.run(["bash", VIRTUAL_CLUSTER, "stop"], capture_output=True, timeout=120)
     proc = subprocess.run(["bash", VIRTUAL_CLUSTER, "start", "3"], capture_output=True,
                           text=True, timeout=120)

@@ -12,9 +12,11 @@
 #   tests/cluster/virtual.sh nodes           the node names, one per line
 #   tests/cluster/virtual.sh throttle NODE F the node's processes held to F of a core (cgroup
 #                                            CPU quota; F = 1 or "off" lifts it)
-#   tests/cluster/virtual.sh kill NODE       every process of the node killed (a node crash)
+#   tests/cluster/virtual.sh kill NODE       the node's network down and every process of it
+#                                            killed (a node crash)
 #   tests/cluster/virtual.sh stop            everything ended by pid, namespaces, bridge,
-#                                            cgroups and files removed
+#                                            cgroups and /etc/netns files removed (the state
+#                                            folder stays, with the logs)
 #
 # Only addresses this script assigns inside its own namespaces are used
 # (10.77.0.0/24 on the bridge tfvc0). State (config, spool, logs, pid files)
@@ -118,6 +120,11 @@ cmd_start() {
     ip netns add tfvc-probe 2>/dev/null && ip netns del tfvc-probe \
         || die "network namespaces cannot be made here (ip netns add failed)"
 
+    if [ -e "$STATE" ] && ! grep -qs "written by trajflow tests/cluster/virtual.sh" "$CONF"; then
+        die "$STATE exists and is not a virtual cluster's state folder: set TRAJFLOW_VCLUSTER_DIR"
+    fi
+    # from here on a failed start takes down what it made
+    trap 'rc=$?; [ "$rc" = 0 ] || { echo "virtual.sh: start failed; removing what it made" >&2; cmd_stop >/dev/null 2>&1 || true; }' EXIT
     rm -rf "$STATE"
     mkdir -p "$STATE"/{spool/ctld,log,run,munge}
     for i in $(seq 1 "$n"); do mkdir -p "$STATE/spool/$PREFIX$i"; done
@@ -147,6 +154,7 @@ cmd_start() {
     for node in $(nodes); do in_node "$node" /usr/sbin/slurmd -f "$CONF"; done
     for _ in $(seq 80); do
         if cmd_status >/dev/null 2>&1; then
+            trap - EXIT
             echo "virtual cluster up: $n nodes ($(nodes | paste -sd, -)), $cpus cpus each, partition $PARTITION"
             echo "clients: eval \"\$($0 env)\""
             return 0
@@ -169,7 +177,7 @@ cmd_status() {
     states=$(SLURM_CONF=$CONF timeout 5 sinfo -h -N -p "$PARTITION" -o '%N %T' 2>/dev/null) || return 1
     echo "$states"
     [ -n "$states" ] || return 1
-    ! echo "$states" | awk '{print $2}' | grep -qvE '^(idle|mixed|allocated|completing)'
+    ! echo "$states" | awk '{print $2}' | grep -qvE '^(idle|mixed|allocated|completing)$'
 }
 
 # cgroup CPU quota for a node: v1 (cpu controller) or v2 (cpu.max)
@@ -185,7 +193,8 @@ cmd_throttle() {
     if [ "$fraction" = off ] || [ "$fraction" = 1 ]; then
         unthrottle "$node"; echo "$node: no CPU limit"; return 0
     fi
-    [[ "$fraction" =~ ^0?\.[0-9]+$ ]] || die "FRACTION must be between 0 and 1, like 0.25 (got '$fraction')"
+    [[ "$fraction" =~ ^0?\.[0-9]+$ ]] && awk -v f="$fraction" 'BEGIN {exit !(f > 0)}' \
+        || die "FRACTION must be between 0 and 1, like 0.25 (got '$fraction')"
     local quota; quota=$(awk -v f="$fraction" 'BEGIN {q = int(f * 100000); if (q < 1000) q = 1000; print q}')
     mkdir -p "$cg"
     if [ -d "$CGROUP_V1" ]; then
@@ -193,6 +202,7 @@ cmd_throttle() {
         echo "$quota" > "$cg/cpu.cfs_quota_us"
     else
         echo "+cpu" > "$CGROUP_V2/cgroup.subtree_control" 2>/dev/null || true
+        [ -e "$cg/cpu.max" ] || { rmdir "$cg"; die "the cgroup cpu controller is not available here: no CPU quota"; }
         echo "$quota 100000" > "$cg/cpu.max"
     fi
     # every process of the node now, and (through slurmd) every one it starts later
@@ -222,9 +232,12 @@ cmd_kill() {
     need_root
     local node=${1:-}
     is_node "$node" || die "no node '$node' (nodes: $(nodes | paste -sd' ' -))"
+    # silent, as a crashed node is: its link down (else the others' connections to it
+    # would be refused at once), then every process of it killed
+    ip link set "$node-h" down 2>/dev/null || true
     kill_namespace "$node"
     rm -f "$STATE/run/slurmd.$node.pid"
-    echo "$node: every process killed (a node crash)"
+    echo "$node: every process killed, its network down (a node crash)"
 }
 
 stop_pidfile() {

@@ -20,10 +20,9 @@ import numpy as np
 import pytest
 
 import trajflow
+from ssh_cluster import CLUSTER, DATA, PORT, TARGET, VENV, WORK, WORKSTATION, workstation
 
 pytestmark = pytest.mark.entk
-
-from ssh_cluster import CLUSTER, DATA, PORT, TARGET, VENV, WORK, WORKSTATION, workstation
 
 
 def run_args(cluster, name, *extra, analysis="rmsd"):

@@ -15,6 +15,7 @@ from trajflow.workflows.bench import cpu_quota
 from trajflow.workflows.datasets import adk_concatenated
 from trajflow.workflows.profile.advice import advice
 from trajflow.workflows.profile.inspection import load_run, straggler_lines, find_stragglers
+from trajflow.workflows.run.pipeline import stage_specs
 from trajflow.workflows.run.planning import fit_to_cores, write_plan
 
 needs_quota = pytest.mark.skipif(cpu_quota.unavailable() is not None,
@@ -86,7 +87,11 @@ def test_fewer_ranks_than_blocks_share_them_and_give_the_same_result(tmp_path, a
         assert fit_to_cores(plan, 5) is plan
         fitted = fit_to_cores(plan, 2)
         assert (fitted.mpi_ranks, fitted.analyze_ranks, fitted.schedule) == (2, 2, "dynamic")
-        got = datasets(run_stages(fitted, write_plan(fitted)))
+        plan_path = write_plan(fitted)
+        specs = stage_specs(fitted, plan_path)  # every MPI task of the stages fits the cores
+        assert [s.ranks for s in specs["analyze"] + [s for s in specs["split"] if s.mpi]] == \
+            [2] * (2 if io == "split" else 1)
+        got = datasets(run_stages(fitted, plan_path))
     finally:
         plan.lock.release()
     assert want.keys() == got.keys()

@@ -38,12 +38,17 @@ def slope(xs, ys):
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
 
 
-def run_width(resource="local.vcluster", widths=WIDTHS, folder=None):
-    """One pilot per width; the numbers as a dict (see format_width)."""
+def cores_per_node(resource):
+    """The resource's cores per node; ValueError where it declares none."""
     cores = int((resources.merged_config(resource) or {}).get("cores_per_node") or 0)
     if cores < 1:
         raise ValueError(f"{resource} declares no cores_per_node: the width of a pilot cannot "
                          "be asked in nodes")
+    return cores
+
+
+def run_width(resource, cores, widths=WIDTHS, folder=None):
+    """One pilot per width of `cores` per node; the numbers as a dict (see format_width)."""
     top, traj = adk_files()
     folder = folder or tempfile.mkdtemp(prefix="trajflow-bench-width-")
     rows = []

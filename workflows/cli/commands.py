@@ -11,7 +11,7 @@ from trajflow.tasks.rundir import has_plan
 from trajflow.workflows.bench.small import format_table, run_bench, run_bench_large
 from trajflow.workflows.bench.cpu_quota import unavailable as cpu_quota_unavailable
 from trajflow.workflows.bench.stragglers import format_stragglers, run_stragglers
-from trajflow.workflows.bench.width import format_width, run_width
+from trajflow.workflows.bench.width import cores_per_node, format_width, run_width
 from trajflow.workflows.campaign.folders import is_campaign_dir
 from trajflow.workflows.campaign.run import Campaign
 from trajflow.workflows.campaign.table import experiment_rows, summary_lines, write_table
@@ -246,10 +246,11 @@ def cmd_bench(args):
         raise InputError(f"--nodes: distinct widths of 1 node or more, got {args.nodes}")
     if args.width:
         try:
-            result = {"width": run_width(resources.resolve_resource(args.width_resource),
-                                         sorted(args.nodes))}
+            resource = resources.resolve_resource(args.width_resource)
+            cores = cores_per_node(resource)
         except ValueError as exc:
             raise InputError(f"--width-resource: {exc}")
+        result = {"width": run_width(resource, cores, sorted(args.nodes))}
         print("\n".join(format_width(result["width"])))
     elif args.stragglers:
         reason = cpu_quota_unavailable()

@@ -197,7 +197,7 @@ def compare_strategies(runs):
             continue
         times = run_times(records)
         label = strategy_flags(plan.io, plan.mode, plan.gather, plan.schedule)
-        key = (plan.input_checksum, plan.analysis, plan.n_blocks)
+        key = (plan.input_checksum, plan.analysis, plan.n_workers)
         points.setdefault(key, {}).setdefault(label, []).append(
             (times["analyze_stage"] + times["prepare"], times["prepare"]))
     return [comparison_line(f"{analysis} at N = {n}", by_label)

@@ -183,7 +183,7 @@ def scaling(runs):
         if phases is None:
             continue
         key = (plan.input_checksum, plan.analysis, plan.io, plan.mode, plan.gather, plan.schedule)
-        by_input.setdefault(key, []).append((plan.n_blocks, phases))
+        by_input.setdefault(key, []).append((plan.n_workers, phases))
     for key, points in by_input.items():
         if len({n for n, _ in points}) < 2:
             continue  # one rank count: S = N and E = 1 would read as perfect scaling
@@ -219,6 +219,8 @@ def how_it_ended(rundir, plan) -> dict:
         lines = [f"{name}: FAILED{where}" + (f": {outcome['error']}" if outcome.get("error") else "")]
         lines += ["  " + line for task in outcome.get("failed_tasks", [])
                   for line in task.splitlines()]
+        lines += [line.replace("resumed after it failed", "failed before too")
+                  for line in earlier]
     if plan.backend:
         lines.append("  MDAnalysis' run() through trajflow.Backend: run it again")
         return {"ok": False, "lines": lines}

@@ -70,7 +70,8 @@ class Slurm(BatchSystem):
         options = ([f"--nodes={math.ceil(cores / cores_per_node)}", "--exclusive"]
                    if cores_per_node else [f"--ntasks={cores}"])
         options += [f"--time={minutes}", f"--output={log.replace('%', '%%')}",  # sbatch's % patterns
-                    "--open-mode=append", f"--job-name={job_name}"[:64]]
+                    "--open-mode=append", f"--job-name={job_name}"[:64],
+                    "--no-requeue"]  # a requeued client would start the run again unasked
         if queue:
             options.append(f"--partition={queue}")
         if project:
@@ -101,7 +102,9 @@ class Slurm(BatchSystem):
         return {"SBATCH_NO_REQUEUE": "1"}
 
     def job_record_command(self, path):
-        return f'echo "$SLURM_JOB_ID $SLURM_JOB_NODELIST" > {shlex.quote(path)}'
+        # never fails the pilot: RADICAL's bootstrapper aborts on a failing pre_bootstrap entry
+        return (f'echo "$SLURM_JOB_ID $SLURM_JOB_NODELIST" > {shlex.quote(path)} 2>/dev/null '
+                "|| echo 'trajflow: no record of the batch job'")
 
     def lost_nodes(self, nodes):
         try:
@@ -114,8 +117,10 @@ class Slurm(BatchSystem):
             node, state, reason = (line.split("|") + ["", ""])[:3]
             # '*': not responding; down, fail(ing): taken out of service
             if state.endswith("*") or state.startswith(("down", "fail")):
-                lost.append(f"{node} ({self.name}: {state.rstrip('*')}"
-                            + (f", {reason}" if reason and reason != "none" else "") + ")")
+                words = [state.rstrip("*")] + (["not responding"] if state.endswith("*") else [])
+                if reason and reason != "none" and reason.lower() != "not responding":
+                    words.append(reason)
+                lost.append(f"{node} ({self.name}: {', '.join(words)})")
         return sorted(set(lost))
 
 
@@ -133,5 +138,5 @@ def lost_nodes_of_job(system: BatchSystem, record_path: str) -> str:
     lost = system.lost_nodes(nodes) if nodes else []
     if not lost:
         return ""
-    return (f"{'node' if len(lost) == 1 else 'nodes'} {', '.join(lost)} of its batch job "
-            f"{job_id} {'was' if len(lost) == 1 else 'were'} lost")
+    return (f"{'node' if len(lost) == 1 else 'nodes'} {', '.join(lost)} of the pilot's batch "
+            f"job {job_id} {'was' if len(lost) == 1 else 'were'} lost")

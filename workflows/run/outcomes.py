@@ -130,6 +130,20 @@ def remove_partial_files(plan):
             pass
 
 
+def forget_analyze_attempt(plan):
+    """Before an MPI run's analyze task runs again: its earlier ranks' progress counts
+    and records go (run again on fewer ranks, the ranks past the new last one would
+    count frames twice and leave records of an attempt that made no result)."""
+    if plan.mode != "mpi" or os.path.exists(plan.part_path("mpi")):
+        return
+    for path in glob.glob(plan.path("progress", "analyze.*")) + glob.glob(
+            plan.path("profile", "analyze.*")):
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+
+
 def collect(name, plan, run):
     """The final state of every task of one run; their RADICAL files kept in RUNDIR/radical/."""
     outcomes = []
@@ -146,13 +160,14 @@ def collect(name, plan, run):
     return outcomes
 
 
-def write_outcome(plan, outcomes, stopped_at, error, disk_note=""):
-    """RUNDIR/outcome.json: how the run ended, written the moment it has ended."""
+def write_outcome(plan, outcomes, stopped_at, error, note=""):
+    """RUNDIR/outcome.json: how the run ended, written the moment it has ended; `note`
+    (a full disk, a lost node) joins the error of a run that did not complete."""
     failed = failed_for_good(outcomes)
     complete = os.path.exists(plan.result_path()) and not failed and not stopped_at and not error
     retried = [o for o in outcomes if o.state != "DONE" and o not in failed]
     if not complete:
-        error = "; ".join(filter(None, [error, disk_note])) or None
+        error = "; ".join(filter(None, [error, note])) or None
     record_outcome(plan.workdir, "done" if complete else "failed", error, stopped_at,
                    [o.describe() for o in failed], [o.describe() for o in retried])
     if complete:

@@ -27,12 +27,13 @@ import os
 import threading
 import time
 
-from trajflow.tasks.rundir import PLAN, record_outcome
+from trajflow.tasks.rundir import begin_attempt, PLAN, record_outcome
 from trajflow.workflows.errors import InputError, Interrupted, RunFailed
 from trajflow.workflows.run import resources
 from trajflow.workflows.run.execute import PilotProcess, RunRequest
 from trajflow.workflows.run.heartbeat import cancel_orphans
-from trajflow.workflows.run.outcomes import failed_for_good, remove_partial_files
+from trajflow.workflows.run.outcomes import (failed_for_good, forget_analyze_attempt,
+                                             remove_partial_files)
 from trajflow.workflows.run.planning import fit_to_cores, full_disk_note, make_plan, write_plan
 from trajflow.workflows.run.progress import Progress
 from trajflow.workflows.run.runs import Run
@@ -232,6 +233,8 @@ class Pilot:
         if resume:  # a pilot of this run whose client died must not run beside this one
             cancel_orphans(plan.workdir, self._say)
             remove_partial_files(plan)
+            forget_analyze_attempt(plan)
+            begin_attempt(plan.workdir)
         path = plan.save(plan.path(PLAN)) if resume else write_plan(plan)
         future = RunFuture(RunRequest(self._unique_name(plan), plan, path, spec.retries, resume,
                                       spec.env, spec.progress))
@@ -299,9 +302,12 @@ class Pilot:
                         why += f"; {note}" if note else ""
                         record_outcome(f.request.plan.workdir, "failed", why)
                     # a lost pilot fails its runs as any failure does (a RunFailed with the run)
-                    f.set_exception(exc if isinstance(exc, (Interrupted, KeyboardInterrupt))
-                                    else RunFailed(f"run {f.request.name} failed: {why}",
-                                                   run=Run(f.path)))
+                    if isinstance(exc, (Interrupted, KeyboardInterrupt)):
+                        f.set_exception(exc)
+                    else:
+                        failed = RunFailed(f"run {f.request.name} failed: {why}", run=Run(f.path))
+                        failed.__cause__ = exc
+                        f.set_exception(failed)
                 return
             for f in batch:  # ended without a word from the pilot (it should not happen)
                 if not f.done():

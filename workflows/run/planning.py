@@ -555,7 +555,8 @@ def _resumable(plan, rundir):
 def fit_to_cores(plan: RunPlan, cores: int) -> RunPlan:
     """The plan for a pilot of `cores`: unchanged when its MPI ranks fit; else
     its blocks shared by `cores` ranks through the dynamic schedule (the result
-    is the same, in the same order), which is how a run resumed on the nodes
+    is the same, in the same order: bit for bit for the built-in analyses, up
+    to rounding in a user analysis' aggregation), which is how a run resumed on the nodes
     left after one was lost goes on. Tasks mode and an MDAnalysis run() (tasks
     of one core each, which queue for a core) stay as they are."""
     if plan.mode != "mpi" or plan.backend or plan.n_blocks <= cores:

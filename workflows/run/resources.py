@@ -321,8 +321,8 @@ def pilot_batch_system(resource: str, access_schema=None):
     cfg = merged_config(resource) or {}
     schema = access_schema or cfg.get("default_schema")
     endpoint = str(((cfg.get("schemas") or {}).get(schema) or {}).get("job_manager_endpoint", ""))
-    if endpoint.startswith("fork:"):
-        return None
+    if endpoint.startswith("fork:") or "+ssh" in endpoint or "+gsissh" in endpoint:
+        return None  # not this machine's batch system: its variables and sinfo do not reach it
     return BATCH_SYSTEMS.get(str(cfg.get("resource_manager", "")).upper())
 
 

@@ -6,6 +6,7 @@ and every run's end. It stops on SIGINT (its parent's interrupt, or its
 client's death seen by the heartbeat) by cancelling the pilot in order, and
 never takes longer than SHUTDOWN_LIMIT_S to stop.
 """
+import functools
 import logging
 import os
 import shutil
@@ -229,15 +230,7 @@ def _terminated(signum, frame):
     seen), which was reported as "interrupted by the user"; or a kill."""
     pilot = _SESSION_PILOT[0]() if _SESSION_PILOT[0] else None
     if getattr(pilot, "state", None) == "FAILED":
-        lost = lost_nodes_of_job(*_SESSION_JOB[0]) if _SESSION_JOB[0] else ""
-        _PILOT_FAILED[0] = (
-            f"the pilot {pilot.uid} failed: {lost}, and the batch system ended the job with it "
-            "(--resume RUNDIR finishes the run on a new pilot; ask for fewer cores if the "
-            "cluster has fewer nodes now)" if lost else
-            f"the pilot {pilot.uid} failed (RADICAL-Pilot: its job ended before "
-            "the runs did: the walltime ran out, or the job was killed or "
-            "could not start; the batch system's and RADICAL's logs are in "
-            "the session folder)")
+        _PILOT_FAILED[0] = pilot.uid  # said by _interrupted_text, out of this handler
     else:
         _STOPPED_BY[0] = "a SIGTERM"
     raise KeyboardInterrupt(signal.Signals(signum).name)
@@ -248,7 +241,27 @@ _SESSION_JOB = [None]    # (batch system, the pilot job's record) of the current
 
 
 def _interrupted_text():
-    return _PILOT_FAILED[0] or f"interrupted by {_STOPPED_BY[0]}; the pilot was cancelled"
+    return (_pilot_failed_text(_PILOT_FAILED[0]) if _PILOT_FAILED[0]
+            else f"interrupted by {_STOPPED_BY[0]}; the pilot was cancelled")
+
+
+@functools.lru_cache(maxsize=None)  # asked once per pilot: the batch system may be slow
+def _pilot_failed_text(uid):
+    """Why the pilot `uid` failed: a node of its batch job lost (asked of the batch
+    system, so not inside a signal handler), or what RADICAL-Pilot's FAILED can mean."""
+    lost = lost_nodes_text()
+    if lost:
+        return (f"the pilot {uid} failed: {lost}, and the batch system ended the job with it "
+                "(`trajflow run --resume RUNDIR` with this run's --resource finishes it on a "
+                "new pilot; on fewer nodes, give --cpus for what is left)")
+    return (f"the pilot {uid} failed (RADICAL-Pilot: its job ended before the runs did: the "
+            "walltime ran out, or the job was killed or could not start; the batch system's "
+            "and RADICAL's logs are in the session folder)")
+
+
+def lost_nodes_text():
+    """'node X of its batch job J was lost', where this session's pilot job lost nodes."""
+    return lost_nodes_of_job(*_SESSION_JOB[0]) if _SESSION_JOB[0] else ""
 
 
 def _test_start_delay():
@@ -315,8 +328,9 @@ def _run_batch(session, lost, conn, requests, one_at_a_time, close_after):
                 remove_partial_files(r.plan)    # first: a full disk fails what follows
                 done = collect(r.name, r.plan, pipelines[r.name])
                 outcomes += done
+                lost = "" if os.path.exists(r.plan.result_path()) else lost_nodes_text()
                 write_outcome(r.plan, done, pipelines[r.name].stopped_at, errors.get(r.name),
-                               disk)
+                              "; ".join(filter(None, [disk, lost])))
                 ended.add(r.name)
                 _send(conn, ("ended", (r.name, done)))
     except BaseException as exc:

@@ -275,7 +275,9 @@ class PilotSpec:
         a core per task, at most this machine's on a local resource (the rest queue)."""
         if self.cpus is not None:
             return self.cpus
-        if plan.mode == "mpi" or not self.local:
+        if plan.mode == "mpi":
+            return plan.analyze_ranks
+        if not self.local:
             return plan.n_blocks
         return min(plan.n_blocks, os.cpu_count() or 1)
 

@@ -1,0 +1,27 @@
+"""outcome.json across attempts: a resumed run keeps how its earlier attempts ended,
+and while a resume runs the folder says it has not ended (tasks/rundir.py)."""
+from trajflow.tasks.rundir import begin_attempt, read_outcome, record_outcome
+
+
+def test_a_resumed_run_keeps_its_earlier_failures_in_order(tmp_path):
+    d = str(tmp_path)
+    record_outcome(d, "failed", "node n3 was lost", stopped_at="analyze")
+    begin_attempt(d)
+    assert read_outcome(d) is None  # this attempt has not ended
+    record_outcome(d, "failed", "the disk is full")
+    begin_attempt(d)
+    record_outcome(d, "done")
+    done = read_outcome(d)
+    assert done["status"] == "done"
+    assert [(e["error"], e["stopped_at"]) for e in done["earlier"]] == [
+        ("node n3 was lost", "analyze"), ("the disk is full", None)]
+    begin_attempt(d)  # a done run is never set aside, and a done outcome adds nothing
+    assert read_outcome(d)["status"] == "done"
+    record_outcome(d, "done")
+    assert len(read_outcome(d)["earlier"]) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outcome.json"]
+
+
+def test_a_run_that_never_failed_has_no_earlier(tmp_path):
+    record_outcome(str(tmp_path), "done")
+    assert "earlier" not in read_outcome(str(tmp_path))
