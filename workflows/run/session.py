@@ -6,7 +6,6 @@ and every run's end. It stops on SIGINT (its parent's interrupt, or its
 client's death seen by the heartbeat) by cancelling the pilot in order, and
 never takes longer than SHUTDOWN_LIMIT_S to stop.
 """
-import functools
 import logging
 import os
 import shutil
@@ -245,10 +244,21 @@ def _interrupted_text():
             else f"interrupted by {_STOPPED_BY[0]}; the pilot was cancelled")
 
 
-@functools.lru_cache(maxsize=None)  # asked once per pilot: the batch system may be slow
 def _pilot_failed_text(uid):
     """Why the pilot `uid` failed: a node of its batch job lost (asked of the batch
-    system, so not inside a signal handler), or what RADICAL-Pilot's FAILED can mean."""
+    system, so not inside a signal handler), or what RADICAL-Pilot's FAILED can mean.
+    Asked of the batch system once per pilot and process (a cache that a forked child
+    inherited from its parent once said another pilot's reason: keyed by pid too)."""
+    key = (os.getpid(), uid, _SESSION_JOB[0])
+    if key not in _FAILED_TEXTS:
+        _FAILED_TEXTS[key] = _said_pilot_failed(uid)
+    return _FAILED_TEXTS[key]
+
+
+_FAILED_TEXTS = {}
+
+
+def _said_pilot_failed(uid):
     lost = lost_nodes_text()
     if lost:
         return (f"the pilot {uid} failed: {lost}, and the batch system ended the job with it "
