@@ -19,6 +19,8 @@ import os
 import tempfile
 import time
 
+import numpy as np
+
 from trajflow.workflows.datasets import adk_files
 from trajflow.workflows.profile.advice import run_times
 from trajflow.workflows.run import resources
@@ -30,12 +32,7 @@ EXTRAPOLATE_TO = 100
 
 def slope(xs, ys):
     """Least-squares growth of ys per unit of xs (0 with one point)."""
-    n = len(xs)
-    if n < 2:
-        return 0.0
-    mx, my = sum(xs) / n, sum(ys) / n
-    var = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
+    return float(np.polyfit(xs, ys, 1)[0]) if len(set(xs)) > 1 else 0.0
 
 
 def cores_per_node(resource):
