@@ -26,6 +26,7 @@ from . import faults, kernels, mda_analyses, parts
 from .exit_codes import ANALYSIS_RAISED, COLLECTIVE_TIMEOUT
 from .analyses import ANALYSIS_CLASSES
 from .plan import RunPlan, chunk_size, decode_path_arg
+from .rundir import mark_started
 from .block_claims import BlockClaims
 from .schedules import Chunk
 from .dcd import open_dcd
@@ -399,6 +400,7 @@ def main(argv=None):
     p.add_argument("--block", type=int, help="tasks mode: the block to analyse")
     args = p.parse_args(argv)
     plan = RunPlan.load(decode_path_arg(args.plan))
+    mark_started(plan.workdir, "analyze")
     if needs_mdanalysis(plan):  # imported before the rank's clock starts: start-up, not open
         import MDAnalysis  # noqa: F401
     kernels.warm_up()

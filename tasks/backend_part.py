@@ -23,6 +23,7 @@ import numpy as np
 from . import faults, mda_analyses
 from .exit_codes import ANALYSIS_RAISED
 from .plan import RunPlan, decode_path_arg
+from .rundir import mark_started
 from .timing import RankTimer
 
 
@@ -110,6 +111,7 @@ def main(argv=None):
     group.add_argument("--collect", action="store_true", help="gather the parts, in order")
     args = p.parse_args(argv)
     plan = RunPlan.load(decode_path_arg(args.plan))
+    mark_started(plan.workdir, "reduce" if args.collect else "analyze")
     if args.collect:
         collect(plan)
         return 0

@@ -17,6 +17,7 @@ from .analyses import ANALYSIS_CLASSES
 from .exit_codes import ANALYSIS_RAISED, INCOMPLETE_PARTS
 from .parts import DamagedPart, read_part
 from .plan import RunPlan, decode_path_arg
+from .rundir import mark_started
 from .timing import RankTimer
 
 
@@ -135,6 +136,7 @@ def main(argv=None):
     p.add_argument("--plan", required=True, help="the run's plan.json")
     args = p.parse_args(argv)
     plan = RunPlan.load(decode_path_arg(args.plan))
+    mark_started(plan.workdir, "reduce")
     timer = RankTimer("reduce")
     try:
         with timer.phase("io"):

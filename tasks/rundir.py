@@ -15,6 +15,7 @@ before anything else is importable and uses `write_record` too.
     RUNDIR/client.json, client.log, client_exit.json, client.sbatch   a remote run's client
     RUNDIR/split/ parts/ profile/ progress/ radical/ analysis/ backend/
     RUNDIR/claims/              tasks mode, dynamic schedule: who runs which block (block_claims.py)
+    RUNDIR/progress/started.STAGE  touched by each task of STAGE as it starts (the watchdog)
 """
 import json
 import os
@@ -111,3 +112,21 @@ def begin_attempt(rundir):
 def read_outcome(rundir):
     """The outcome.json of a run, or None while it has not ended."""
     return read_record(path(rundir, OUTCOME))
+
+
+def started_marker(workdir, stage):
+    """The file every task of `stage` touches as it starts: the workstation's watchdog
+    (workflows/run/watchdog.py) sees by its time that the stage's first task ran."""
+    return os.path.join(workdir, "progress", f"started.{stage}")
+
+
+def mark_started(workdir, stage):
+    """Touch started_marker; never fails a task (a full disk is reported elsewhere)."""
+    path = started_marker(workdir, stage)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "a"):
+            os.utime(path)
+    except OSError:
+        pass
+

@@ -10,7 +10,7 @@ import argparse
 import json
 import os
 
-from .rundir import MANIFEST
+from .rundir import MANIFEST, mark_started
 from .plan import RunPlan, decode_path_arg
 from .readers import open_universe
 from .timing import RankTimer
@@ -42,6 +42,7 @@ def main(argv=None):
     p.add_argument("--mpi", action="store_true", help="share the blocks over MPI ranks")
     args = p.parse_args(argv)
     plan = RunPlan.load(decode_path_arg(args.plan))
+    mark_started(plan.workdir, "split")
     rank, size = 0, 1
     if args.mpi:
         from mpi4py import MPI

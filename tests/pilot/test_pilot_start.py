@@ -21,10 +21,9 @@ from processes import assert_nothing_left
 def test_a_pilot_that_never_comes_up_is_replaced(tmp_path, adk, reference_results, monkeypatch,
                                                  capfd, caplog):
     monkeypatch.setenv("TRAJFLOW_TEST_PILOT_START_DELAY_S", "150")
-    monkeypatch.setenv("TRAJFLOW_AGENT_READY_LIMIT_S", "45")
     caplog.set_level(logging.INFO, logger="trajflow")
     t0 = time.time()
-    run = trajflow.run(*adk, "rmsd", blocks=2, out=str(tmp_path / "rmsd"))
+    run = trajflow.run(*adk, "rmsd", blocks=2, out=str(tmp_path / "rmsd"), limits="start=45")
     wall = time.time() - t0
     np.testing.assert_allclose(run.results.rmsd, reference_results(adk[0], [adk[1]], "rmsd")["rmsd"],
                                atol=1e-4)

@@ -38,7 +38,7 @@ def test_the_api_and_the_cli_list_the_same_options_with_the_same_defaults():
         if f.type is bool or isinstance(f.default, bool):
             assert action.const is (not f.default), f.name  # the flag turns the default round
         elif not f.metadata["help"].endswith("required"):
-            shown = "none" if f.default is None else str(f.default)
+            shown = "none" if f.default in (None, "") else str(f.default)
             assert f"(default: {shown})" in action.help, f.name
         assert tuple(action.choices or ()) == tuple(f.metadata["choices"] or ()), f.name
     assert "Options" in trajflow.run.__doc__ and "io : default 'shared'" in trajflow.run.__doc__
@@ -106,7 +106,7 @@ def test_run_help_and_python_help_say_the_same_defaults():
         if f.metadata["command_line"] and not isinstance(f.default, bool) \
                 and not f.metadata["help"].endswith("required"):
             flag = f.metadata["flag"] or "--" + f.name.replace("_", "-")
-            shown = "none" if f.default is None else str(f.default)
+            shown = "none" if f.default in (None, "") else str(f.default)
             assert flag in text and f"(default: {shown})" in text, f.name
 
 

@@ -35,7 +35,7 @@ from trajflow.workflows.campaign.table import (COLUMNS, experiment_rows, summary
 from trajflow.workflows.datasets import adk_concatenated
 from trajflow.workflows.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, Interrupted
 from trajflow.workflows.profile.report_html import html_table
-from trajflow.workflows.run import resources
+from trajflow.workflows.run import resources, signals
 from trajflow.workflows.run.execute import run_plans
 from trajflow.workflows.run.progress import close_bar, new_bar, shown
 from trajflow.workflows.run.planning import (check_outdir, InputError, make_plan, read_inputs,
@@ -258,7 +258,7 @@ def run_campaign(campaign: CampaignSpec, out: str, resume=False, progress=True) 
     write_table(rows, os.path.join(cdir, TABLE_FILE))
     result = CampaignResult(cdir, rows, interrupted)
     if interrupted:
-        exc = Interrupted("interrupted by the user; every resource's pilot was cancelled")
+        exc = Interrupted(f"{signals.describe_stop()}; every resource's pilot was cancelled")
         exc.result = result
         raise exc
     return result
@@ -318,7 +318,7 @@ def _run_resource(campaign, label, runs, cdir):
                 print(o.describe())
             code = EXIT_OK if report.ok else EXIT_FAILED
         except (Interrupted, KeyboardInterrupt):
-            code, error = EXIT_INTERRUPTED, "interrupted by the user; the pilot was cancelled"
+            code, error = EXIT_INTERRUPTED, f"{signals.describe_stop()}; the pilot was cancelled"
         except Exception as exc:  # the pilot did not start, EnTK broke: recorded, others go on
             code, error = EXIT_FAILED, f"{type(exc).__name__}: {exc}"
         for e, plan, _ in runs:

@@ -35,7 +35,7 @@ def add_spec_options(parser, spec, only=None):
             continue
         kind = value_type(f)
         flag = meta["flag"] or "--" + f.name.replace("_", "-")
-        shown = "none" if f.default is None else f.default
+        shown = "none" if f.default in (None, "") else f.default
         common = dict(dest=f.name, default=argparse.SUPPRESS)
         if kind is bool:  # a flag that turns the default around (--quiet: progress False)
             parser.add_argument(flag, action="store_false" if f.default else "store_true",

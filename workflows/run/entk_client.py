@@ -269,7 +269,8 @@ def reap_local_tasks(sid, grace_s=5.0):
     the batch system does, on a workstation they would run on. They are found
     by their own launch script (<sid>/pilot.NNNN/task.N/task.N.launch.sh) in
     /proc and ended by process group id: SIGTERM, then SIGKILL after
-    `grace_s`. Never the caller's own process group: the pilot job's wrapper
+    `grace_s`, each followed by SIGCONT (a rank stopped with SIGSTOP was left
+    behind); their descendants that left the group (an MPI launcher's) too. Never the caller's own process group: the pilot job's wrapper
     (psij's single_launch.sh, also under the session's folder) and the agent
     share the group of the process holding the session, and a looser match
     once ended that process itself (seen: a bare EOFError in its parent).
@@ -277,25 +278,59 @@ def reap_local_tasks(sid, grace_s=5.0):
     launcher = re.compile(rb"/" + re.escape(sid.encode()) +
                           rb"/+pilot\.\d+/+task\.\d+/+task\.\d+\.launch\.sh")
     own = os.getpgid(0)
-    groups = set()
+    groups, parents = set(), {}
     for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
+        pid = int(cmdline.split("/")[2])
         try:
             with open(cmdline, "rb") as fh:
                 text = fh.read()
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                parents[pid] = int(fh.read().rsplit(b")", 1)[1].split()[1])
             if launcher.search(text):
-                groups.add(os.getpgid(int(cmdline.split("/")[2])))
-        except (OSError, ProcessLookupError):
+                groups.add(os.getpgid(pid))
+        except (OSError, ProcessLookupError, ValueError, IndexError):
             continue
     groups.discard(own)
+    # a task's processes that left its group (an MPI launcher's proxies and ranks)
+    members = {pid for pid in parents if _pgid(pid) in groups}
+    strays = _descendants(members, parents) - members
     for sig in (signal.SIGTERM, signal.SIGKILL):
         alive = set()
         for pgid in groups:
             try:
                 os.killpg(pgid, sig)
+                os.killpg(pgid, signal.SIGCONT)  # a stopped process gets its SIGTERM now
                 alive.add(pgid)
             except ProcessLookupError:
                 pass
+        for pid in list(strays):
+            try:
+                os.kill(pid, sig)
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                strays.discard(pid)
         groups = alive
-        if not groups:
+        if not groups and not strays:
             return
         time.sleep(grace_s if sig == signal.SIGTERM else 0)
+
+
+def _pgid(pid):
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _descendants(roots, parents):
+    """Every process below `roots` in the process tree ({pid: parent pid})."""
+    children = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    found, todo = set(), list(roots)
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found

@@ -7,24 +7,28 @@ ended is told by outcomes.py.
 """
 import dataclasses
 import glob
+import json
 import logging
 import multiprocessing
 import os
 import signal
 import time
 
+from trajflow.tasks.rundir import record_outcome
 from trajflow.workflows.errors import Interrupted
-from trajflow.workflows.run import resources
+from trajflow.workflows.run import resources, signals
+from trajflow.workflows.run.entk_client import reap_local_tasks
 from trajflow.workflows.run.heartbeat import cancel_orphans, DEFAULT_CLIENT_TIMEOUT_S
 from trajflow.workflows.run.outcomes import remove_partial_files
-from trajflow.workflows.run.session import serve
+from trajflow.workflows.run.session import serve, SHUTDOWN_LIMIT_S
+from trajflow.workflows.run.watchdog import bounds, Watchdog
 
 log = logging.getLogger(__name__)
 
 
 def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_root=None,
               retries=1, resume=False, envs=None, one_at_a_time=False, on_run_ended=None,
-              on_event=None, client_timeout=DEFAULT_CLIENT_TIMEOUT_S):
+              on_event=None, client_timeout=DEFAULT_CLIENT_TIMEOUT_S, limits=""):
     """Run [(name, plan, plan_path)] as pipelines on one pilot; return a RunReport.
 
     A failed task is run again up to `retries` times before its run fails.
@@ -37,7 +41,7 @@ def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_
     then called here, while the pilot is already being shut down (the CLI
     writes the run's report meanwhile). `on_event(run, stage, kind, text)`:
     the pilot's activation and each stage's start and end as they happen.
-    `client_timeout`: see PilotProcess.
+    `client_timeout`, `limits`: see PilotProcess.
     """
     t0 = time.time()
     if resume:  # a pilot of these runs whose client died must not run beside this one
@@ -48,7 +52,7 @@ def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_
     requests = [RunRequest(name, plan, path, retries, resume, (envs or {}).get(name))
                 for name, plan, path in runs]
     process = PilotProcess(desc, session_root or runs[0][1].workdir, on_event=on_event,
-                           client_timeout=client_timeout)
+                           client_timeout=client_timeout, limits=limits)
     with process:
         report = process.run_batch(requests, one_at_a_time, close_after=True,
                                    on_run_ended=lambda name, _outcomes: on_run_ended
@@ -80,6 +84,9 @@ class PilotProcess:
     would run on until the walltime. Here only this process gets the signal;
     `interrupt()` asks the child to stop, which cancels the pilot in order.
     The pilot is requested with the first batch and kept until `close()`.
+    While it waits for the child, a Watchdog (watchdog.py) bounds every phase
+    (`limits`, 'NAME=S,...'): a phase past its bound stops the child, and the
+    runs fail with what was waited for.
 
         with PilotProcess(desc, "/scratch/runs") as pilot:
             first = pilot.run_batch([RunRequest("rmsd", plan, path)])
@@ -87,14 +94,18 @@ class PilotProcess:
     """
 
     def __init__(self, pilot, session_root, on_event=None,
-                 client_timeout=DEFAULT_CLIENT_TIMEOUT_S, keep_sandbox=False):
+                 client_timeout=DEFAULT_CLIENT_TIMEOUT_S, keep_sandbox=False, limits=""):
         self.pilot = pilot                  # the RADICAL-Pilot description
         self.session_root = os.path.abspath(session_root)
         self.client_timeout = client_timeout  # s; 0: the pilot may outlive this process
         self.keep_sandbox = keep_sandbox
+        self.bounds = bounds(limits)
         self.on_event = on_event or (lambda run, stage, kind, text: None)
         self.session_dir = None
-        self._child = self._conn = None
+        self.watchdog = None
+        self._child = self._conn = self._reasons = None
+        self._plans = {}  # run name -> plan, of the runs sent and not ended
+        self._failure = None  # (kind, text) of the stop asked of the child, if one was
 
     def __enter__(self):
         self.start()
@@ -109,11 +120,15 @@ class PilotProcess:
     def start(self):
         ctx = multiprocessing.get_context("fork")
         self._conn, child_end = ctx.Pipe()
+        reasons, self._reasons = os.pipe()
         self._child = ctx.Process(target=serve, name="trajflow-pilot",
                                   args=(child_end, self.pilot, self.session_root, self._conn,
-                                        os.getpid(), self.client_timeout, self.keep_sandbox))
+                                        os.getpid(), self.client_timeout, self.keep_sandbox,
+                                        self.bounds, reasons))
         self._child.start()
         child_end.close()
+        os.close(reasons)
+        self.watchdog = Watchdog(self.bounds, self.session_root, self._child.pid)
 
     @property
     def alive(self):
@@ -128,9 +143,14 @@ class PilotProcess:
         """
         self._conn.send(("batch", dict(requests=requests, one_at_a_time=one_at_a_time,
                                        close_after=close_after)))
+        self._plans.update({r.name: r.plan for r in requests})
+        self.watchdog.pilot_event("batch")
         try:
             while True:
                 kind, payload = self._receive()
+                if kind == "ended":
+                    self._plans.pop(payload[0], None)
+                    self.watchdog.run_ended(payload[0])
                 if kind == "ended" and on_run_ended is not None:
                     try:
                         on_run_ended(*payload)
@@ -144,12 +164,16 @@ class PilotProcess:
             self.interrupt()
 
     def _receive(self):
-        """The child's next message; events go to on_event; its failures raised here."""
+        """The child's next message; events go to on_event; its failures raised here.
+        While none comes, the watchdog is asked whether a phase is past its bound."""
         while True:
             try:
                 while not self._conn.poll(0.5):
                     if not self._child.is_alive():
                         raise EOFError
+                    failure = self.watchdog.check()
+                    if failure:
+                        self.stop(failure)
                 kind, payload = self._conn.recv()
             except EOFError:  # the child is gone without a word
                 self._join()
@@ -160,7 +184,10 @@ class PilotProcess:
                                    f"see the RADICAL session folder {self.session_dir or ''}"
                                    + _session_log_tail(self.session_dir))
             if kind == "event":
+                self._watch(*payload)
                 self.on_event(*payload)
+            elif kind == "phase":
+                self.watchdog.pilot_event(payload)
             elif kind == "session":
                 self.session_dir = payload
             elif kind == "interrupted":
@@ -172,13 +199,39 @@ class PilotProcess:
             else:
                 return kind, payload
 
+    def _watch(self, run, stage, kind, text):
+        if run == "pilot":
+            self.watchdog.pilot_event(kind)
+        else:
+            self.watchdog.run_event(run, self._plans.get(run), stage, kind)
+
     def interrupt(self, why="interrupted"):
-        """Cancel the pilot now (its running tasks end), and raise Interrupted."""
+        """Cancel the pilot now (its running tasks end), and raise Interrupted, saying
+        which signal stopped the run and who sent it, where that is known."""
+        text = f"{signals.describe_stop()}; the pilot was cancelled"
         if self.alive:
             log.warning("%s; cancelling the pilot (Ctrl-C again to give up waiting)", why)
-            os.kill(self._child.pid, signal.SIGINT)
+            self._tell_child("stopped", text)
             self._join()
-        raise Interrupted("interrupted by the user; the pilot was cancelled")
+        raise Interrupted(text)
+
+    def stop(self, failure):
+        """A phase is past its bound: say so, stop the child (the pilot cancelled in
+        order, its runs' outcomes recorded as failed with `failure`) and raise
+        RuntimeError(failure); the runs can be resumed."""
+        log.error("%s; cancelling the pilot", failure)
+        self._tell_child("failed", failure)
+        self._join()
+        raise RuntimeError(failure)
+
+    def _tell_child(self, kind, text):
+        """The reason first (the child reads it when its SIGINT arrives), then SIGINT."""
+        try:
+            os.write(self._reasons, (json.dumps({"kind": kind, "text": text}) + "\n").encode())
+        except OSError:
+            pass
+        self._failure = (kind, text)
+        os.kill(self._child.pid, signal.SIGINT)
 
     def close(self):
         """Cancel the pilot (after the batches sent have ended) and end the child."""
@@ -191,17 +244,43 @@ class PilotProcess:
                 pass
             self._join()
 
-    def _join(self):
+    def _join(self, grace_s=30.0):
         """Wait for the child (its shutdown is bounded: SHUTDOWN_LIMIT_S), then end
         whatever of its process group is left (RADICAL's client components):
-        the group is the child's own session, never this process's."""
-        self._child.join()
+        the group is the child's own session, never this process's. A child that
+        does not end in time (stopped by SIGSTOP, hung below Python) is killed,
+        and what it would have done at its end is done here."""
+        self._child.join(SHUTDOWN_LIMIT_S + grace_s)
+        if self._child.is_alive():
+            self._kill_child()
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(self._child.pid, sig)
             except (ProcessLookupError, PermissionError):
                 return
             time.sleep(1.0)
+
+
+    def _kill_child(self):
+        """The child did not end when asked: kill its group (RADICAL's client with it),
+        end a local pilot's tasks (stopped ones too), and record the runs it had as
+        failed, their partial files removed."""
+        why = (self._failure[1] if self._failure else "stopped")
+        log.error("the process holding the pilot (pid %d) did not stop within %.0f s "
+                  "(stopped or hung); it is killed", self._child.pid, SHUTDOWN_LIMIT_S)
+        try:
+            os.killpg(self._child.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self._child.join(10)
+        if self.session_dir and resources.is_local(self.pilot["resource"]):
+            reap_local_tasks(os.path.basename(self.session_dir))
+        for plan in self._plans.values():
+            remove_partial_files(plan)
+            if not os.path.exists(plan.result_path()):
+                record_outcome(plan.workdir, "failed", f"{why}; the process holding the pilot "
+                               "did not stop and was killed")
+        self._plans.clear()
 
 
 def _session_log_tail(session_dir, n=10):

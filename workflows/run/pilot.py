@@ -87,6 +87,7 @@ class Pilot:
         self.spec = spec
         self.resource, self.cpus, self.walltime = spec.resource, spec.cpus, spec.walltime
         self.client_timeout, self.keep_sandbox = spec.client_timeout, spec.keep_sandbox
+        self.limits = spec.limits
         self.description = resources.resource_description(spec.resource, spec.walltime, spec.cpus,
                                                           spec.queue, spec.project,
                                                           spec.access_schema)
@@ -185,7 +186,7 @@ class Pilot:
                   f"{self.walltime} min (session in {self.path})")
         self._process = PilotProcess(self.description, self.path, on_event=self._event,
                                      client_timeout=self.client_timeout,
-                                     keep_sandbox=self.keep_sandbox)
+                                     keep_sandbox=self.keep_sandbox, limits=self.limits)
         self._process.start()
         self._thread = threading.Thread(target=self._dispatch, name="trajflow-pilot", daemon=True)
         self._thread.start()

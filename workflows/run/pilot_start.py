@@ -8,38 +8,36 @@ its `rp` environment, a message on its control channel that never came
 back); the client waited the whole 20-minute walltime and the job ended by
 TimeLimit. Where the pilot's sandbox is on this disk (the local resources),
 the start of its job shows (bootstrap_0.out appears); a pilot not active
-`limit_s` after that is cancelled and the watch says so (`hung`), so that the
-caller can start another pilot. On a remote cluster the job's start is not
-visible from here and only activation is reported.
+`limit_s` (the watchdog's `start` bound) after that is cancelled and the
+watch says so (`hung`), so that the caller can start another pilot. On a
+remote cluster the job's start is not visible from here. Each step (pilot
+submitted, its job handed over, started, active) is told `on_phase`, for the
+watchdog in the parent (watchdog.py), which bounds the steps before.
 """
 import logging
 import os
 import threading
 import time
 from trajflow.workflows.run.entk_client import local_sandbox
+from trajflow.workflows.run.watchdog import PHASES
 
 log = logging.getLogger(__name__)
-
-AGENT_READY_LIMIT_S = 300.0  # job start -> agent ready took 16-25 s here, +14 s building kernels
-
-
-def agent_ready_limit_s() -> float:
-    """AGENT_READY_LIMIT_S, or $TRAJFLOW_AGENT_READY_LIMIT_S (slow file systems; tests)."""
-    return float(os.environ.get("TRAJFLOW_AGENT_READY_LIMIT_S", AGENT_READY_LIMIT_S))
 
 
 class StartWatch:
     """A thread following one AppManager's pilot until it is active or final.
 
-    `on_active(uid)` when it is active. `local`: the pilot sandbox is on this
-    disk, so a start that hangs can be seen, and is cancelled after `limit_s`.
+    `on_active(uid)` when it is active; `on_phase(step)` at 'submitted',
+    'launched' and 'job started'. `local`: the pilot sandbox is on this disk,
+    so a start that hangs can be seen, and is cancelled after `limit_s` (0: never).
     """
 
-    def __init__(self, appman, on_active, local, limit_s=None, poll_s=0.5):
+    def __init__(self, appman, on_active, local, limit_s=None, poll_s=0.5, on_phase=None):
         self.appman = appman
         self.on_active = on_active
+        self.on_phase = on_phase or (lambda step: None)
         self.local = local
-        self.limit_s = agent_ready_limit_s() if limit_s is None else limit_s
+        self.limit_s = PHASES["start"].default_s if limit_s is None else limit_s
         self.poll_s = poll_s
         self.hung = None  # what happened, once a pilot that never came up was cancelled
         self._thread = threading.Thread(target=self._watch_or_say, name="trajflow-start-watch",
@@ -61,6 +59,12 @@ class StartWatch:
     def _watch(self):
         import radical.pilot as rp
         started = None  # when the pilot's job was first seen running
+        told = set()
+
+        def tell(step):
+            if step not in told:
+                told.add(step)
+                self.on_phase(step)
         while True:
             pilot = self.pilot()
             state = getattr(pilot, "state", None)
@@ -69,9 +73,15 @@ class StartWatch:
                 return
             if state in rp.FINAL:
                 return
+            if pilot is not None:
+                tell("submitted")
+            if state == rp.PMGR_ACTIVE_PENDING:  # the job is the batch system's now
+                tell("launched")
             if started is None and self.local and pilot is not None and job_started(pilot):
                 started = time.time()
-            if started is not None and time.time() - started > self.limit_s:
+                tell("launched")
+                tell("job started")
+            if started is not None and self.limit_s and time.time() - started > self.limit_s:
                 at = time.strftime("%H:%M:%S", time.localtime(started))
                 self.hung = (f"the pilot's job started at {at} but its agent did not report ready within {self.limit_s:g} s "
                              "(RADICAL-Pilot's start hung); that pilot was cancelled")

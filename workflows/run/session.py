@@ -6,6 +6,7 @@ and every run's end. It stops on SIGINT (its parent's interrupt, or its
 client's death seen by the heartbeat) by cancelling the pilot in order, and
 never takes longer than SHUTDOWN_LIMIT_S to stop.
 """
+import json
 import logging
 import os
 import shutil
@@ -41,13 +42,18 @@ _STOPPED_BY = ["the user"]  # who asked the child to stop: the user, or its clie
 _PILOT_FAILED = [None]      # what RADICAL-Pilot said when it ended the child's main thread
 
 
-def serve(conn, pilot, session_root, parent_end, client_pid, client_timeout, keep_sandbox):
+def serve(conn, pilot, session_root, parent_end, client_pid, client_timeout, keep_sandbox,
+          bounds, reasons):
     """The child: one RADICAL session, batches of runs until "close" (or a Ctrl-C).
 
     While its client (the parent) lives, it touches the session's heartbeat,
     which the pilot's guard watches (`client_timeout` s; 0: no guard); when the
-    client is gone it stops as on a Ctrl-C: the pilot cancelled in order."""
+    client is gone it stops as on a Ctrl-C: the pilot cancelled in order.
+    `bounds`: the watchdog's (the pilot's start is watched here); `reasons`: the
+    read end of the pipe where the parent says why it stops this process
+    (PilotProcess.stop) before its SIGINT."""
     parent_end.close()  # else its sends would never fail once the parent is gone
+    _REASONS[0] = reasons
     close_inherited()   # RUNDIR locks are the parent's (see rundir_lock)
     os.setsid()
     # Its stop is SIGINT (from the parent's interrupt, or _client_gone); a script
@@ -61,7 +67,8 @@ def serve(conn, pilot, session_root, parent_end, client_pid, client_timeout, kee
     os.environ.setdefault("RADICAL_PROFILE", "TRUE")
     os.environ.setdefault("RADICAL_LOG_LVL", "WARNING")
     os.environ.setdefault("RADICAL_REPORT", "FALSE")
-    session = _Session(conn, pilot, session_root, client_pid, client_timeout, keep_sandbox)
+    session = _Session(conn, pilot, session_root, client_pid, client_timeout, keep_sandbox,
+                       bounds["start"])
     ending = ("closed", None)
     in_flight = []  # the plans of the batch being run: their partial files go at the end
     try:
@@ -80,7 +87,8 @@ def serve(conn, pilot, session_root, parent_end, client_pid, client_timeout, kee
                     break
                 _send(conn, ("report", report))
     except BaseException as exc:  # noqa: the parent must hear of every ending
-        ending = (("error", _interrupted_text()) if _PILOT_FAILED[0]
+        failed = _PILOT_FAILED[0] or _stop_reason().get("kind") == "failed"
+        ending = (("error", _interrupted_text()) if failed
                   else ("interrupted", _interrupted_text()) if _was_interrupted(exc)
                   else ("error", f"{type(exc).__name__}: {exc}"))
     finally:
@@ -106,10 +114,12 @@ class _Session:
     heartbeat the pilot's guard watches, the watch on the pilot's start.
     `renew()` replaces it by a new one (a pilot whose start hung)."""
 
-    def __init__(self, conn, pilot, session_root, client_pid, client_timeout, keep_sandbox):
+    def __init__(self, conn, pilot, session_root, client_pid, client_timeout, keep_sandbox,
+                 start_limit_s):
         self.conn, self.pilot, self.session_root = conn, pilot, session_root
         self.client_pid, self.client_timeout = client_pid, client_timeout
         self.keep_sandbox = keep_sandbox
+        self.start_limit_s = start_limit_s
         self.local = resources.is_local(pilot["resource"])
         self.appman = self.dir = self.beat = self.configs = self.watch = None
         self.renewed = False  # a session replaced once already is not replaced again
@@ -140,7 +150,8 @@ class _Session:
                               heartbeat_period(self.client_timeout or DEFAULT_CLIENT_TIMEOUT_S)
                               ).start()
         _send(self.conn, ("session", self.dir))
-        self.watch = StartWatch(self.appman, self._active, self.local).start()
+        self.watch = StartWatch(self.appman, self._active, self.local, self.start_limit_s,
+                                on_phase=lambda step: _send(self.conn, ("phase", step))).start()
         _SESSION_PILOT[0] = self.watch.pilot
 
     def _active(self, uid):  # EnTK tells nobody: between the request and this, the
@@ -240,8 +251,32 @@ _SESSION_JOB = [None]    # (batch system, the pilot job's record) of the current
 
 
 def _interrupted_text():
+    said = _stop_reason().get("text")
     return (_pilot_failed_text(_PILOT_FAILED[0]) if _PILOT_FAILED[0]
+            else said if said
             else f"interrupted by {_STOPPED_BY[0]}; the pilot was cancelled")
+
+
+_REASONS = [None]  # the read end of the parent's pipe of stop reasons
+_REASON = {}       # the last reason read: {"kind": "failed" or "stopped", "text": ...}
+
+
+def _stop_reason():
+    """Why the parent stopped this process, as it said in the pipe (PilotProcess.stop):
+    {} for a plain Ctrl-C or a death of the client."""
+    fd = _REASONS[0]
+    if fd is not None:
+        os.set_blocking(fd, False)
+        try:
+            data = os.read(fd, 1 << 16)
+        except (BlockingIOError, OSError):
+            data = b""
+        for line in data.decode(errors="replace").splitlines():
+            try:
+                _REASON.update(json.loads(line))
+            except ValueError:
+                pass
+    return _REASON
 
 
 def _pilot_failed_text(uid):

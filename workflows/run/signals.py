@@ -3,10 +3,13 @@
 A batch system's or a user's kill (SIGTERM) and a dropped SSH session (SIGHUP)
 must cancel the pilot in order, end its tasks and record the outcome, never
 leave a pilot running on its own; the `trajflow` command then exits 128 + N.
+`describe_stop` says which signal it was and, where it can be known, who sent
+it (Python's handlers get no sender: the process's context tells).
 """
 import contextlib
 import os
 import signal
+import subprocess
 import threading
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -44,3 +47,47 @@ def stop_on_signals(also_sigint=False):
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
+
+def describe_stop(signum=None):
+    """'stopped by SIGTERM (...who sent it...)' for the stop signal of the last
+    interrupt (or `signum`); 'interrupted by Ctrl-C (SIGINT)' when none was caught."""
+    signum = signum or stopped_by
+    if not signum or signum == signal.SIGINT:
+        return "interrupted by Ctrl-C (SIGINT)"
+    return f"stopped by {signal.Signals(signum).name} ({_sender(signum)})"
+
+
+def _sender(signum):
+    """Who most likely sent `signum`: the batch job's end, a `timeout` that started
+    this process, a closed terminal; else what usually does."""
+    if signum == signal.SIGHUP:
+        return "its terminal or SSH connection closed"
+    job = os.environ.get("SLURM_JOB_ID")
+    if job:
+        state = _slurm_job_state(job)
+        return (f"SLURM job {job}" + (f", {state}" if state else "")
+                + ": `scancel` or the job's time limit")
+    parent = _process_name(os.getppid())
+    if parent == "timeout":
+        return f"probably `timeout` (pid {os.getppid()}), which started trajflow, at its limit"
+    return ("sent by another process: `kill`, a batch system's time limit or a shutdown; "
+            f"trajflow's parent is {parent or 'unknown'} (pid {os.getppid()})")
+
+
+def _process_name(pid):
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def _slurm_job_state(job):
+    """The job's state as squeue says it (CANCELLED, TIMEOUT, ...), or ''."""
+    try:
+        done = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"], capture_output=True,
+                              text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""

@@ -29,6 +29,7 @@ from trajflow.tasks.schedules import SCHEDULES
 from trajflow.workflows.errors import InputError
 from trajflow.workflows.run import resources
 from trajflow.workflows.run.heartbeat import DEFAULT_CLIENT_TIMEOUT_S
+from trajflow.workflows.run.watchdog import parse_limits, PHASES
 
 MODES = ("mpi", "tasks")
 AUTO = "auto"  # the schedule chosen by the run's mode and analysis (resolved_schedule)
@@ -237,6 +238,11 @@ class PilotSpec:
         DEFAULT_CLIENT_TIMEOUT_S, "seconds: a guard running with the pilot ends it when this "
                                   "process has been gone this long (killed, its machine lost); "
                                   "0: no guard", metavar="S", minimum=0)
+    limits: str = option(
+        "", "bounds of the watched phases, NAME=SECONDS,... (0: none): session, submit, queue, "
+            "start, task, stall; a phase past its bound fails the run, which --resume goes on "
+            f"with (none given: {', '.join(f'{p.name}={p.default_s:g}' for p in PHASES.values())})",
+        metavar="NAME=S,...")
     keep_sandbox: bool = option(False, "keep the pilot's RADICAL sandbox (by default removed at "
                                        "the end: the run's folder keeps every task's profile, "
                                        "stdout and stderr)")
@@ -247,6 +253,7 @@ class PilotSpec:
     def __post_init__(self):
         _check_fields(self)
         try:
+            parse_limits(self.limits)
             object.__setattr__(self, "resource", resources.resolve_resource(self.resource))
             resources.check_resource(self.resource)
             if self.access_schema:

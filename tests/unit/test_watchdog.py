@@ -1,0 +1,166 @@
+"""The watchdog's bounds (workflows/run/watchdog.py) on a clock the test moves: each
+phase says while it overruns and fails at its bound, with the phase, the layer and
+the fix; a stage's first task and an analyze stage's frames are read from RUNDIR as
+the tasks write them (tasks/rundir.py, tasks/timing.py)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import given, strategies as st
+
+from trajflow.tasks.plan import RunPlan
+from trajflow.tasks.rundir import mark_started
+from trajflow.tasks.timing import write_progress
+from trajflow.workflows.run.signals import describe_stop
+from trajflow.workflows.run.watchdog import (bounds, parse_limits, PHASES, process_state,
+                                             stopped_tasks, Watchdog)
+
+
+def plan_in(workdir, n_frames=100, blocks=2):
+    step = n_frames // blocks
+    return RunPlan(workdir=str(workdir), topology="/t.psf", trajectories=["/a.dcd"],
+                   analysis="rmsd", selection="all", io="shared", mode="tasks", gather="auto",
+                   n_frames=n_frames, n_atoms=10,
+                   blocks=[(i * step, (i + 1) * step) for i in range(blocks)])
+
+
+def watchdog(tmp_path, limits=""):
+    said = []
+    return Watchdog(limits, str(tmp_path), say=said.append), said
+
+
+def test_limits_are_parsed_and_bad_ones_name_the_fix():
+    assert parse_limits("start=600, stall=0") == {"start": 600.0, "stall": 0.0}
+    assert bounds("")["queue"] == 0 and bounds("")["session"] == PHASES["session"].default_s
+    for bad, words in (("boot=5", "one of session, submit"), ("start", "NAME=SECONDS"),
+                       ("start=-1", "0 or more"), ("start=soon", "0 or more")):
+        with pytest.raises(ValueError, match=words):
+            parse_limits(bad)
+
+
+def test_each_pilot_phase_is_said_while_it_overruns_and_fails_at_its_bound(tmp_path):
+    dog, said = watchdog(tmp_path, "session=40,submit=20,start=100")
+    dog.pilot_event("batch", now=0)
+    assert dog.check(now=9) is None and said == []
+    assert dog.check(now=10) is None and len(said) == 1 and "waiting 10 s for RADICAL's client" in said[0]
+    assert dog.check(now=11) is None and len(said) == 1  # each quarter once
+    dog.pilot_event("submitted", now=12)
+    dog.pilot_event("launched", now=13)  # the queue: unbounded by default
+    assert dog.check(now=13 + 3000) is None
+    assert any("waiting 50 min for the pilot's job to start (no bound" in line for line in said)
+    dog.pilot_event("job started", now=5000)
+    failure = dog.check(now=5100)
+    assert failure.startswith("the pilot waited 100 s for the pilot's agent to report ready")
+    assert "--limits start=S" in failure and "RADICAL agent" in failure
+    dog.pilot_event("active", now=5101)
+    assert dog.check(now=10 ** 6) is None
+
+
+def test_the_session_phase_fails_naming_the_layer(tmp_path):
+    dog, _ = watchdog(tmp_path, "session=30")
+    dog.pilot_event("batch", now=0)
+    failure = dog.check(now=31)
+    assert "waited 31 s for RADICAL's client to start its session" in failure
+    assert "waiting on: RADICAL client" in failure and "--limits session=S" in failure
+
+
+def test_a_stage_whose_first_task_never_starts_fails_unless_the_pilot_is_busy(tmp_path):
+    plan = plan_in(tmp_path)
+    dog, said = watchdog(tmp_path, "task=60")
+    dog.pilot_event("active", now=0)
+    now = time.time()
+    dog.run_event("r", plan, "split", "submitted", now=now)
+    assert dog.check(now=now + 50) is None
+    dog.activity(now + 50)  # another run's task ended: cores were taken, not a hang
+    assert dog.check(now=now + 100) is None
+    failure = dog.check(now=now + 111)
+    assert failure.startswith("r: split waited 61 s for the first task of a stage to start")
+    mark_started(plan.workdir, "split")  # ... a task did start
+    assert dog.check(now=now + 112) is None
+    dog.run_event("r", plan, "split", "done", now=now + 113)
+    assert dog.check(now=now + 10 ** 5) is None
+
+
+def test_analyze_fails_when_its_frames_stop_advancing_and_names_the_quiet_block(tmp_path):
+    plan = plan_in(tmp_path)
+    dog, said = watchdog(tmp_path, "stall=100")
+    t0 = time.time()
+    dog.run_event("r", plan, "analyze", "submitted", now=t0)
+    mark_started(plan.workdir, "analyze")
+    assert dog.check(now=t0 + 1) is None  # started: now its frames are watched
+    write_progress(plan.progress_path(0), 50)
+    write_progress(plan.progress_path(1), 10)
+    os.utime(plan.progress_path(1), (t0 - 300, t0 - 300))
+    assert dog.check(now=t0 + 2) is None
+    assert dog.check(now=t0 + 101) is None  # 99 s after the last change
+    failure = dog.check(now=t0 + 103)
+    assert "r: analyze waited 101 s for the analyze ranks to report frames done" in failure
+    assert "60 of 100 frames done" in failure
+    assert failure.index("block 1") < failure.index("block 0"), failure  # the quieter first
+    assert "waiting on: the tasks" in failure
+
+
+def test_a_slow_analysis_gets_a_stall_bound_from_its_own_time_per_frame(tmp_path):
+    plan = plan_in(tmp_path)
+    dog, _ = watchdog(tmp_path, "stall=100")
+    t0 = time.time()
+    dog.run_event("r", plan, "analyze", "submitted", now=t0)
+    mark_started(plan.workdir, "analyze")
+    dog.check(now=t0)
+    write_progress(plan.progress_path(0), 2)  # 2 frames by 2 ranks in 40 s: 40 s per frame
+    assert dog.check(now=t0 + 40) is None
+    assert dog.check(now=t0 + 40 + 700) is None  # below 20 x 40 s
+    assert dog.check(now=t0 + 40 + 801) is not None
+
+
+@given(st.lists(st.tuples(st.sampled_from(["submitted", "launched", "job started", "active",
+                                           "restarted"]), st.floats(0, 50)), max_size=12))
+def test_the_pilot_is_never_failed_before_the_bound_of_the_phase_it_is_in(events):
+    """Whatever order the child's events come in, a failure comes only once the current
+    phase has lasted its bound."""
+    dog = Watchdog("session=100,submit=100,start=100", "/")
+    dog.say = lambda line: None
+    now = 0.0
+    dog.pilot_event("batch", now=now)
+    for kind, gap in events:
+        now += gap
+        dog.pilot_event(kind, now=now)
+        clock = dog.pilot
+        failure = dog.check(now=now + 99)
+        assert failure is None or (clock is not None and now + 99 - clock.since >= 100)
+
+
+def test_stopped_processes_are_recognised(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                             "trajflow.tasks.analyze", str(tmp_path)])
+    try:
+        os.kill(proc.pid, signal.SIGSTOP)
+        deadline = time.time() + 10
+        while process_state(proc.pid) != "T" and time.time() < deadline:
+            time.sleep(0.05)
+        assert stopped_tasks(str(tmp_path)) == [proc.pid]
+        dog = Watchdog("", str(tmp_path), child_pid=proc.pid)
+        assert "is stopped (SIGSTOP" in dog._stopped_note()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_stop_signal_is_named_with_who_likely_sent_it(monkeypatch):
+    assert describe_stop(signal.SIGINT) == "interrupted by Ctrl-C (SIGINT)"
+    assert describe_stop(signal.SIGHUP) == ("stopped by SIGHUP (its terminal or SSH connection "
+                                            "closed)")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    assert "SLURM job 4242" in describe_stop(signal.SIGTERM)
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_JOB_ID"}
+    said = "import signal; from trajflow.workflows.run.signals import describe_stop; " \
+           "print(describe_stop(signal.SIGTERM))"
+    under_timeout = subprocess.run(["timeout", "60", sys.executable, "-c", said],
+                                   capture_output=True, text=True, timeout=90, env=env)
+    assert "probably `timeout` (pid" in under_timeout.stdout, under_timeout.stderr
+    plain = subprocess.run([sys.executable, "-c", said], capture_output=True, text=True,
+                           timeout=90, env=env)
+    assert "stopped by SIGTERM (sent by another process" in plain.stdout, plain.stderr
