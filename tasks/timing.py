@@ -21,6 +21,7 @@ PHASES = ("open_topology", "open_trajectory", "io", "compute", "wait", "comm",
 # the phase a testing delay (faults.py, TRAJFLOW_TEST_DELAY) is injected into
 FAULT_PHASES = {"open_topology": "open", "io": "io", "compute": "compute", "comm": "comm"}
 PROGRESS_EVERY_S = 2.0  # how often a rank rewrites its progress file, at most
+WAITING = ("wait", "comm")  # phases a rank may spend waiting for the others
 
 
 def read_bytes():
@@ -70,6 +71,8 @@ class RankTimer:
     def phase(self, name: str):
         if name not in PHASES:
             raise ValueError(f"unknown phase {name!r}; known: {PHASES}")
+        if name in WAITING and self.progress_path and self._progress_written:
+            self._write_progress()  # all its frames said before it waits for the others
         t0 = time.time()
         try:
             yield

@@ -77,7 +77,7 @@ def test_a_stage_whose_first_task_never_starts_fails_unless_the_pilot_is_busy(tm
     dog.activity(now + 50)  # another run's task ended: cores were taken, not a hang
     assert dog.check(now=now + 100) is None
     failure = dog.check(now=now + 111)
-    assert failure.startswith("r: split waited 61 s for the first task of a stage to start")
+    assert failure.startswith("r's split stage waited 61 s for the first task of a stage to start")
     mark_started(plan.workdir, "split")  # ... a task did start
     assert dog.check(now=now + 112) is None
     dog.run_event("r", plan, "split", "done", now=now + 113)
@@ -97,7 +97,7 @@ def test_analyze_fails_when_its_frames_stop_advancing_and_names_the_quiet_block(
     assert dog.check(now=t0 + 2) is None
     assert dog.check(now=t0 + 101) is None  # 99 s after the last change
     failure = dog.check(now=t0 + 103)
-    assert "r: analyze waited 101 s for the analyze ranks to report frames done" in failure
+    assert "r's analyze stage waited 101 s for the analyze ranks to report frames done" in failure
     assert "60 of 100 frames done" in failure
     assert failure.index("block 1") < failure.index("block 0"), failure  # the quieter first
     assert "waiting on: the tasks" in failure

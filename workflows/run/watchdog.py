@@ -157,7 +157,7 @@ class Watchdog:
         now = time.time() if now is None else now
         self.activity(now)
         if kind == "submitted" and stage:
-            self.runs[run] = _RunWatch(plan, stage, _Clock("task", now, what=f"{run}: {stage}"),
+            self.runs[run] = _RunWatch(plan, stage, _Clock("task", now, what=f"{run}'s {stage} stage"),
                                        submitted=now)
         elif stage and run in self.runs and self.runs[run].stage == stage:
             self.runs[run].clock = None  # the stage ended
@@ -195,7 +195,7 @@ class Watchdog:
                 self.activity(now)
                 watch.clock = None  # split and reduce: started is all that is watched
                 if watch.stage == "analyze":
-                    watch.clock = _Clock("stall", now, what=f"{name}: analyze")
+                    watch.clock = _Clock("stall", now, what=f"{name}'s analyze stage")
                     watch.frames, watch.changed, watch.first = frames_done(watch.plan), now, now
             elif clock.phase == "stall":
                 done = frames_done(watch.plan)

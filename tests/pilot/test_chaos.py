@@ -1,0 +1,241 @@
+"""Faults below trajflow, as Dask's and Parsl's chaos tests do them (issue 32): real
+processes of a real run are killed (-9) or stopped (SIGSTOP) while its analyze tasks
+work. Whatever is hit, the run either recovers (its result MDAnalysis') or fails
+within its phase's bound (the watchdog's, --limits) with the cause named in its
+output and outcome.json; it leaves no process and no half-written result, and
+`--resume` then finishes it, equal to MDAnalysis.
+
+The analyze tasks sleep in compute (TRAJFLOW_TEST_DELAY) so that the fault lands
+mid-stage; the bounds are short (STALL_S) so that a hang costs seconds.
+"""
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+from processes import (analyze_tasks, assert_nothing_left, output_so_far, processes_mentioning,
+                       session_name, start_with_sleeping_tasks, stop, TRAJFLOW, wait_for_analyze)
+
+from trajflow.workflows.run.watchdog import process_state
+
+pytestmark = pytest.mark.entk
+
+STALL_S = 25          # the stall and first-task bounds of these runs
+SHUTDOWN_S = 60 + 30  # the child's own shutdown limit, and the parent's grace after it
+LIMITS = f"stall={STALL_S},task={STALL_S}"
+
+
+def start(out, adk, mode="tasks", delay="0:compute:12,1:compute:12", limits=LIMITS, extra=()):
+    return start_with_sleeping_tasks(
+        ["run", "--topology", adk[0], "--trajectory", adk[1], "--analysis", "rmsd",
+         "--mode", mode, "--blocks", "2", "--cpus", "2", "--retries", "0", "--walltime", "15",
+         "--limits", limits, "--out", str(out), *extra], delay=delay)
+
+
+def client_component(name, out):
+    """The pid of RADICAL's client process `name` of the run in `out` (its cwd is the
+    run's session folder; the agent's namesakes live in the pilot's sandbox)."""
+    for pid in processes_mentioning(name):
+        try:
+            if open(f"/proc/{pid}/comm").read().strip() == name[:15] and \
+                    os.readlink(f"/proc/{pid}/cwd").startswith(str(out)):
+                return pid
+        except OSError:
+            continue
+    raise AssertionError(f"no client process {name} of {out}")
+
+
+def agent_component(name, session):
+    for pid in processes_mentioning(name):
+        try:
+            if open(f"/proc/{pid}/comm").read().strip() == name[:15] and \
+                    session in os.readlink(f"/proc/{pid}/cwd"):
+                return pid
+        except OSError:
+            continue
+    raise AssertionError(f"no agent process {name} of {session}")
+
+
+def ended(proc, patience_s):
+    try:
+        code = proc.wait(timeout=patience_s)
+    except subprocess.TimeoutExpired:
+        print("the run's output:\n" + output_so_far(proc))
+        stop(proc)
+        raise AssertionError(f"the run was still silent {patience_s:.0f} s after the fault")
+    return code, proc.stdout.read()
+
+
+def assert_handled(code, output, out, session, reference, adk, recovered_ok=True):
+    """Recovered with MDAnalysis' result, or failed with a cause named and nothing left;
+    either way --resume (or the run itself) ends equal to MDAnalysis."""
+    outcome = json.load(open(out / "outcome.json"))
+    if code == 0:
+        assert recovered_ok, output
+        assert outcome["status"] == "done"
+    else:
+        assert code == 1, output
+        assert outcome["status"] == "failed" and outcome["error"], outcome
+        assert "interrupted by" not in outcome["error"], outcome
+        assert not (out / "result.h5").exists()
+    leftovers = [f for f in glob.glob(str(out / "**" / "*.tmp"), recursive=True)
+                 if "re.session" not in f]
+    assert leftovers == []
+    assert_nothing_left(session)
+    if code != 0:
+        again = subprocess.run([TRAJFLOW, "run", "--resume", str(out)], capture_output=True,
+                               text=True, timeout=600)
+        assert again.returncode == 0, again.stdout + again.stderr
+    with h5py.File(out / "result.h5", "r") as f:
+        np.testing.assert_allclose(f["rmsd"][:], reference(adk[0], [adk[1]], "rmsd")["rmsd"],
+                                   rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["tasks", "mpi"])
+def test_a_stopped_rank_fails_the_run_at_the_stall_bound_and_is_ended(tmp_path, adk, mode,
+                                                                      reference_results):
+    """SIGSTOP of one analyze rank: before, the run said "50 %" and then nothing until an
+    outside timeout, and the stopped rank outlived the pilot."""
+    out = tmp_path / f"stopped-{mode}"
+    proc = start(out, adk, mode)
+    try:
+        wait_for_analyze(proc, marker=str(out))
+        session = session_name(out)
+        time.sleep(2)
+        victim = analyze_tasks(str(out))[0]
+        os.kill(victim, signal.SIGSTOP)
+        t0 = time.time()
+        code, output = ended(proc, STALL_S + 12 + SHUTDOWN_S + 60)
+    finally:
+        stop(proc)
+    took = time.time() - t0
+    assert code == 1, output
+    assert "for the analyze ranks to report frames done" in output, output
+    assert f"stopped task processes here (state T, SIGSTOP): pid {victim}" in output, output
+    assert took < STALL_S + 12 + SHUTDOWN_S, f"{took:.0f} s from the stop to the end"
+    assert process_state(victim) is None, "the stopped rank was left behind"
+    outcome = json.load(open(out / "outcome.json"))
+    assert "--limits stall=S" in outcome["error"], outcome
+    assert_handled(code, output, out, session, reference_results, adk)
+
+
+# each RADICAL process killed in turn: (client or agent, its process title)
+COMPONENTS = [("client", "rp.state_pubsub"), ("client", "rp.control_pubsub"),
+              ("client", "rp.tmgr_scheduling.0000"), ("client", "rp.tmgr_staging_output.0000"),
+              ("agent", "rp.agent.0"), ("agent", "rp.agent_executing.0000")]
+
+
+@pytest.mark.parametrize("side,name", COMPONENTS, ids=[n for _, n in COMPONENTS])
+def test_kill_9_of_a_radical_process_is_survived_or_named_within_its_bound(tmp_path, adk, side,
+                                                                           name,
+                                                                           reference_results):
+    out = tmp_path / "killed"
+    proc = start(out, adk)
+    try:
+        wait_for_analyze(proc, marker=str(out))
+        session = session_name(out)
+        victim = (client_component(name, out) if side == "client"
+                  else agent_component(name, session))
+        os.kill(victim, signal.SIGKILL)
+        t0 = time.time()
+        code, output = ended(proc, 12 + STALL_S + SHUTDOWN_S + 60)
+    finally:
+        stop(proc)
+    print(f"kill -9 {name} ({side}): exit {code} after {time.time() - t0:.0f} s\n{output}")
+    assert_handled(code, output, out, session, reference_results, adk)
+
+
+def test_a_client_stopped_longer_than_its_guard_allows_ends_named(tmp_path, adk,
+                                                                  reference_results):
+    """SIGSTOP of the process holding the pilot (a suspended laptop's client) beyond
+    --client-timeout: the pilot's guard ends the pilot; once the client goes on, the run
+    fails saying why, within the bounds, and --resume finishes it."""
+    out = tmp_path / "suspended"
+    proc = start(out, adk, extra=("--client-timeout", "10"))
+    try:
+        wait_for_analyze(proc, marker=str(out))
+        session = session_name(out)
+        holder = [p for p in processes_mentioning(str(out))
+                  if os.getpgid(p) == p and p != proc.pid and b"trajflow\x00run" in
+                  open(f"/proc/{p}/cmdline", "rb").read()][0]
+        os.kill(holder, signal.SIGSTOP)
+        time.sleep(25)  # > --client-timeout: the guard ends the pilot meanwhile
+        os.kill(holder, signal.SIGCONT)
+        t0 = time.time()
+        code, output = ended(proc, STALL_S + SHUTDOWN_S + 60)
+    finally:
+        stop(proc)
+    print(f"client stopped 25 s: exit {code} after {time.time() - t0:.0f} s\n{output}")
+    assert code == 1, output
+    assert_handled(code, output, out, session, reference_results, adk, recovered_ok=False)
+
+
+def test_a_run_stopped_by_timeout_names_sigterm_and_its_sender(tmp_path, adk):
+    out = tmp_path / "timed-out"
+    env = {**os.environ, "TRAJFLOW_TEST_DELAY": "0:compute:300,1:compute:300"}
+    done = subprocess.run(["timeout", "-s", "TERM", "60", TRAJFLOW, "run", "--topology", adk[0],
+                           "--trajectory", adk[1], "--analysis", "rmsd", "--mode", "tasks",
+                           "--blocks", "2", "--cpus", "2", "--out", str(out)],
+                          capture_output=True, text=True, env=env, timeout=240)
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    assert "stopped by SIGTERM (probably `timeout` (pid" in done.stderr, done.stderr
+    outcome = json.load(open(out / "outcome.json"))
+    assert outcome["error"].startswith("stopped by SIGTERM (probably `timeout`"), outcome
+    assert "by the user" not in done.stderr
+    assert analyze_tasks(str(out)) == []
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_a_disk_filled_right_after_planning_fails_the_session_start_named(small_disk, adk,
+                                                                         reference_results):
+    """The run folder's disk fills between planning and RADICAL's session: before, the
+    run said "split submitted" and nothing for 10 minutes."""
+    out = small_disk / "run"
+    ballast = small_disk / "ballast"
+    proc = subprocess.Popen([TRAJFLOW, "run", "--topology", adk[0], "--trajectory", adk[1],
+                             "--analysis", "rmsd", "--io", "h5md", "--cpus", "2",
+                             "--limits", "session=30,submit=30,start=60", "--out", str(out)],
+                            start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 60
+        while not (out / "plan.json").exists() and time.time() < deadline:
+            time.sleep(0.005)
+        free = os.statvfs(small_disk)
+        subprocess.run(["fallocate", "-l", str(free.f_bavail * free.f_frsize), str(ballast)],
+                       check=True)
+        t0 = time.time()
+        code, output = ended(proc, 60 + SHUTDOWN_S + 60)
+    finally:
+        stop(proc)
+    print(f"full disk after planning: exit {code} after {time.time() - t0:.0f} s\n{output}")
+    assert code == 1, output
+    assert f"the file system of {out} is full" in output or "is full" in output, output
+    assert not (out / "result.h5").exists()
+    assert processes_mentioning(str(out)) == []
+    ballast.unlink()
+    again = subprocess.run([TRAJFLOW, "run", "--resume", str(out)], capture_output=True,
+                           text=True, timeout=600)
+    assert again.returncode == 0, again.stdout + again.stderr
+    with h5py.File(out / "result.h5", "r") as f:
+        np.testing.assert_allclose(f["rmsd"][:], reference_results(adk[0], [adk[1]], "rmsd")["rmsd"],
+                                   rtol=1e-5, atol=1e-4)
