@@ -14,6 +14,7 @@ import os
 import signal
 import time
 
+from trajflow.tasks.client_guard import ENDED
 from trajflow.tasks.rundir import record_outcome
 from trajflow.workflows.errors import Interrupted
 from trajflow.workflows.run import resources, signals
@@ -180,8 +181,11 @@ class PilotProcess:
                 code = self._child.exitcode
                 how = (f"killed by signal {-code}" if code is not None and code < 0
                        else f"exit code {code}")
-                raise RuntimeError(f"the process holding the pilot ended unexpectedly ({how}); "
-                                   f"see the RADICAL session folder {self.session_dir or ''}"
+                guard = _guard_ended(self.session_dir)
+                raise RuntimeError(f"the process holding the pilot ended unexpectedly ({how})"
+                                   + (f"; the pilot's guard had ended the pilot: {guard}"
+                                      if guard else "")
+                                   + f"; see the RADICAL session folder {self.session_dir or ''}"
                                    + _session_log_tail(self.session_dir))
             if kind == "event":
                 self._watch(*payload)
@@ -250,7 +254,12 @@ class PilotProcess:
         the group is the child's own session, never this process's. A child that
         does not end in time (stopped by SIGSTOP, hung below Python) is killed,
         and what it would have done at its end is done here."""
-        self._child.join(SHUTDOWN_LIMIT_S + grace_s)
+        deadline = time.time() + SHUTDOWN_LIMIT_S + grace_s
+        while self._child.is_alive() and time.time() < deadline:
+            # polled: join(timeout) waits on a pipe the child can close before it ends
+            # (seen: join returned after 14 s of a child that was still stopping)
+            self._child.join(0.5)
+            time.sleep(0.1)
         if self._child.is_alive():
             self._kill_child()
         for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -281,6 +290,17 @@ class PilotProcess:
                 record_outcome(plan.workdir, "failed", f"{why}; the process holding the pilot "
                                "did not stop and was killed")
         self._plans.clear()
+
+
+def _guard_ended(session_dir):
+    """Why the pilot's guard ended the pilot (its record), or "" if it did not: a
+    client stopped longer than --client-timeout (a suspended laptop) is one."""
+    try:
+        with open(os.path.join(session_dir or "", ENDED), encoding="utf-8") as fh:
+            record = json.load(fh)
+    except (OSError, ValueError):
+        return ""
+    return record.get("reason", "") if record.get("fired") else ""
 
 
 def _session_log_tail(session_dir, n=10):

@@ -301,7 +301,10 @@ class Pilot:
                     if run.outcome is None and f.running():  # the child died: say so on disk
                         note = full_disk_note(f.request.plan)
                         why += f"; {note}" if note else ""
-                        record_outcome(f.request.plan.workdir, "failed", why)
+                        try:
+                            record_outcome(f.request.plan.workdir, "failed", why)
+                        except OSError as err:  # a full disk: the run still fails, said here
+                            why += f" (its outcome.json could not be written: {err})"
                     # a lost pilot fails its runs as any failure does (a RunFailed with the run)
                     if isinstance(exc, (Interrupted, KeyboardInterrupt)):
                         f.set_exception(exc)

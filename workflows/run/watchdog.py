@@ -134,6 +134,7 @@ class Watchdog:
         self.pilot = None     # _Clock of the pilot's phase, None once active
         self.runs = {}        # run name -> _RunWatch
         self.active = False
+        self.radical = {}     # pid -> title of RADICAL's processes seen in the child's group
 
     # --- events ----------------------------------------------------------------
     def pilot_event(self, kind, now=None):
@@ -156,6 +157,8 @@ class Watchdog:
         """A run's stage event: 'submitted' starts the watch of its first task."""
         now = time.time() if now is None else now
         self.activity(now)
+        if self.child_pid:  # what runs now, to name what died should a phase overrun
+            self.radical.update(radical_processes(self.child_pid))
         if kind == "submitted" and stage:
             self.runs[run] = _RunWatch(plan, stage, _Clock("task", now, what=f"{run}'s {stage} stage"),
                                        submitted=now)
@@ -237,9 +240,13 @@ class Watchdog:
         text = (f"{clock.what} waited {waited:.0f} s for {phase.waits_for} (bound {bound:.0f} s, "
                 f"--limits {phase.name}=S; usually {phase.usual}); waiting on: {phase.layer}. "
                 f"{phase.advice}")
-        notes = [self._stopped_note().lstrip("; "), self._disk_note()]
+        notes = [self._stopped_note().lstrip("; "), self._disk_note(), self._dead_note()]
         if clock.phase == "stall":
             notes.insert(0, _quiet_ranks(watch.plan))
+            if watch.frames >= watch.plan.n_frames:
+                text = (f"{clock.what}: every frame is done, but RADICAL has not reported the "
+                        f"stage's end for {waited:.0f} s (bound {bound:.0f} s, --limits "
+                        f"{phase.name}=S); waiting on: RADICAL (client or agent)")
         return "; ".join(filter(None, [text] + notes))
 
     def _stopped_note(self):
@@ -247,6 +254,14 @@ class Watchdog:
             return (f"; the process holding the pilot (pid {self.child_pid}) is stopped "
                     "(SIGSTOP, a suspended terminal or machine)")
         return ""
+
+    def _dead_note(self):
+        alive = radical_processes(self.child_pid) if self.child_pid else {}
+        gone = sorted((title, pid) for pid, title in self.radical.items() if pid not in alive)
+        if not gone:
+            return ""
+        return ("RADICAL processes that died during the run: "
+                + ", ".join(f"{title} (pid {pid})" for title, pid in gone))
 
     def _disk_note(self):
         try:
@@ -309,6 +324,31 @@ def process_state(pid):
             return fh.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return None
+
+
+def radical_processes(group):
+    """{pid: title} of RADICAL's processes (titled rp.*) in process group `group`: the
+    client's components, and a local pilot's agent."""
+    found = {}
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat, encoding="ascii", errors="replace") as fh:
+                text = fh.read()
+        except OSError:
+            continue
+        head, _, tail = text.rpartition(")")
+        fields = tail.split()
+        title = head.partition("(")[2]
+        if len(fields) > 2 and fields[2] == str(group) and title.startswith("rp.") \
+                and fields[0] != "Z":
+            pid = int(stat.split("/")[2])
+            try:  # the whole title (the kernel's name is cut at 15 characters)
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    title = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:
+                pass
+            found[pid] = title
+    return found
 
 
 def stopped_tasks(marker):
