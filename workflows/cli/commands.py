@@ -37,13 +37,14 @@ def _run_and_report(plans, spec, pilot_spec, path, resume=False):
     printed; the exit code."""
     import concurrent.futures
     t0 = time.time()
-    runs, futures = {}, {}
+    runs, futures, errors = {}, {}, {}
 
     def finished(future):
         try:
             runs[future] = future.result()
         except RunFailed as exc:
             runs[future] = exc.run
+            errors[future] = str(exc)  # said below if outcome.json could not say it
     try:
         cpus = pilot_spec.cpus or max(pilot_spec.cores_for(plan) for plan in plans)
         own = dataclasses.replace(pilot_spec, cpus=cpus, path=path)
@@ -74,6 +75,8 @@ def _run_and_report(plans, spec, pilot_spec, path, resume=False):
         name = future.request.name
         if outcome.get("error"):
             print(f"{name}: {outcome['error']}", file=sys.stderr)
+        elif future in errors:
+            print(errors[future], file=sys.stderr)  # "run NAME failed: ..."
         if outcome.get("stopped_at"):
             print(f"{name}: stopped after the {outcome['stopped_at']} stage failed; later stages "
                   "did not run", file=sys.stderr)

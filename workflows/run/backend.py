@@ -43,7 +43,7 @@ class Backend(BackendBase):
     pilot : Pilot, optional
         run on this pilot (kept for the next run()); otherwise each run()
         starts a pilot of its own on `resource` and cancels it at the end.
-    resource, cpus, walltime, queue, project, client_timeout
+    resource, cpus, walltime, queue, project, client_timeout, limits
         that pilot's (cpus default: one per part, at most this machine's
         cores on a local resource).
     n_workers : int, optional
