@@ -129,4 +129,3 @@ def mark_started(workdir, stage):
             os.utime(path)
     except OSError:
         pass
-

@@ -189,6 +189,7 @@ def test_a_run_stopped_by_timeout_names_sigterm_and_its_sender(tmp_path, adk):
                            "--trajectory", adk[1], "--analysis", "rmsd", "--mode", "tasks",
                            "--blocks", "2", "--cpus", "2", "--out", str(out)],
                           capture_output=True, text=True, env=env, timeout=240)
+    assert "analyze submitted" in done.stderr, done.stderr  # stopped mid-run, not before
     assert done.returncode == 128 + signal.SIGTERM, done.stderr
     assert "stopped by SIGTERM (probably `timeout` (pid" in done.stderr, done.stderr
     outcome = json.load(open(out / "outcome.json"))

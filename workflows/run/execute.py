@@ -15,7 +15,7 @@ import signal
 import time
 
 from trajflow.tasks.client_guard import ENDED
-from trajflow.tasks.rundir import record_outcome
+from trajflow.tasks.rundir import OUTCOME, record_outcome
 from trajflow.workflows.errors import Interrupted
 from trajflow.workflows.run import resources, signals
 from trajflow.workflows.run.entk_client import reap_local_tasks
@@ -107,6 +107,7 @@ class PilotProcess:
         self._child = self._conn = self._reasons = None
         self._plans = {}  # run name -> plan, of the runs sent and not ended
         self._failure = None  # (kind, text) of the stop asked of the child, if one was
+        self._batch_t0 = time.time()
 
     def __enter__(self):
         self.start()
@@ -145,7 +146,10 @@ class PilotProcess:
         self._conn.send(("batch", dict(requests=requests, one_at_a_time=one_at_a_time,
                                        close_after=close_after)))
         self._plans.update({r.name: r.plan for r in requests})
+        self._batch_t0 = time.time()
         self.watchdog.pilot_event("batch")
+        if one_at_a_time:
+            self.watchdog.one_at_a_time([r.name for r in requests])
         try:
             while True:
                 kind, payload = self._receive()
@@ -173,7 +177,7 @@ class PilotProcess:
                     if not self._child.is_alive():
                         raise EOFError
                     failure = self.watchdog.check()
-                    if failure:
+                    if failure and not self._conn.poll(0):  # what came first is heard first
                         self.stop(failure)
                 kind, payload = self._conn.recv()
             except EOFError:  # the child is gone without a word
@@ -211,8 +215,10 @@ class PilotProcess:
 
     def interrupt(self, why="interrupted"):
         """Cancel the pilot now (its running tasks end), and raise Interrupted, saying
-        which signal stopped the run and who sent it, where that is known."""
-        text = f"{signals.describe_stop()}; the pilot was cancelled"
+        which signal stopped the run and who sent it, where that is known (or `why`, an
+        exception in the caller's `with` block)."""
+        said = signals.describe_stop() if why == "interrupted" else why
+        text = f"{said}; the pilot was cancelled"
         if self.alive:
             log.warning("%s; cancelling the pilot (Ctrl-C again to give up waiting)", why)
             self._tell_child("stopped", text)
@@ -231,11 +237,17 @@ class PilotProcess:
     def _tell_child(self, kind, text):
         """The reason first (the child reads it when its SIGINT arrives), then SIGINT."""
         try:
+            if self._reasons is None:
+                raise OSError("the pipe is closed")
+            os.set_blocking(self._reasons, False)  # never wait on a child that reads nothing
             os.write(self._reasons, (json.dumps({"kind": kind, "text": text}) + "\n").encode())
         except OSError:
             pass
         self._failure = (kind, text)
-        os.kill(self._child.pid, signal.SIGINT)
+        try:
+            os.kill(self._child.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass  # it ended meanwhile: _join finds out
 
     def close(self):
         """Cancel the pilot (after the batches sent have ended) and end the child."""
@@ -262,6 +274,9 @@ class PilotProcess:
             time.sleep(0.1)
         if self._child.is_alive():
             self._kill_child()
+        if self._reasons is not None:
+            os.close(self._reasons)
+            self._reasons = None
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(self._child.pid, sig)
@@ -269,12 +284,12 @@ class PilotProcess:
                 return
             time.sleep(1.0)
 
-
     def _kill_child(self):
         """The child did not end when asked: kill its group (RADICAL's client with it),
         end a local pilot's tasks (stopped ones too), and record the runs it had as
         failed, their partial files removed."""
         why = (self._failure[1] if self._failure else "stopped")
+        plans, self._plans = dict(self._plans), {}  # once, should two threads get here
         log.error("the process holding the pilot (pid %d) did not stop within %.0f s "
                   "(stopped or hung); it is killed", self._child.pid, SHUTDOWN_LIMIT_S)
         try:
@@ -284,12 +299,17 @@ class PilotProcess:
         self._child.join(10)
         if self.session_dir and resources.is_local(self.pilot["resource"]):
             reap_local_tasks(os.path.basename(self.session_dir))
-        for plan in self._plans.values():
+        for plan in plans.values():
             remove_partial_files(plan)
-            if not os.path.exists(plan.result_path()):
+            outcome = plan.path(OUTCOME)
+            if os.path.exists(plan.result_path()) or (
+                    os.path.exists(outcome) and os.path.getmtime(outcome) >= self._batch_t0):
+                continue  # it ended, and said so, before the child was killed
+            try:
                 record_outcome(plan.workdir, "failed", f"{why}; the process holding the pilot "
                                "did not stop and was killed")
-        self._plans.clear()
+            except OSError as exc:  # a full disk: the failure is raised all the same
+                log.error("%s: outcome.json not written: %s", plan.workdir, exc)
 
 
 def _guard_ended(session_dir):

@@ -28,6 +28,8 @@ def stop_on_signals(also_sigint=False):
         yield
         return
 
+    global stopped_by
+    stopped_by = None  # a signal that stopped an earlier run is not this one's
     owner = os.getpid()
 
     def stop(signum, frame):

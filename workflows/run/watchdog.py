@@ -27,6 +27,7 @@ import time
 log = logging.getLogger(__name__)
 
 STALL_FACTOR = 20  # a stall bound is at least this many times a rank's time per frame
+START_GRACE_S = 90.0  # the child's own cancel and replacement of a hung start go first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +103,8 @@ class _RunWatch:
     plan: object
     stage: str
     clock: object
-    submitted: float = 0.0
+    marker: object = None  # the stage's start marker's mtime when it was submitted
+    base: int = 0          # frames done before this attempt (a resumed run's)
     frames: int = 0
     changed: float = 0.0
     first: float = 0.0
@@ -135,6 +137,7 @@ class Watchdog:
         self.runs = {}        # run name -> _RunWatch
         self.active = False
         self.radical = {}     # pid -> title of RADICAL's processes seen in the child's group
+        self.order = []       # runs going one at a time: only the first is watched
 
     # --- events ----------------------------------------------------------------
     def pilot_event(self, kind, now=None):
@@ -147,8 +150,10 @@ class Watchdog:
             return  # the pilot is already on its way, or up
         if kind == "active":
             self.pilot, self.active = None, True
+            self.activity(now)  # the runs' stages were submitted before there was a pilot
         elif kind == "restarted":
             self.active = False
+            self.radical.clear()  # the old session's processes ended by design
             self.pilot = _Clock(phase, now, what="the pilot")
         elif phase is not None and not self.active:
             self.pilot = _Clock(phase, now, what="the pilot")
@@ -160,13 +165,24 @@ class Watchdog:
         if self.child_pid:  # what runs now, to name what died should a phase overrun
             self.radical.update(radical_processes(self.child_pid))
         if kind == "submitted" and stage:
-            self.runs[run] = _RunWatch(plan, stage, _Clock("task", now, what=f"{run}'s {stage} stage"),
-                                       submitted=now)
+            self.runs[run] = _RunWatch(plan, stage, _Clock("task", now, what=f"{run}'s {stage} "
+                                                                           "stage"),
+                                       marker=_marker_time(plan, stage))
         elif stage and run in self.runs and self.runs[run].stage == stage:
             self.runs[run].clock = None  # the stage ended
 
-    def run_ended(self, run):
+    def run_ended(self, run, now=None):
+        """A run has ended: no more watch of it; in a batch run one at a time, the next
+        run's clock starts now."""
         self.runs.pop(run, None)
+        if run in self.order:
+            self.order.remove(run)
+            self.activity(time.time() if now is None else now)
+
+    def one_at_a_time(self, names):
+        """These runs go through the pilot one after another: only the first not ended
+        is watched (the others' stages wait for it, by design)."""
+        self.order = list(names)
 
     def activity(self, now):
         """Something happened on the pilot (a task started or ended): a stage waiting for
@@ -181,7 +197,9 @@ class Watchdog:
         now = time.time() if now is None else now
         self._follow_runs(now)
         watches = [(self.pilot, None)] if self.pilot is not None else []
-        watches += [(w.clock, w) for w in self.runs.values() if w.clock is not None]
+        if self.active:  # a run's stages wait for the pilot, whose phases are watched
+            watches += [(w.clock, w) for name, w in self.runs.items() if w.clock is not None
+                        and (not self.order or name == self.order[0])]
         for clock, watch in watches:
             failure = self._judge(clock, watch, now)
             if failure:
@@ -194,30 +212,35 @@ class Watchdog:
             clock = watch.clock
             if clock is None:
                 continue
-            if clock.phase == "task" and _stage_started(watch.plan, watch.stage, watch.submitted):
+            if clock.phase == "task" and _marker_time(watch.plan, watch.stage) != watch.marker:
                 self.activity(now)
                 watch.clock = None  # split and reduce: started is all that is watched
                 if watch.stage == "analyze":
                     watch.clock = _Clock("stall", now, what=f"{name}'s analyze stage")
-                    watch.frames, watch.changed, watch.first = frames_done(watch.plan), now, now
+                    watch.base = watch.frames = frames_done(watch.plan)
+                    watch.changed = watch.first = now
             elif clock.phase == "stall":
                 done = frames_done(watch.plan)
                 if done != watch.frames:
                     watch.frames, watch.changed = done, now
                     clock.since, clock.said = now, 0
+                    self.activity(now)  # frames go: the pilot's cores are busy, not stuck
 
     def _bound(self, clock, watch):
         """The phase's bound; a stall's at least STALL_FACTOR times a rank's time per
         frame so far (a heavy analysis reports seldom, and is not stuck)."""
         bound = self.bounds[clock.phase]
-        if clock.phase == "stall" and bound and watch.frames:
+        if clock.phase == "start" and bound:
+            bound += START_GRACE_S  # the child cancels a hung start itself, and replaces it
+        if clock.phase == "stall" and bound and watch.frames > watch.base:
             plan = watch.plan
             ranks = plan.analyze_ranks if plan.mode == "mpi" else plan.n_blocks
-            per_frame = (watch.changed - watch.first) * max(1, ranks) / watch.frames
+            per_frame = (watch.changed - watch.first) * max(1, ranks) / (watch.frames - watch.base)
             bound = max(bound, STALL_FACTOR * per_frame)
         return bound
 
     def _judge(self, clock, watch, now):
+        """Say a new quarter of the bound passed; the failure text past the bound."""
         bound, phase = self._bound(clock, watch), PHASES[clock.phase]
         waited = now - clock.since
         if not bound:  # unbounded (the queue): said every QUEUE_SAY_S
@@ -236,6 +259,7 @@ class Watchdog:
         return None
 
     def failure(self, clock, watch, waited, bound):
+        """What was waited for, on whom, what to do, and what was found wrong."""
         phase = PHASES[clock.phase]
         text = (f"{clock.what} waited {waited:.0f} s for {phase.waits_for} (bound {bound:.0f} s, "
                 f"--limits {phase.name}=S; usually {phase.usual}); waiting on: {phase.layer}. "
@@ -303,13 +327,15 @@ def _frames_text(plan):
     return f"{min(frames_done(plan), plan.n_frames)} of {plan.n_frames} frames done"
 
 
-def _stage_started(plan, stage, since, skew_s=2.0):
-    """Whether a task of `stage` has started since `since` (its marker touched)."""
+def _marker_time(plan, stage):
+    """The mtime of the stage's start marker (touched by each of its tasks), or None: a
+    change since the stage was submitted is a task started (no clock compared, so a file
+    server's skew does not matter)."""
     from trajflow.tasks.rundir import started_marker
     try:
-        return os.stat(started_marker(plan.workdir, stage)).st_mtime >= since - skew_s
+        return os.stat(started_marker(plan.workdir, stage)).st_mtime_ns
     except OSError:
-        return False
+        return None
 
 
 def _minutes(seconds):
@@ -360,7 +386,7 @@ def stopped_tasks(marker):
                 text = fh.read()
         except OSError:
             continue
-        if b"trajflow.tasks." in text and marker.encode() in text:
+        if b"trajflow.tasks." in text and (marker.rstrip("/") + "/").encode() in text:
             pid = int(cmdline.split("/")[2])
             if process_state(pid) == "T":
                 found.append(pid)
