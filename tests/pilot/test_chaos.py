@@ -21,7 +21,7 @@ import pytest
 from processes import (analyze_tasks, assert_nothing_left, output_so_far, processes_mentioning,
                        session_name, start_with_sleeping_tasks, stop, TRAJFLOW, wait_for_analyze)
 
-from trajflow.workflows.run.watchdog import process_state
+from trajflow.workflows.run.procfs import state as process_state
 
 pytestmark = pytest.mark.entk
 
@@ -196,53 +196,3 @@ def test_a_run_stopped_by_timeout_names_sigterm_and_its_sender(tmp_path, adk):
     assert outcome["error"].startswith("stopped by SIGTERM (probably `timeout`"), outcome
     assert "by the user" not in done.stderr
     assert analyze_tasks(str(out)) == []
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
-
-
-def test_a_disk_filled_right_after_planning_fails_the_session_start_named(small_disk, adk,
-                                                                         reference_results):
-    """The run folder's disk fills between planning and RADICAL's session: before, the
-    run said "split submitted" and nothing for 10 minutes."""
-    out = small_disk / "run"
-    ballast = small_disk / "ballast"
-    proc = subprocess.Popen([TRAJFLOW, "run", "--topology", adk[0], "--trajectory", adk[1],
-                             "--analysis", "rmsd", "--io", "h5md", "--cpus", "2",
-                             "--limits", "session=30,submit=30,start=60", "--out", str(out)],
-                            start_new_session=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.time() + 60
-        while not (out / "plan.json").exists() and time.time() < deadline:
-            time.sleep(0.005)
-        free = os.statvfs(small_disk)
-        subprocess.run(["fallocate", "-l", str(free.f_bavail * free.f_frsize), str(ballast)],
-                       check=True)
-        t0 = time.time()
-        code, output = ended(proc, 60 + SHUTDOWN_S + 60)
-    finally:
-        stop(proc)
-    print(f"full disk after planning: exit {code} after {time.time() - t0:.0f} s\n{output}")
-    assert code == 1, output
-    assert f"the file system of {out} is full" in output or "is full" in output, output
-    assert not (out / "result.h5").exists()
-    assert processes_mentioning(str(out)) == []
-    ballast.unlink()
-    again = subprocess.run([TRAJFLOW, "run", "--resume", str(out)], capture_output=True,
-                           text=True, timeout=600)
-    assert again.returncode == 0, again.stdout + again.stderr
-    with h5py.File(out / "result.h5", "r") as f:
-        np.testing.assert_allclose(f["rmsd"][:], reference_results(adk[0], [adk[1]], "rmsd")["rmsd"],
-                                   rtol=1e-5, atol=1e-4)

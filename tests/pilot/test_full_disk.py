@@ -15,7 +15,8 @@ import time
 import h5py
 import numpy as np
 import pytest
-from processes import analyze_tasks, start_with_sleeping_tasks, stop
+from processes import (analyze_tasks, processes_mentioning,
+                       start_with_sleeping_tasks, stop, TRAJFLOW)
 
 pytestmark = pytest.mark.entk
 
@@ -26,7 +27,7 @@ def small_disk(tmp_path):
     mount.mkdir()
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs needs root")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(mount)],
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)],
                           capture_output=True, text=True)
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
@@ -41,7 +42,7 @@ def trajflow(*args, env=None):
 
 def test_a_run_that_fills_its_disk_refuses_up_front(small_disk, adk):
     ballast = small_disk / "ballast"
-    ballast.write_bytes(b"\0" * (10 << 20))  # 2 MB left: not enough for a RADICAL session
+    ballast.write_bytes(b"\0" * (22 << 20))  # 2 MB left: not enough for a RADICAL session
     done = trajflow("run", "--topology", adk[0], "--trajectory", adk[1], "--analysis", "rmsd",
                     "--io", "h5md", "--out", small_disk / "r")
     assert done.returncode == 2, done.stderr
@@ -86,6 +87,89 @@ def test_a_disk_filled_during_the_run_fails_it_clearly_and_resume_completes(smal
     assert leftovers == []
     assert analyze_tasks(str(out)) == []
     ballast.unlink()  # space again
+    again = trajflow("run", "--resume", out)
+    assert again.returncode == 0, again.stdout + again.stderr
+    with h5py.File(out / "result.h5", "r") as f:
+        np.testing.assert_allclose(f["rmsd"][:], reference_results(adk[0], [adk[1]], "rmsd")["rmsd"],
+                                   rtol=1e-5, atol=1e-4)
+
+
+def test_a_disk_filled_right_after_planning_fails_the_session_start_named(small_disk, adk,
+                                                                         reference_results):
+    """The run folder's disk fills between planning and RADICAL's session: before, the
+    run said "split submitted" and nothing for 10 minutes."""
+    out = small_disk / "run"
+    ballast = small_disk / "ballast"
+    proc = subprocess.Popen([TRAJFLOW, "run", "--topology", adk[0], "--trajectory", adk[1],
+                             "--analysis", "rmsd", "--io", "h5md", "--cpus", "2",
+                             "--limits", "session=30,submit=30,start=60", "--out", str(out)],
+                            start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 60
+        while not (out / "plan.json").exists() and time.time() < deadline:
+            time.sleep(0.005)
+        fill(small_disk, ballast)
+        t0 = time.time()
+        code = proc.wait(timeout=60 + 90 + 60)  # within the session bound and the shutdown
+        output = proc.stdout.read()
+    finally:
+        stop(proc)
+    print(f"full disk after planning: exit {code} after {time.time() - t0:.0f} s\n{output}")
+    assert code == 1, output
+    assert f"the file system of {out} is full" in output or "is full" in output, output
+    assert not (out / "result.h5").exists()
+    assert processes_mentioning(str(out)) == []
+    ballast.unlink()
+    again = subprocess.run([TRAJFLOW, "run", "--resume", str(out)], capture_output=True,
+                           text=True, timeout=600)
+    assert again.returncode == 0, again.stdout + again.stderr
+    with h5py.File(out / "result.h5", "r") as f:
+        np.testing.assert_allclose(f["rmsd"][:], reference_results(adk[0], [adk[1]], "rmsd")["rmsd"],
+                                   rtol=1e-5, atol=1e-4)
+
+
+def fill(disk, ballast):
+    """Take every free byte of `disk` at once (another job filling it)."""
+    free = os.statvfs(disk)
+    subprocess.run(["fallocate", "-l", str(max(free.f_bavail * free.f_frsize, 4096)), str(ballast)],
+                   check=True)
+
+
+@pytest.mark.parametrize("moment", ["split", "reduce", "report"])
+def test_a_disk_filled_at_any_moment_fails_the_run_named_and_resume_completes(
+        small_disk, adk, moment, reference_results):
+    """The disk fills as the split stage starts (the H5MD copy), as reduce starts, or as
+    the result is published (the report, outcome.json): the run ends within its bounds,
+    exit 1, the disk named, nothing half-written; --resume completes it."""
+    out = small_disk / "run"
+    sign = {"split": out / "progress" / "started.split",
+            "reduce": out / "progress" / "started.reduce", "report": out / "result.h5"}[moment]
+    proc = subprocess.Popen([TRAJFLOW, "run", "--topology", adk[0], "--trajectory", adk[1],
+                             "--analysis", "rmsd", "--io", "h5md", "--mode", "tasks",
+                             "--blocks", "2", "--cpus", "2", "--retries", "0",
+                             "--limits", "stall=60,task=60", "--out", str(out)],
+                            start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    ballast = small_disk / "ballast"
+    try:
+        deadline = time.time() + 240
+        while not sign.exists() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.005)
+        assert sign.exists(), proc.stdout.read() if proc.poll() is not None else "no " + str(sign)
+        fill(small_disk, ballast)
+        code = proc.wait(timeout=300)
+        output = proc.stdout.read()
+    finally:
+        stop(proc)
+    print(f"disk full at {moment}: exit {code}\n{output}")
+    assert code == 1, output
+    assert "is full" in output and str(out) in output, output
+    leftovers = [os.path.join(d, f) for d, _, files in os.walk(out) for f in files
+                 if ".tmp" in f and "re.session" not in d]
+    assert leftovers == []
+    assert analyze_tasks(str(out)) == []
+    ballast.unlink()
     again = trajflow("run", "--resume", out)
     assert again.returncode == 0, again.stdout + again.stderr
     with h5py.File(out / "result.h5", "r") as f:

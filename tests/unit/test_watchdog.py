@@ -15,8 +15,8 @@ from trajflow.tasks.plan import RunPlan
 from trajflow.tasks.rundir import mark_started
 from trajflow.tasks.timing import write_progress
 from trajflow.workflows.run.signals import describe_stop
-from trajflow.workflows.run.watchdog import (bounds, parse_limits, PHASES, process_state,
-                                             stopped_tasks, Watchdog)
+from trajflow.workflows.run.procfs import state as process_state
+from trajflow.workflows.run.watchdog import bounds, parse_limits, PHASES, stopped_tasks, Watchdog
 
 
 def plan_in(workdir, n_frames=100, blocks=2):

@@ -25,6 +25,7 @@ import time
 import types
 
 from trajflow.tasks.client_guard import remove_task_tmp
+from trajflow.workflows.run import procfs
 
 
 @contextlib.contextmanager
@@ -270,7 +271,8 @@ def reap_local_tasks(sid, grace_s=5.0):
     by their own launch script (<sid>/pilot.NNNN/task.N/task.N.launch.sh) in
     /proc and ended by process group id: SIGTERM, then SIGKILL after
     `grace_s`, each followed by SIGCONT (a rank stopped with SIGSTOP was left
-    behind); their descendants that left the group (an MPI launcher's) too. Never the caller's own process group: the pilot job's wrapper
+    behind); their descendants that left the group (an MPI launcher's) too.
+    Never the caller's own process group: the pilot job's wrapper
     (psij's single_launch.sh, also under the session's folder) and the agent
     share the group of the process holding the session, and a looser match
     once ended that process itself (seen: a bare EOFError in its parent).
@@ -278,22 +280,11 @@ def reap_local_tasks(sid, grace_s=5.0):
     launcher = re.compile(rb"/" + re.escape(sid.encode()) +
                           rb"/+pilot\.\d+/+task\.\d+/+task\.\d+\.launch\.sh")
     own = os.getpgid(0)
-    groups, parents = set(), {}
-    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
-        pid = int(cmdline.split("/")[2])
-        try:
-            with open(cmdline, "rb") as fh:
-                text = fh.read()
-            with open(f"/proc/{pid}/stat", "rb") as fh:
-                parents[pid] = int(fh.read().rsplit(b")", 1)[1].split()[1])
-            if launcher.search(text):
-                groups.add(os.getpgid(pid))
-        except (OSError, ProcessLookupError, ValueError, IndexError):
-            continue
-    groups.discard(own)
+    every = procfs.processes()
+    groups = {p.group for p in every if launcher.search(p.cmdline)} - {own}
     # a task's processes that left its group (an MPI launcher's proxies and ranks)
-    members = {pid for pid in parents if _pgid(pid) in groups}
-    strays = _descendants(members, parents) - members
+    members = {p.pid for p in every if p.group in groups}
+    strays = procfs.descendants(members, every) - members
     for sig in (signal.SIGTERM, signal.SIGKILL):
         alive = set()
         for pgid in groups:
@@ -313,24 +304,3 @@ def reap_local_tasks(sid, grace_s=5.0):
         if not groups and not strays:
             return
         time.sleep(grace_s if sig == signal.SIGTERM else 0)
-
-
-def _pgid(pid):
-    try:
-        return os.getpgid(pid)
-    except ProcessLookupError:
-        return None
-
-
-def _descendants(roots, parents):
-    """Every process below `roots` in the process tree ({pid: parent pid})."""
-    children = {}
-    for pid, parent in parents.items():
-        children.setdefault(parent, []).append(pid)
-    found, todo = set(), list(roots)
-    while todo:
-        for child in children.get(todo.pop(), ()):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found

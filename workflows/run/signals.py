@@ -12,6 +12,8 @@ import signal
 import subprocess
 import threading
 
+from trajflow.workflows.run import procfs
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 stopped_by = None  # the stop signal that last interrupted a run, if one did
 
@@ -70,19 +72,11 @@ def _sender(signum):
         state = _slurm_job_state(job)
         return (f"SLURM job {job}" + (f", {state}" if state else "")
                 + ": `scancel` or the job's time limit")
-    parent = _process_name(os.getppid())
+    parent = procfs.name(os.getppid())
     if parent == "timeout":
         return f"probably `timeout` (pid {os.getppid()}), which started trajflow, at its limit"
     return ("sent by another process: `kill`, a batch system's time limit or a shutdown; "
             f"trajflow's parent is {parent or 'unknown'} (pid {os.getppid()})")
-
-
-def _process_name(pid):
-    try:
-        with open(f"/proc/{pid}/comm", encoding="utf-8") as fh:
-            return fh.read().strip()
-    except OSError:
-        return ""
 
 
 def _slurm_job_state(job):

@@ -24,6 +24,8 @@ import os
 import shutil
 import time
 
+from trajflow.workflows.run import procfs
+
 log = logging.getLogger(__name__)
 
 STALL_FACTOR = 20  # a stall bound is at least this many times a rank's time per frame
@@ -274,7 +276,7 @@ class Watchdog:
         return "; ".join(filter(None, [text] + notes))
 
     def _stopped_note(self):
-        if self.child_pid and process_state(self.child_pid) == "T":
+        if self.child_pid and procfs.state(self.child_pid) == "T":
             return (f"; the process holding the pilot (pid {self.child_pid}) is stopped "
                     "(SIGSTOP, a suspended terminal or machine)")
         return ""
@@ -343,51 +345,15 @@ def _minutes(seconds):
     return eta_text(seconds)
 
 
-def process_state(pid):
-    """The state letter of process `pid` (R, S, D, T: stopped, Z), or None."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
 def radical_processes(group):
     """{pid: title} of RADICAL's processes (titled rp.*) in process group `group`: the
     client's components, and a local pilot's agent."""
-    found = {}
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            with open(stat, encoding="ascii", errors="replace") as fh:
-                text = fh.read()
-        except OSError:
-            continue
-        head, _, tail = text.rpartition(")")
-        fields = tail.split()
-        title = head.partition("(")[2]
-        if len(fields) > 2 and fields[2] == str(group) and title.startswith("rp.") \
-                and fields[0] != "Z":
-            pid = int(stat.split("/")[2])
-            try:  # the whole title (the kernel's name is cut at 15 characters)
-                with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                    title = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
-            except OSError:
-                pass
-            found[pid] = title
-    return found
+    return {p.pid: p.title for p in procfs.processes()
+            if p.group == group and p.name.startswith("rp.") and p.state != "Z"}
 
 
-def stopped_tasks(marker):
-    """pids of trajflow task processes of the run in `marker` that are stopped."""
-    found = []
-    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
-        try:
-            with open(cmdline, "rb") as fh:
-                text = fh.read()
-        except OSError:
-            continue
-        if b"trajflow.tasks." in text and (marker.rstrip("/") + "/").encode() in text:
-            pid = int(cmdline.split("/")[2])
-            if process_state(pid) == "T":
-                found.append(pid)
-    return sorted(found)
+def stopped_tasks(workdir):
+    """pids of trajflow task processes of the run in `workdir` that are stopped."""
+    mark = (workdir.rstrip("/") + "/").encode()
+    return sorted(p.pid for p in procfs.processes()
+                  if p.state == "T" and b"trajflow.tasks." in p.cmdline and mark in p.cmdline)

@@ -1,0 +1,69 @@
+"""What this machine's /proc says about its processes: one place that reads it.
+
+The watchdog names stopped ranks and dead RADICAL processes, the pilot's
+teardown finds a local pilot's tasks, and a stop signal's sender is guessed
+from the parent's name; all of them read /proc the same way here (Linux only:
+elsewhere each answer is empty).
+"""
+import glob
+
+
+class Process:
+    """One process as /proc showed it: pid, name (the kernel's, 15 characters), state
+    (R, S, D, T: stopped, Z), parent, process group, and its command line as bytes."""
+    __slots__ = ("pid", "name", "state", "parent", "group", "cmdline")
+
+    def __init__(self, pid, name, state, parent, group, cmdline):
+        self.pid, self.name, self.state = pid, name, state
+        self.parent, self.group, self.cmdline = parent, group, cmdline
+
+    @property
+    def title(self):
+        """The whole command line as one string (a RADICAL component's process title)."""
+        return self.cmdline.replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def process(pid):
+    """The Process `pid`, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            cmdline = fh.read()
+        head, _, tail = stat.rpartition(b")")
+        fields = tail.split()
+        return Process(int(pid), head.partition(b"(")[2].decode(errors="replace"),
+                       fields[0].decode(), int(fields[1]), int(fields[2]), cmdline)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def processes():
+    """Every process readable now."""
+    found = (process(path.split("/")[2]) for path in glob.glob("/proc/[0-9]*/stat"))
+    return [p for p in found if p is not None]
+
+
+def state(pid):
+    """The state letter of `pid`, or None once it is gone."""
+    found = process(pid)
+    return found.state if found else None
+
+
+def name(pid):
+    found = process(pid)
+    return found.name if found else ""
+
+
+def descendants(roots, every):
+    """pids below `roots` in the process tree of `every` (a processes() list)."""
+    children = {}
+    for p in every:
+        children.setdefault(p.parent, []).append(p.pid)
+    found, todo = set(), list(roots)
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
