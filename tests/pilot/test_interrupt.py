@@ -111,7 +111,8 @@ def test_a_stopped_workflow_script_raises_interrupted_and_leaves_nothing_running
     code, output, session = signal_run(proc, lambda: analyzing(proc, out),
                                        sig=signal.SIGTERM if background else signal.SIGINT,
                                        whole_group=not background)
-    assert code == 130 and "caught: interrupted" in output, output
+    said = "caught: stopped by SIGTERM (" if background else "caught: interrupted by Ctrl-C"
+    assert code == 130 and said in output, output
     assert_nothing_left(session)
     assert not (out / "result.h5").exists()
     assert json.load(open(out / "outcome.json"))["status"] == "failed"
@@ -160,7 +161,9 @@ def test_sigterm_and_sighup_stop_a_background_run_cleanly(tmp_path, adk, sig):
     assert code == 128 + sig, output
     assert_nothing_left(session)
     outcome = json.load(open(out / "outcome.json"))
-    assert outcome["status"] == "failed" and "interrupted" in outcome["error"]
+    assert outcome["status"] == "failed", outcome
+    assert outcome["error"].startswith(f"stopped by {signal.Signals(sig).name} ("), outcome
+    assert "by the user" not in output, output
     assert not (out / "result.h5").exists()
 
 
