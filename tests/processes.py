@@ -100,3 +100,16 @@ def assert_nothing_left(session):
     time.sleep(3)
     assert processes_mentioning("trajflow.tasks.analyze") == []
     assert processes_mentioning(session) == []
+
+
+def assert_resumed_equal(out, adk, reference, resume=True):
+    """`trajflow run --resume OUT` (if `resume`) succeeds and OUT's RMSD is MDAnalysis'."""
+    import h5py
+    import numpy as np
+    if resume:
+        again = subprocess.run([TRAJFLOW, "run", "--resume", str(out)], capture_output=True,
+                               text=True, timeout=600)
+        assert again.returncode == 0, again.stdout + again.stderr
+    with h5py.File(os.path.join(str(out), "result.h5"), "r") as f:
+        np.testing.assert_allclose(f["rmsd"][:], reference(adk[0], [adk[1]], "rmsd")["rmsd"],
+                                   rtol=1e-5, atol=1e-4)

@@ -15,10 +15,8 @@ import signal
 import subprocess
 import time
 
-import h5py
-import numpy as np
 import pytest
-from processes import (analyze_tasks, assert_nothing_left, output_so_far, processes_mentioning,
+from processes import (analyze_tasks, assert_resumed_equal, assert_nothing_left, output_so_far, processes_mentioning,
                        session_name, start_with_sleeping_tasks, stop, TRAJFLOW, wait_for_analyze)
 
 from trajflow.workflows.run.procfs import state as process_state
@@ -87,13 +85,7 @@ def assert_handled(code, output, out, session, reference, adk, recovered_ok=True
                  if "re.session" not in f]
     assert leftovers == []
     assert_nothing_left(session)
-    if code != 0:
-        again = subprocess.run([TRAJFLOW, "run", "--resume", str(out)], capture_output=True,
-                               text=True, timeout=600)
-        assert again.returncode == 0, again.stdout + again.stderr
-    with h5py.File(out / "result.h5", "r") as f:
-        np.testing.assert_allclose(f["rmsd"][:], reference(adk[0], [adk[1]], "rmsd")["rmsd"],
-                                   rtol=1e-5, atol=1e-4)
+    assert_resumed_equal(out, adk, reference, resume=code != 0)
 
 
 @pytest.mark.parametrize("mode", ["tasks", "mpi"])

@@ -15,7 +15,7 @@ import time
 import h5py
 import numpy as np
 import pytest
-from processes import (analyze_tasks, processes_mentioning,
+from processes import (analyze_tasks, assert_resumed_equal, processes_mentioning,
                        start_with_sleeping_tasks, stop, TRAJFLOW)
 
 pytestmark = pytest.mark.entk
@@ -121,12 +121,7 @@ def test_a_disk_filled_right_after_planning_fails_the_session_start_named(small_
     assert not (out / "result.h5").exists()
     assert processes_mentioning(str(out)) == []
     ballast.unlink()
-    again = subprocess.run([TRAJFLOW, "run", "--resume", str(out)], capture_output=True,
-                           text=True, timeout=600)
-    assert again.returncode == 0, again.stdout + again.stderr
-    with h5py.File(out / "result.h5", "r") as f:
-        np.testing.assert_allclose(f["rmsd"][:], reference_results(adk[0], [adk[1]], "rmsd")["rmsd"],
-                                   rtol=1e-5, atol=1e-4)
+    assert_resumed_equal(out, adk, reference_results)
 
 
 def fill(disk, ballast):
@@ -185,8 +180,4 @@ def test_a_disk_filled_at_any_moment_fails_the_run_named_and_resume_completes(
     assert analyze_tasks(str(out)) == []
     if moment != "report":
         ballast.unlink()
-        again = trajflow("run", "--resume", out)
-        assert again.returncode == 0, again.stdout + again.stderr
-    with h5py.File(out / "result.h5", "r") as f:
-        np.testing.assert_allclose(f["rmsd"][:], reference_results(adk[0], [adk[1]], "rmsd")["rmsd"],
-                                   rtol=1e-5, atol=1e-4)
+    assert_resumed_equal(out, adk, reference_results, resume=moment != "report")

@@ -32,6 +32,18 @@ def watchdog(tmp_path, limits=""):
     return Watchdog(limits, str(tmp_path), say=said.append), said
 
 
+def analyze_started(tmp_path):
+    """A run's analyze stage submitted on an active pilot and its first task started, under
+    a stall bound of 100 s: (plan, watchdog, when)."""
+    plan = plan_in(tmp_path)
+    dog, _ = watchdog(tmp_path, "stall=100")
+    t0 = time.time()
+    dog.pilot_event("active", now=t0)
+    dog.run_event("r", plan, "analyze", "submitted", now=t0)
+    mark_started(plan.workdir, "analyze")
+    return plan, dog, t0
+
+
 def test_limits_are_parsed_and_bad_ones_name_the_fix():
     assert parse_limits("start=600, stall=0") == {"start": 600.0, "stall": 0.0}
     assert bounds("")["queue"] == 0 and bounds("")["session"] == PHASES["session"].default_s
@@ -86,12 +98,7 @@ def test_a_stage_whose_first_task_never_starts_fails_unless_the_pilot_is_busy(tm
 
 
 def test_analyze_fails_when_its_frames_stop_advancing_and_names_the_quiet_block(tmp_path):
-    plan = plan_in(tmp_path)
-    dog, said = watchdog(tmp_path, "stall=100")
-    t0 = time.time()
-    dog.pilot_event("active", now=t0)
-    dog.run_event("r", plan, "analyze", "submitted", now=t0)
-    mark_started(plan.workdir, "analyze")
+    plan, dog, t0 = analyze_started(tmp_path)
     assert dog.check(now=t0 + 1) is None  # started: now its frames are watched
     write_progress(plan.progress_path(0), 50)
     write_progress(plan.progress_path(1), 10)
@@ -106,12 +113,7 @@ def test_analyze_fails_when_its_frames_stop_advancing_and_names_the_quiet_block(
 
 
 def test_a_slow_analysis_gets_a_stall_bound_from_its_own_time_per_frame(tmp_path):
-    plan = plan_in(tmp_path)
-    dog, _ = watchdog(tmp_path, "stall=100")
-    t0 = time.time()
-    dog.pilot_event("active", now=t0)
-    dog.run_event("r", plan, "analyze", "submitted", now=t0)
-    mark_started(plan.workdir, "analyze")
+    plan, dog, t0 = analyze_started(tmp_path)
     dog.check(now=t0)
     write_progress(plan.progress_path(0), 2)  # 2 frames by 2 ranks in 40 s: 40 s per frame
     assert dog.check(now=t0 + 40) is None
