@@ -90,14 +90,29 @@ def record_outcome(rundir, status, error=None, stopped_at=None, failed_tasks=(),
         earlier.append({k: before.get(k) for k in ("ended", "stopped_at", "error", "failed_tasks")})
     if earlier:
         record["earlier"] = earlier
-    tmp = path(rundir, OUTCOME + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(record, fh, indent=1)
-    os.replace(tmp, path(rundir, OUTCOME))
+    _write_outcome_record(rundir, record)
     try:
         os.remove(path(rundir, OUTCOME_BEFORE))
     except FileNotFoundError:
         pass
+
+
+def _write_outcome_record(rundir, record):
+    tmp = path(rundir, OUTCOME + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(record, fh, indent=1)
+    os.replace(tmp, path(rundir, OUTCOME))
+
+
+def add_to_failure(rundir, why):
+    """A failed run's outcome told what came after it was written: its pilot failed
+    too (a lost node, seen: the task's MPI peers died before the batch system had
+    declared the node down, so the first account could not name it)."""
+    record = read_outcome(rundir)
+    if not record or record.get("status") != "failed" or why in (record.get("error") or ""):
+        return
+    record["error"] = "; then ".join(filter(None, [record.get("error"), why]))
+    _write_outcome_record(rundir, record)
 
 
 def begin_attempt(rundir):

@@ -1,6 +1,6 @@
 """outcome.json across attempts: a resumed run keeps how its earlier attempts ended,
 and while a resume runs the folder says it has not ended (tasks/rundir.py)."""
-from trajflow.tasks.rundir import begin_attempt, read_outcome, record_outcome
+from trajflow.tasks.rundir import add_to_failure, begin_attempt, read_outcome, record_outcome
 
 
 def test_a_resumed_run_keeps_its_earlier_failures_in_order(tmp_path):
@@ -25,3 +25,25 @@ def test_a_resumed_run_keeps_its_earlier_failures_in_order(tmp_path):
 def test_a_run_that_never_failed_has_no_earlier(tmp_path):
     record_outcome(str(tmp_path), "done")
     assert "earlier" not in read_outcome(str(tmp_path))
+
+
+def test_what_came_after_a_failure_joins_it_once_and_never_a_done_run(tmp_path):
+    d = str(tmp_path)
+    record_outcome(d, "failed", None, stopped_at="analyze",
+                   failed_tasks=["task r/analyze/analyze (attempt 2) ended FAILED with exit code 255"])
+    add_to_failure(d, "the pilot failed: node n3 was lost")
+    add_to_failure(d, "the pilot failed: node n3 was lost")  # said once
+    failed = read_outcome(d)
+    assert failed["error"] == "the pilot failed: node n3 was lost"
+    assert failed["stopped_at"] == "analyze" and len(failed["failed_tasks"]) == 1
+    assert "earlier" not in failed  # an amendment is not another attempt
+    add_to_failure(d, "and then the walltime ran out")
+    assert read_outcome(d)["error"] == ("the pilot failed: node n3 was lost; then "
+                                        "and then the walltime ran out")
+    done = tmp_path / "done"
+    done.mkdir()
+    record_outcome(str(done), "done")
+    add_to_failure(str(done), "the pilot failed")
+    assert read_outcome(str(done)).get("error") is None
+    add_to_failure(str(tmp_path / "never"), "the pilot failed")  # no outcome: nothing written
+    assert not (tmp_path / "never").exists()

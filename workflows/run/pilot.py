@@ -27,7 +27,7 @@ import os
 import threading
 import time
 
-from trajflow.tasks.rundir import begin_attempt, PLAN, record_outcome
+from trajflow.tasks.rundir import add_to_failure, begin_attempt, PLAN, record_outcome
 from trajflow.workflows.errors import InputError, Interrupted, RunFailed
 from trajflow.workflows.run import resources
 from trajflow.workflows.run.execute import PilotProcess, RunRequest
@@ -305,6 +305,11 @@ class Pilot:
                             record_outcome(f.request.plan.workdir, "failed", why)
                         except OSError as err:  # a full disk: the run still fails, said here
                             why += f" (its outcome.json could not be written: {err})"
+                    elif not isinstance(exc, (Interrupted, KeyboardInterrupt)):
+                        try:  # its outcome written, then the pilot failed: both are its story
+                            add_to_failure(f.request.plan.workdir, why)
+                        except OSError:
+                            pass
                     # a lost pilot fails its runs as any failure does (a RunFailed with the run)
                     if isinstance(exc, (Interrupted, KeyboardInterrupt)):
                         f.set_exception(exc)
@@ -330,7 +335,8 @@ class Pilot:
             return
         failed = failed_for_good(outcomes)
         outcome = run.outcome or {}
-        why = (failed[0].describe() if failed else outcome.get("error")
+        why = ("; ".join(filter(None, [failed[0].describe() if failed else None,
+                                       outcome.get("error")]))  # e.g. the node it lost
                or f"stopped after {outcome.get('stopped_at')}")
         self._say_for(future, f"{name}: FAILED")
         future.set_exception(RunFailed(f"run {name} failed: {why}", failed, run))

@@ -309,6 +309,28 @@ def lost_nodes_text():
     return lost_nodes_of_job(*_SESSION_JOB[0]) if _SESSION_JOB[0] else ""
 
 
+# A task whose MPI peer's node died exits (mpiexec's 255, or a signal) a few seconds
+# before the batch system declares the node down (SlurmdTimeout, 10 s on the virtual
+# cluster; seen: the outcome could not name the node). So long is waited for the
+# batch system's word on such a failure, never on a task's own error (exit 1).
+LOST_NODE_WAIT_S = 20
+_LAUNCHER_EXITS = (255, 137, 143, -9, -15)
+
+
+def _lost_nodes_after(outcomes):
+    """lost_nodes_text() for a run that did not complete; waited for a little where
+    its failed tasks ended as a peer's lost node ends them (see LOST_NODE_WAIT_S)."""
+    lost = lost_nodes_text()
+    if lost or not _SESSION_JOB[0] or not any(
+            o.state == "FAILED" and o.exit_code in _LAUNCHER_EXITS for o in outcomes):
+        return lost
+    deadline = time.time() + LOST_NODE_WAIT_S
+    while not lost and time.time() < deadline:
+        time.sleep(2)
+        lost = lost_nodes_text()
+    return lost
+
+
 def _test_start_delay():
     """Testing hook: $TRAJFLOW_TEST_PILOT_START_DELAY_S (the first pilot of a child
     only) delays the pilot's bootstrap, as a start that hangs would."""
@@ -373,7 +395,7 @@ def _run_batch(session, lost, conn, requests, one_at_a_time, close_after):
                 remove_partial_files(r.plan)    # first: a full disk fails what follows
                 done = collect(r.name, r.plan, pipelines[r.name])
                 outcomes += done
-                lost = "" if os.path.exists(r.plan.result_path()) else lost_nodes_text()
+                lost = "" if os.path.exists(r.plan.result_path()) else _lost_nodes_after(done)
                 write_outcome(r.plan, done, pipelines[r.name].stopped_at, errors.get(r.name),
                               "; ".join(filter(None, [disk, lost])))
                 ended.add(r.name)
