@@ -25,7 +25,7 @@ MAGIC = 1995
 _HEAD = struct.Struct(">iiif9fi")           # magic, natoms, step, time, box, natoms
 _COMPRESSED = struct.Struct(">f3i3iii")     # precision, minint, maxint, smallidx, nbytes
 HEADER_BYTES = _HEAD.size + _COMPRESSED.size  # 92
-_PAD = 64  # bytes after a chunk's last frame: the decoder may read a few bytes ahead
+_PAD = 256  # bytes after a chunk's last frame: a damaged frame's last atom may read ~100 ahead
 
 
 class XTCFile:
@@ -92,13 +92,19 @@ class XTCFile:
                     "(or as TRR/DCD/H5MD)")
             raise OSError(f"{self.filename}: {where} is damaged (its compressed coordinates "
                           "do not decode within its bytes)")
-        coords = out[:, idx] * np.float32(10.0)  # nm -> Å, in float32 as MDAnalysis does
+        coords = out if idx.size == n_wanted and _is_range(idx) else out[:, idx]
         times = np.array([h[3] for h in heads], dtype=np.float32).astype(np.float64)
         steps = np.array([h[2] for h in heads], dtype=np.int64)
         return coords, times, steps
 
     def close(self):
         pass
+
+
+def _is_range(idx):
+    """idx is 0, 1, ..., n - 1 (the whole frame, or a prefix): no copy is needed."""
+    return idx.size == 0 or (idx[0] == 0 and idx[-1] == idx.size - 1
+                             and bool(np.all(np.diff(idx) == 1)))
 
 
 def _decoder():

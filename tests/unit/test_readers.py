@@ -193,6 +193,71 @@ def test_xtc_odd_sizes_and_damage(adk, adk_xtc, tmp_path):
         list(reader.chunks(0, 5, 5))
 
 
+def _water_like(rng, n_mol, spacing, bond):
+    """Three-atom molecules (the runs xdrfile compresses) spread over `spacing` Å."""
+    o = rng.uniform(0, spacing * (round(n_mol ** (1 / 3)) + 1), (n_mol, 3))
+    h = o[:, None, :] + rng.normal(0, bond, (n_mol, 2, 3))
+    return np.concatenate([o[:, None], h], axis=1).reshape(-1, 3)
+
+
+def test_xtc_word_reader_and_its_bytewise_fallback_equal_xdrfile(tmp_path):
+    """The decoder reads 57 bits at a time (kernel_code._xtc_frame); frames with a
+    wider integer (-3) go to xdrfile's byte-wise way, from their start. Across
+    precisions and spreads that give packed triples of 34 to 66 bits, separately
+    stored large integers and run indices past 57, both ways are taken (also
+    mid-frame), and every coordinate equals MDAnalysis' (xdrfile's)."""
+    from trajflow.tasks import kernel_code
+    from trajflow.tasks.xtc import _COMPRESSED, _HEAD, HEADER_BYTES
+    rng = np.random.default_rng(1)
+    codes = set()
+    for decimals, spacing, bond in [(3, 3.0, 1.0), (6, 3.0, 1.0), (6, 30.0, 4.0),
+                                    (6, 200.0, 5.0), (5, 50.0, 3.0), (6, 100.0, 20.0)]:
+        frames = np.stack([_water_like(rng, 200, spacing, bond) for _ in range(3)])
+        path = str(tmp_path / f"w{decimals}_{spacing}.xtc")
+        u = mda.Universe.empty(frames.shape[1], trajectory=True)
+        with mda.Writer(path, n_atoms=frames.shape[1], precision=decimals) as w:
+            for x in frames.astype(np.float32):
+                u.trajectory.ts.positions = x
+                w.write(u.atoms)
+        xtc = XTCFile.open(path)
+        ref = np.stack([ts.positions.copy() for ts in mda.coordinates.XTC.XTCReader(path)])
+        for idx in (np.arange(xtc.n_atoms), np.array([0, 1, 2, 301])):
+            np.testing.assert_array_equal(xtc.read(idx, 0, xtc.n_frames)[0], ref[:, idx])
+        raw = np.frombuffer(open(path, "rb").read() + bytes(256), np.uint8)
+        for start in xtc.offsets[:-1]:
+            c = _COMPRESSED.unpack_from(raw, int(start) + _HEAD.size)
+            codes.add(kernel_code._xtc_frame(
+                raw, int(start) + HEADER_BYTES, c[8], np.float32(c[0]),
+                np.array(c[1:4], np.int64), np.array(c[4:7], np.int64), c[7], xtc.n_atoms,
+                np.empty((xtc.n_atoms, 3), np.float32)))
+    assert codes == {0, -3}
+
+
+def test_damaged_xtc_bits_are_an_error_or_numbers_never_a_crash(adk_xtc, tmp_path):
+    """Bytes flipped inside compressed frames: the decoder may read up to ~100
+    bytes past a frame's end before it can tell (the padding covers it); it says
+    'damaged', or decodes numbers, and never reads outside its buffer."""
+    data = bytearray(open(adk_xtc[1], "rb").read())
+    whole = XTCFile.open(adk_xtc[1])
+    rng = np.random.default_rng(7)
+    said = 0
+    for trial in range(40):
+        damaged = bytearray(data)
+        last = int(whole.offsets[-2])  # the last frame: its padding is the buffer's end
+        for _ in range(8):
+            damaged[rng.integers(last + 92, len(data))] = rng.integers(0, 256)
+        path = tmp_path / f"d{trial}.xtc"
+        path.write_bytes(bytes(damaged))
+        xtc = XTCFile.open(str(path))
+        try:
+            coords = xtc.read(np.arange(xtc.n_atoms), xtc.n_frames - 1, xtc.n_frames)[0]
+            assert coords.shape == (1, xtc.n_atoms, 3)
+        except OSError as exc:
+            assert "damaged" in str(exc) or "past the end" in str(exc)
+            said += 1
+    assert said > 0
+
+
 def test_h5md_reader_matches_mdanalysis(adk, tmp_path):
     top, dcd = adk
     u = mda.Universe(top, dcd)
