@@ -45,11 +45,23 @@ def copy_frames(u, numbers, writer, timer, chunk_frames):
             writer.write(times, coords, boxes, steps, extra.get("velocity"), extra.get("force"))
 
 
-def new_writer(u, path, n_frames, compression=None):
-    """An H5MDWriter for all the Universe's atoms, with its velocities and forces if it has them."""
+def new_writer(plan, u, path, n_frames, compression=None):
+    """An H5MDWriter for all the Universe's atoms, with its velocities and forces if it
+    has them, chunked for the plan's selection (h5md.chunk_shape)."""
     ts = u.trajectory.ts
     return H5MDWriter(path, len(u.atoms), n_frames, compression,
-                      velocities=ts.has_velocities, forces=ts.has_forces)
+                      velocities=ts.has_velocities, forces=ts.has_forces,
+                      selection_end=selection_end(plan))
+
+
+def selection_end(plan):
+    """One past the plan's last selected atom, or None (all atoms: a user analysis
+    whose atoms are known only to its own code)."""
+    try:
+        indices = plan.load_selection().get("atom_indices")
+    except (OSError, ValueError):
+        return None
+    return int(np.max(indices)) + 1 if indices is not None and len(indices) else None
 
 
 def write_segment(plan, u, block, timer):
@@ -57,7 +69,7 @@ def write_segment(plan, u, block, timer):
     start, stop = plan.blocks[block]
     final = plan.segment_path(block)
     tmp = f"{final}.tmp{os.getpid()}"
-    writer = new_writer(u, tmp, stop - start)
+    writer = new_writer(plan, u, tmp, stop - start)
     try:
         copy_frames(u, plan.frame_numbers(start, stop), writer, timer,
                     plan.frames_per_chunk(len(u.atoms)))
@@ -81,7 +93,7 @@ def convert_h5md(plan, u, timer):
             timer.info["conversion_reused_s"] = reuse_h5md(plan, final)
             return
         tmp = f"{final}.tmp{os.getpid()}"
-        writer = new_writer(u, tmp, plan.n_frames, plan.compression)
+        writer = new_writer(plan, u, tmp, plan.n_frames, plan.compression)
         try:
             copy_frames(u, plan.frame_numbers(), writer, timer, plan.frames_per_chunk(len(u.atoms)))
             writer.file.attrs[CONVERSION_SECONDS] = time.time() - timer.t_start

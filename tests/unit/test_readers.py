@@ -1,4 +1,6 @@
 """Block readers give what MDAnalysis gives, chunk by chunk, with bounded memory."""
+import json
+
 import h5py
 import numpy as np
 import pytest
@@ -293,13 +295,13 @@ def test_memory_is_bounded_by_the_chunk(adk, tmp_path):
     assert largest == 32 * x.shape[1] * 3 * 4  # never more than one chunk of coordinates
 
 
-def convert_with_the_split_stage(tmp_path, top, trajs):
+def convert_with_the_split_stage(tmp_path, top, trajs, select="all"):
     """The H5MD file the split stage writes for a run (its task program, as the pilot runs it)."""
     from run_stages import run_spec
     from trajflow.workflows.run.pipeline import stage_specs
     from plans import make_plan
     from trajflow.workflows.run.planning import write_plan
-    plan = make_plan(top, trajs, "rmsd", str(tmp_path / "run"), select="all", io="h5md",
+    plan = make_plan(top, trajs, "rmsd", str(tmp_path / "run"), select=select, io="h5md",
                      mode="tasks", blocks=1, cpus=1, chunk=3)
     [spec] = stage_specs(plan, write_plan(plan))["split"]
     proc = run_spec(spec)
@@ -307,17 +309,27 @@ def convert_with_the_split_stage(tmp_path, top, trajs):
     return plan.h5md_path()
 
 
-@pytest.mark.parametrize("case", ["solvated xtc", "solvated trr", "triclinic dcd", "no box", "chain"])
+@pytest.mark.parametrize("case", ["solvated xtc", "solvated trr", "triclinic dcd", "no box", "chain",
+                                  "solvated xtc, CA"])
 def test_h5md_conversion_round_trips_every_frame(tmp_path, adk, solvated, solvated_trr, case):
     """Positions, box, time and step of every frame, read back by MDAnalysis' H5MDReader and
-    by trajflow's reader, against MDAnalysis reading the original."""
+    by trajflow's reader, against MDAnalysis reading the original. A copy for the CA
+    atoms is chunked at the last one (h5md.chunk_shape), which the file records."""
     from MDAnalysisTests.datafiles import DCD_TRICLINIC, PSF_TRICLINIC
     top, trajs = {"solvated xtc": (solvated[0], [solvated[1]]),
                   "solvated trr": (solvated_trr[0], [solvated_trr[1]]),
                   "triclinic dcd": (PSF_TRICLINIC, [DCD_TRICLINIC]),
                   "no box": (adk[0], [adk[1]]),
-                  "chain": (solvated[0], [solvated[1], solvated[1]])}[case]
-    path = convert_with_the_split_stage(tmp_path, top, trajs)
+                  "chain": (solvated[0], [solvated[1], solvated[1]]),
+                  "solvated xtc, CA": (solvated[0], [solvated[1]])}[case]
+    select = "name CA" if case.endswith("CA") else "all"
+    path = convert_with_the_split_stage(tmp_path, top, trajs, select)
+    with h5py.File(path, "r") as f:
+        layout = json.loads(f["trajflow"].attrs["layout"])
+        chunks = f["particles/trajectory/position/value"].chunks
+    end = mda.Universe(top, trajs[0]).select_atoms(select).indices.max() + 1
+    assert tuple(layout["chunks"]) == chunks and chunks[1:] == (end, 3)
+    assert layout["selection_end"] == end and layout["compression"] == "none"
     original = mda.Universe(top, trajs[0] if len(trajs) == 1 else trajs)
     converted = mda.Universe(top, path)
     ours = H5MDChunkReader(path, np.arange(len(original.atoms)), need_boxes=True)
