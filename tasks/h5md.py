@@ -49,12 +49,15 @@ def is_h5md(path) -> bool:
 
 
 def parse_compression(spec):
-    """'gzip:4' -> ('gzip', 4); None or 'none' -> (None, None)."""
+    """'gzip:4' -> ('gzip', 4); 'lzf' -> ('lzf', None); None or 'none' -> (None, None)."""
     if not spec or spec == "none":
         return None, None
+    if spec == "lzf":  # h5py's own filter: fast, every h5py reads it (not every HDF5 tool)
+        return "lzf", None
     name, _, level = spec.partition(":")
     if name != "gzip":
-        raise ValueError(f"unknown compression {spec!r}: use gzip:N with N from 0 to 9")
+        raise ValueError(f"unknown compression {spec!r}: use gzip:N with N from 0 to 9, "
+                         "or lzf")
     level = int(level) if level else 4
     if not 0 <= level <= 9:
         raise ValueError(f"gzip level {level} out of range: use 0 to 9")

@@ -8,7 +8,7 @@ here, registered in IO_STRATEGIES; nothing else branches on `plan.io`.
 
     shared: every block reads the one trajectory (Khoshlessan et al. 2019's baseline);
     split:  one segment file per block (Khoshlessan et al. 2019, section 6.5.1);
-    h5md:   one H5MD file with one-frame chunks (Jakupovic and Beckstein 2021).
+    h5md:   one H5MD file chunked for the selection (h5md.chunk_shape).
 """
 import os
 from typing import Dict, List, Optional, Tuple
@@ -121,7 +121,7 @@ class Split(IOStrategy):
 
 class H5MD(IOStrategy):
     name = "h5md"
-    help = "convert to H5MD, chunks of one frame (an H5MD input is read as it is)"
+    help = "convert to H5MD chunked for the selection (an H5MD input is read as it is)"
     preparing = "converting to H5MD"
 
     def remaining_split_tasks(self, plan, tasks):
@@ -147,7 +147,7 @@ class H5MD(IOStrategy):
 
     def io_bound_advice(self, strategy, ratio, prepared):
         return (f"I/O bound with {strategy} (t_compute/t_IO = {ratio:.2f}): the ranks read "
-                f"one-frame chunks of one H5MD file{prepared}; the conversion pays off when the "
+                f"one H5MD file chunked for the selection{prepared}; the conversion pays off when the "
                 "H5MD file is analysed again; on one shared disk, fewer ranks may read faster "
                 f"({H5MD_PAPER}).")
 

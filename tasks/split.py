@@ -3,7 +3,7 @@
   shared: check the inputs still have the frames and atoms the plan counted;
   split:  write one trajectory segment per block (H5MD: the input's float32 data, exact) (Khoshlessan et al. 2019, section 6.5.1),
           blocks shared round-robin over the MPI ranks or one block per task;
-  h5md:   convert to one H5MD file with chunks of one frame (Jakupovic and Beckstein 2021).
+  h5md:   convert to one H5MD file chunked for the selection (h5md.chunk_shape).
 Every output is written under a temporary name and renamed when whole.
 """
 import argparse

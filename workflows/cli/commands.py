@@ -11,6 +11,7 @@ from trajflow.tasks.rundir import has_plan
 from trajflow.workflows.bench.small import format_table, run_bench, run_bench_large
 from trajflow.workflows.bench.cpu_quota import unavailable as cpu_quota_unavailable
 from trajflow.workflows.bench.stragglers import format_stragglers, run_stragglers
+from trajflow.workflows.bench.readers import format_readers, run_readers
 from trajflow.workflows.bench.width import cores_per_node, format_width, run_width
 from trajflow.workflows.campaign.folders import is_campaign_dir
 from trajflow.workflows.campaign.run import Campaign
@@ -263,6 +264,9 @@ def cmd_bench(args):
         result = {"stragglers": run_stragglers(args.copies, args.launches,
                                                with_tasks=not args.no_entk)}
         print("\n".join(format_stragglers(result["stragglers"])))
+    elif args.readers:
+        result = {"readers": run_readers(args.large_gb, args.launches)}
+        print(format_readers(result["readers"]))
     elif args.scale == "large":
         result = run_bench_large(args.large_gb, args.launches, with_entk=not args.no_entk,
                                  startup_launches=args.startup_launches)
@@ -270,7 +274,7 @@ def cmd_bench(args):
         result = run_bench(args.copies, args.repeats, args.loop_frames,
                            with_parallel=not args.no_parallel, with_entk=not args.no_entk,
                            user_copies=args.user_copies, startup_launches=args.startup_launches)
-    if not (args.stragglers or args.width):
+    if not (args.stragglers or args.width or args.readers):
         print(format_table(result))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:

@@ -137,6 +137,12 @@ def build_parser():
                             "ranks at a quarter of a core (a cgroup CPU quota; needs root), XTC "
                             "CA-RMSD and dihedrals of AdK x --copies, --launches each, and tasks "
                             "mode, 8 blocks on a 2-core local pilot, one task slowed (~5 min)")
+    bench.add_argument("--readers", action="store_true",
+                       help="instead: the readers side by side on the --large-gb solvated AdK: "
+                            "XTC decoded whole by trajflow, MDAnalysis (xdrfile), mdtraj, "
+                            "chemfiles and molly (built with cargo), in ns per atom, and "
+                            "trajflow's selective path; H5MD one-frame chunks against the "
+                            "selection layout (each compression) against DCD rows, and E(2)")
     bench.add_argument("--width", action="store_true",
                        help="instead: a pilot's start-up and its tasks' launch at --nodes nodes of "
                             "a SLURM resource, one pilot each, and their growth per node (start "

@@ -119,7 +119,7 @@ class RunSpec:
     chunk: int = option(0, "frames read and computed at a time, bounding memory per rank; 0: as "
                            "many as fit 8 MiB of coordinates (16 to 4096)", metavar="F", minimum=0)
     compression: Optional[str] = option(None, "with io h5md: compress the H5MD copy",
-                                        metavar="gzip:N")
+                                        metavar="gzip:N|lzf")
     start: Optional[int] = option(None, "the first frame analysed, as MDAnalysis' run(start=) "
                                         "(negative: from the end); none: 0", metavar="F")
     stop: Optional[int] = option(None, "analyse the frames before this one, as MDAnalysis' "
