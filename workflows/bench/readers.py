@@ -306,7 +306,7 @@ def format_readers(result):
     ours = x["ours_full_ns_per_atom"]
     lines = [f"XTC readers, {x['frames']} frames of {x['atoms']:,} atoms decoded whole "
              f"({result['xtc_file']}):",
-             f"  {'reader':12s} {'ns/atom':>8s} {'x trajflow's':>12s}",
+             f"  {'reader':12s} {'ns/atom':>8s} {'their time':>12s}",
              f"  {'trajflow':12s} {ours:8.1f} {'1.00x':>12s}"]
     for peer in ("xdrfile", "mdtraj", "chemfiles", "molly"):
         v = x[f"{peer}_ns_per_atom"]
