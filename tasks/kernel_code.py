@@ -370,7 +370,9 @@ def _xtc_frame_bytewise(buf, start, nbytes, precision, minint, maxint, smallidx,
             smaller = smallnum
             smallnum = _MAGICINTS[smallidx] // 2 if smallidx < _MAGICINTS.size else -1
         sizesmall = _MAGICINTS[smallidx] if smallidx < _MAGICINTS.size else -1
-    return 0
+    if cnt - start > nbytes:  # the last atom's bits ran past the bytes given
+        return damaged
+    return cnt - start
 
 
 @intrinsic
@@ -427,9 +429,10 @@ def _ints(buf, pos, nbits, s0, s1, s2):
 def _xtc_frame(buf, start, nbytes, precision, minint, maxint, smallidx, n_wanted, out):
     """Decode one compressed frame (its `nbytes` bytes from buf[start]; buf has
     XTC_PADDING bytes more after the last frame) up to atom n_wanted - 1 into
-    out[:n_wanted] (Å, float32, as MDAnalysis gets them); 0, -1 if its bytes end
-    before (a damaged frame), -2 where it uses xdrfile's small index past its
-    table, -3 where an integer is wider than 57 bits (_xtc_frame_bytewise's).
+    out[:n_wanted] (Å, float32, as MDAnalysis gets them); the bytes it took, or -1
+    if its bytes end before (a damaged frame, or fewer bytes given), -2 where it
+    uses xdrfile's small index past its table, -3 where an integer is wider than
+    57 bits (_xtc_frame_bytewise's).
 
     xdrfile's algorithm, with its bit reader a word at a time: each integer is
     one unaligned 8-byte load, and a packed triple two 64-bit divisions, where
@@ -517,21 +520,25 @@ def _xtc_frame(buf, start, nbytes, precision, minint, maxint, smallidx, n_wanted
             smaller = smallnum
             smallnum = _MAGICINTS[smallidx] // 2 if smallidx < _MAGICINTS.size else -1
         sizesmall = _MAGICINTS[smallidx] if smallidx < _MAGICINTS.size else -1
-    return 0
+    if pos > end:  # the last atom's bits ran past the bytes given
+        return damaged
+    return (pos - start * 8 + 7) >> 3
 
 
-def xtc_decode(buf, starts, nbytes, precision, minint, maxint, smallidx, out):
-    """Frames of `buf` (their compressed bytes at `starts`) into out (F, n_wanted, 3),
-    in Å; -1, or 2 * the first bad frame (+ 1 where it uses xdrfile's small index
-    past its table, which has no defined value; else its bits are damaged)."""
+def xtc_decode(buf, starts, nbytes, precision, minint, maxint, smallidx, out, used):
+    """Frames of `buf` (their compressed bytes at `starts`, at most `nbytes` each)
+    into out (F, n_wanted, 3), in Å, and the bytes each took into used; -1, or
+    2 * the first bad frame (+ 1 where it uses xdrfile's small index past its
+    table, which has no defined value; else its bits end before its atoms do)."""
     for f in range(starts.size):
         code = _xtc_frame(buf, starts[f], nbytes[f], precision[f], minint[f], maxint[f],
                           smallidx[f], out.shape[1], out[f])
         if code == -3:
             code = _xtc_frame_bytewise(buf, starts[f], nbytes[f], precision[f], minint[f],
                                        maxint[f], smallidx[f], out.shape[1], out[f])
-        if code != 0:
+        if code < 0:
             return 2 * f + (1 if code == -2 else 0)
+        used[f] = code
     return -1
 
 
@@ -570,7 +577,8 @@ SIGNATURES = {  # kernels.ENTRY_POINTS: exported name -> (function, signature)
        for p, x in (("f4", "float32"), ("f8", "float64"))},
     "atomic_fetch_add": (atomic_fetch_add, "int64(int64[::1], int64)"),
     "xtc_decode": (xtc_decode, "int64(uint8[::1], int64[::1], int64[::1], float32[::1], "
-                               "int64[:, ::1], int64[:, ::1], int64[::1], float32[:, :, ::1])"),
+                               "int64[:, ::1], int64[:, ::1], int64[::1], float32[:, :, ::1], "
+                               "int64[::1])"),
 }
 
 

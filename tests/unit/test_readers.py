@@ -228,11 +228,34 @@ def test_xtc_word_reader_and_its_bytewise_fallback_equal_xdrfile(tmp_path):
         raw = np.frombuffer(open(path, "rb").read() + bytes(256), np.uint8)
         for start in xtc.offsets[:-1]:
             c = _COMPRESSED.unpack_from(raw, int(start) + _HEAD.size)
-            codes.add(kernel_code._xtc_frame(
+            codes.add(min(0, kernel_code._xtc_frame(
                 raw, int(start) + HEADER_BYTES, c[8], np.float32(c[0]),
                 np.array(c[1:4], np.int64), np.array(c[4:7], np.int64), c[7], xtc.n_atoms,
-                np.empty((xtc.n_atoms, 3), np.float32)))
+                np.empty((xtc.n_atoms, 3), np.float32))))  # bytes taken (>= 0), or a code
     assert codes == {0, -3}
+
+
+def test_selective_xtc_reads_each_frames_first_bytes_once_it_knows_how_many(solvated):
+    """After a first read of whole frames, a selection of the first atoms reads only
+    each frame's first bytes (1.25x what its atoms took, + 512); where a frame's atoms
+    need more, the chunk is read whole again. Bit for bit with MDAnalysis either way."""
+    gro, xtc_path = solvated
+    u = mda.Universe(gro, xtc_path)
+    ca = u.select_atoms("name CA").indices
+    ref = np.array([ts.positions[ca].copy() for ts in u.trajectory])
+    xtc = XTCFile.open(xtc_path)
+    n_wanted = int(ca.max()) + 1
+    np.testing.assert_array_equal(xtc.read(ca, 0, 4)[0], ref[:4])  # whole: learns
+    frame_bytes = np.diff(xtc.offsets).mean()
+    assert 0 < xtc._prefix[n_wanted] < 0.2 * frame_bytes
+    np.testing.assert_array_equal(xtc.read(ca, 4, 10)[0], ref[4:10])  # first bytes only
+    assert n_wanted in xtc._prefix
+    xtc._prefix[n_wanted] = 600  # too few for some frame: read whole again, then relearnt
+    np.testing.assert_array_equal(xtc.read(ca, 0, 10)[0], ref)
+    assert xtc._prefix[n_wanted] > 600
+    everything = np.arange(xtc.n_atoms)  # a whole frame never reads by prefix
+    xtc.read(everything, 0, 2)
+    assert xtc.n_atoms not in xtc._prefix
 
 
 def test_damaged_xtc_bits_are_an_error_or_numbers_never_a_crash(adk_xtc, tmp_path):
