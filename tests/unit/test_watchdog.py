@@ -97,6 +97,28 @@ def test_a_stage_whose_first_task_never_starts_fails_unless_the_pilot_is_busy(tm
     assert dog.check(now=now + 10 ** 5) is None
 
 
+def test_a_running_split_or_reduce_is_said_every_5_minutes_and_bounded_when_asked(tmp_path):
+    for limits, stage in (("", "split"), ("stage=600", "reduce")):
+        plan = plan_in(tmp_path / stage)
+        dog, said = watchdog(tmp_path, limits)
+        now = time.time()
+        dog.pilot_event("active", now=now)
+        dog.run_event("r", plan, stage, "submitted", now=now)
+        mark_started(plan.workdir, stage)
+        assert dog.check(now=now + 1) is None  # started: the stage clock runs from here
+        assert dog.check(now=now + 299) is None and (not said) == (not limits), said
+        failure = dog.check(now=now + 610)
+        if not limits:  # no bound: said, never failed
+            assert failure is None
+            assert said[-1].startswith(f"r's {stage} stage: waiting 10 min for a running split "
+                                       "or reduce task to end (no bound: --limits stage=S")
+            assert dog.check(now=now + 10 ** 5) is None
+        else:
+            assert failure.startswith(f"r's {stage} stage waited 609 s for a running split or "
+                                      "reduce task to end (bound 600 s, --limits stage=S")
+            assert "waiting on: the tasks" in failure
+
+
 def test_analyze_fails_when_its_frames_stop_advancing_and_names_the_quiet_block(tmp_path):
     plan, dog, t0 = analyze_started(tmp_path)
     assert dog.check(now=t0 + 1) is None  # started: now its frames are watched

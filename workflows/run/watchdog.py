@@ -16,6 +16,7 @@ fail with the phase, the layer and what to do, and `--resume` goes on.
     start    job started -> agent active                  RADICAL agent
     task     a stage submitted -> its first task started  RADICAL agent
     stall    analyze running -> its frames advance        the tasks
+    stage    split/reduce running -> ended (unbounded)    the tasks
 """
 import dataclasses
 import glob
@@ -72,6 +73,12 @@ PHASES = {p.name: p for p in (
     Phase("stall", 300, "a report every 2 s", "the analyze ranks to report frames done",
           "the tasks", "a rank may be stopped (SIGSTOP), swapping or hung on its file system: "
           "`trajflow inspect RUNDIR` after the end shows each rank's phases"),
+    # split (a copy of the trajectory) and reduce (the parts into result.h5) report no
+    # frames: their time grows with the trajectory, so no bound unless asked, and said
+    # every 5 minutes (a split task stopped by SIGSTOP waited for the walltime, silent)
+    Phase("stage", 0, "seconds to minutes, with the trajectory's size", "a running split "
+          "or reduce task to end", "the tasks",
+          "the task may be stopped (SIGSTOP), swapping or hung on its file system"),
 )}
 
 
@@ -128,7 +135,7 @@ class Watchdog:
     bound more, and returns the failure text of the first past its bound.
     """
 
-    QUEUE_SAY_S = 300.0  # an unbounded queue wait is said every 5 minutes
+    QUEUE_SAY_S = 300.0  # an unbounded wait (queue, stage) is said every 5 minutes
 
     def __init__(self, limits, session_root, child_pid=None, say=None):
         self.bounds = bounds(limits) if not isinstance(limits, dict) else {**bounds(""), **limits}
@@ -216,7 +223,8 @@ class Watchdog:
                 continue
             if clock.phase == "task" and _marker_time(watch.plan, watch.stage) != watch.marker:
                 self.activity(now)
-                watch.clock = None  # split and reduce: started is all that is watched
+                # split and reduce: said while they run (unbounded unless asked)
+                watch.clock = _Clock("stage", now, what=f"{name}'s {watch.stage} stage")
                 if watch.stage == "analyze":
                     watch.clock = _Clock("stall", now, what=f"{name}'s analyze stage")
                     watch.base = watch.frames = frames_done(watch.plan)
