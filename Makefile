@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine (Python 3.11, no MPI, no services):
 #   make demo   - build the virtualenv from PyPI and run `trajflow demo`
-#   make test   - build the virtualenv from PyPI and run the whole test suite
+#   make test   - build the virtualenv from PyPI and run the whole test suite (and the
+#                 h5md path again with Debian's MPICH and parallel HDF5, where installed)
 #   make test-fast - the unit and stages layers only (no pilot), unit tests on 2 workers
 #   make docs   - the documentation site into site/
 #   make package - the wheel, installed outside the tree and run (the demo, the unit layer)
@@ -8,7 +9,7 @@ VENV   ?= .venv
 PYTHON ?= python3
 PY      = $(VENV)/bin/python
 
-.PHONY: demo test test-fast bench venv docs package clean
+.PHONY: demo test test-fast test-parallel-hdf5 bench venv docs package clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +30,17 @@ test-fast: $(VENV)/.installed
 
 test: test-fast
 	$(PY) -m pytest -q -rs tests/pilot
+	$(MAKE) test-parallel-hdf5
+
+# the h5md path again in the cluster-style environment (tests/parallel_hdf5/env.sh):
+# Debian's MPICH, mpi4py and h5py built against it and its parallel HDF5, so MPI ranks
+# open H5MD files with driver mpio; built once into the cache; said and skipped where
+# its Debian packages are missing (`sudo bash tests/parallel_hdf5/env.sh install`)
+test-parallel-hdf5:
+	@venv=$$(bash tests/parallel_hdf5/env.sh build); rc=$$?; \
+	if [ $$rc = 3 ]; then echo "SKIPPED the parallel HDF5 environment: see the message above"; \
+	elif [ $$rc != 0 ]; then exit $$rc; \
+	else $$venv/bin/python -m pytest -q -rs -p no:cacheprovider -k h5md tests/stages; fi
 
 # the documentation site into site/ (warnings are errors; the API and CLI references are
 # made from the code by docs/hooks.py)

@@ -38,7 +38,10 @@ LAYOUT = "trajflow"  # the group whose `layout` attribute records the choice
 def chunk_shape(n_atoms, n_frames, selection_end=None):
     """(frames, atoms, 3) of a position chunk: atoms up to the selection's end (all
     without one), and as many frames (1 to 16) as make about CHUNK_BYTES."""
-    atoms = max(1, min(n_atoms, selection_end or n_atoms))
+    # never narrower than a full chunk of frames fills: a selection ending at atom 20
+    # would make 2,400 chunks of 4 KB a frame block (HDF5's per-chunk costs dominate)
+    narrowest = CHUNK_BYTES // (MAX_FRAMES_PER_CHUNK * 12)
+    atoms = max(1, min(n_atoms, max(selection_end or n_atoms, narrowest)))
     frames = max(1, min(MAX_FRAMES_PER_CHUNK, n_frames, CHUNK_BYTES // (atoms * 12)))
     return (frames, atoms, 3)
 

@@ -303,6 +303,8 @@ def _xtc_frame_bytewise(buf, start, nbytes, precision, minint, maxint, smallidx,
     bitsizeint = np.zeros(3, dtype=np.int64)
     for k in range(3):
         sizeint[k] = maxint[k] - minint[k] + 1
+        if sizeint[k] < 1:  # a damaged header (xdrfile's sizeofints would never end)
+            return -1
     if (sizeint[0] | sizeint[1] | sizeint[2]) > 0xFFFFFF:
         for k in range(3):
             bitsizeint[k] = _sizeofint(sizeint[k])
@@ -443,6 +445,8 @@ def _xtc_frame(buf, start, nbytes, precision, minint, maxint, smallidx, n_wanted
     bitsizeint = np.zeros(3, dtype=np.int64)
     for k in range(3):
         sizeint[k] = maxint[k] - minint[k] + 1
+        if sizeint[k] < 1:  # a damaged header (xdrfile's sizeofints would never end)
+            return -1
     if (sizeint[0] | sizeint[1] | sizeint[2]) > 0xFFFFFF:
         for k in range(3):
             bitsizeint[k] = _sizeofint(sizeint[k])

@@ -73,7 +73,10 @@ def open_block_reader(trajectories, atom_indices, need_boxes, timer=None, comm=N
     trajectories = list(trajectories)
     if len(trajectories) == 1 and is_h5md(trajectories[0]):
         with _phase(timer, "open_trajectory"):
-            return H5MDChunkReader(trajectories[0], atom_indices, need_boxes, comm, frame_offset)
+            reader = H5MDChunkReader(trajectories[0], atom_indices, need_boxes, comm, frame_offset)
+        if timer is not None:  # the profile says how the file was opened: "mpio" or "sec2"
+            timer.info["h5md_driver"] = reader.h5.file.driver
+        return reader
     return TrajectoryBlockReader(open_trajectory(trajectories, timer, need_boxes), atom_indices,
                                  need_boxes, frame_offset)
 

@@ -98,7 +98,7 @@ def record_outcome(rundir, status, error=None, stopped_at=None, failed_tasks=(),
 
 
 def _write_outcome_record(rundir, record):
-    tmp = path(rundir, OUTCOME + ".tmp")
+    tmp = path(rundir, f"{OUTCOME}.{os.getpid()}.tmp")  # two writers never share one
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(record, fh, indent=1)
     os.replace(tmp, path(rundir, OUTCOME))
@@ -109,7 +109,10 @@ def add_to_failure(rundir, why):
     too (a lost node, seen: the task's MPI peers died before the batch system had
     declared the node down, so the first account could not name it)."""
     record = read_outcome(rundir)
-    if not record or record.get("status") != "failed" or why in (record.get("error") or ""):
+    if not record or record.get("status") != "failed":
+        return
+    said = [part for part in (record.get("error") or "").split("; ") if part]
+    if any(part in why or why in part for part in said):  # e.g. the lost node, named already
         return
     record["error"] = "; then ".join(filter(None, [record.get("error"), why]))
     _write_outcome_record(rundir, record)

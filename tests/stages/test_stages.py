@@ -102,6 +102,10 @@ def test_result_equals_mdanalysis(tmp_path, adk, adk_xtc, reference_results,
                               gather=gather, blocks=n, cpus=n, chunk=16, side_by_side=True)
     check_result(path, reference_results(top, [traj], analysis), analysis, n, io, mode)
     assert os.listdir(plan.path("parts")) == []  # the result is the run's one copy
+    if io == "h5md":  # MPI ranks open the copy together where h5py has MPI (mpio)
+        from trajflow.workflows.bench.measure import analyze_records
+        drivers = {r.get("h5md_driver") for r in analyze_records(plan)}
+        assert drivers == {"mpio" if mode == "mpi" and h5py.get_config().mpi else "sec2"}
 
 
 @pytest.mark.parametrize("io,mode,gather,n,analysis", PERIODIC_CASES)

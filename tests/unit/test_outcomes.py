@@ -40,6 +40,12 @@ def test_what_came_after_a_failure_joins_it_once_and_never_a_done_run(tmp_path):
     add_to_failure(d, "and then the walltime ran out")
     assert read_outcome(d)["error"] == ("the pilot failed: node n3 was lost; then "
                                         "and then the walltime ran out")
+    named = tmp_path / "named"  # the outcome named the node already: the pilot's text adds nothing
+    named.mkdir()
+    record_outcome(str(named), "failed", "node n3 (SLURM: down) of the pilot's batch job 7 was lost")
+    add_to_failure(str(named), "the pilot p failed: node n3 (SLURM: down) of the pilot's batch "
+                               "job 7 was lost, and the batch system ended the job with it")
+    assert read_outcome(str(named))["error"].count("n3") == 1
     done = tmp_path / "done"
     done.mkdir()
     record_outcome(str(done), "done")

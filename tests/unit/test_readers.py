@@ -193,6 +193,15 @@ def test_xtc_odd_sizes_and_damage(adk, adk_xtc, tmp_path):
     reader = TrajectoryBlockReader(open_trajectory([str(smallidx)]), np.arange(3341))
     with pytest.raises(OSError, match=r"frame 3 \(byte \d+\) is damaged"):
         list(reader.chunks(0, 5, 5))
+    for shift in (1, 50):  # maxint below minint: a size of 0 or less (xdrfile never ends)
+        sizes = tmp_path / f"sizes{shift}.xtc"
+        a = int(whole.offsets[3]) + 60  # frame 3's minint x; its maxint x is 12 bytes on
+        low = int(np.frombuffer(data[a:a + 4], ">i4")[0])
+        sizes.write_bytes(data[:a + 12] + np.array([low - shift], ">i4").tobytes()
+                          + data[a + 16:])
+        reader = TrajectoryBlockReader(open_trajectory([str(sizes)]), np.arange(3341))
+        with pytest.raises(OSError, match=r"frame 3 \(byte \d+\) is damaged"):
+            list(reader.chunks(0, 5, 5))
 
 
 def _water_like(rng, n_mol, spacing, bond):
@@ -387,3 +396,12 @@ def test_h5md_conversion_round_trips_every_frame(tmp_path, adk, solvated, solvat
         assert f["particles/trajectory/position/time"].attrs["unit"] == "ps"
         if periodic:
             np.testing.assert_array_equal(box["edges/step"][()], f["particles/trajectory/position/step"][()])
+
+
+def test_h5md_chunks_are_cut_at_the_selection_end_but_never_tiny():
+    from trajflow.tasks.h5md import chunk_shape
+    assert chunk_shape(47681, 1000, 3336) == (6, 3336, 3)     # CA of solvated AdK: ~240 KB
+    assert chunk_shape(47681, 1000, None) == (1, 47681, 3)    # every atom: a frame a chunk
+    assert chunk_shape(47681, 1000, 20) == (16, 1365, 3)      # never 4 KB chunks
+    assert chunk_shape(300, 1000, 20) == (16, 300, 3)         # a small system: all its atoms
+    assert chunk_shape(3341, 3, None) == (3, 3341, 3)         # never more frames than written

@@ -25,7 +25,8 @@ from trajflow.workflows.run.entk_client import (new_appmanager, reap_local_tasks
 from trajflow.workflows.run.heartbeat import (CLOSED, DEFAULT_CLIENT_TIMEOUT_S,
                                               guard_bootstrap_command, Heartbeat, heartbeat_period,
                                               record_session)
-from trajflow.workflows.run.outcomes import collect, remove_partial_files, RunReport, write_outcome
+from trajflow.workflows.run.outcomes import (collect, failed_for_good, remove_partial_files,
+                                             RunReport, write_outcome)
 from trajflow.workflows.run.pilot_start import StartWatch
 from trajflow.workflows.run.pipeline import remaining_specs, RunPipeline
 from trajflow.workflows.run.planning import full_disk_note
@@ -314,18 +315,20 @@ def lost_nodes_text():
 # cluster; seen: the outcome could not name the node). So long is waited for the
 # batch system's word on such a failure, never on a task's own error (exit 1).
 LOST_NODE_WAIT_S = 20
-_LAUNCHER_EXITS = (255, 137, 143, -9, -15)
+_LAUNCHER_EXITS = (255, 137, -9)  # mpiexec's own, or killed (SIGTERM is a stop: not waited)
 
 
-def _lost_nodes_after(outcomes):
-    """lost_nodes_text() for a run that did not complete; waited for a little where
-    its failed tasks ended as a peer's lost node ends them (see LOST_NODE_WAIT_S)."""
+def _lost_nodes_after(outcomes, wait_until):
+    """lost_nodes_text() for a run that did not complete; waited for a little where a
+    task failed for good as a peer's lost node ends it (see LOST_NODE_WAIT_S), once
+    per batch: `wait_until` holds the batch's deadline once one run has waited."""
     lost = lost_nodes_text()
     if lost or not _SESSION_JOB[0] or not any(
-            o.state == "FAILED" and o.exit_code in _LAUNCHER_EXITS for o in outcomes):
+            o.exit_code in _LAUNCHER_EXITS for o in failed_for_good(outcomes)):
         return lost
-    deadline = time.time() + LOST_NODE_WAIT_S
-    while not lost and time.time() < deadline:
+    if not wait_until:
+        wait_until.append(time.time() + LOST_NODE_WAIT_S)
+    while not lost and time.time() < wait_until[0]:
         time.sleep(2)
         lost = lost_nodes_text()
     return lost
@@ -365,6 +368,7 @@ def _run_batch(session, lost, conn, requests, one_at_a_time, close_after):
     for r in requests:  # a later --resume finds this pilot here, should its client die
         record_session(r.plan.workdir, session.dir)
     outcomes, errors, ended = [], {}, set()
+    wait_until = []  # one wait for the batch system's word on lost nodes, for all runs
     try:
         for batch in batches:
             if lost:  # EnTK gave up on an earlier batch and took the pilot with it
@@ -395,9 +399,10 @@ def _run_batch(session, lost, conn, requests, one_at_a_time, close_after):
                 remove_partial_files(r.plan)    # first: a full disk fails what follows
                 done = collect(r.name, r.plan, pipelines[r.name])
                 outcomes += done
-                lost = "" if os.path.exists(r.plan.result_path()) else _lost_nodes_after(done)
+                node = ("" if os.path.exists(r.plan.result_path())
+                        else _lost_nodes_after(done, wait_until))
                 write_outcome(r.plan, done, pipelines[r.name].stopped_at, errors.get(r.name),
-                              "; ".join(filter(None, [disk, lost])))
+                              "; ".join(filter(None, [disk, node])))
                 ended.add(r.name)
                 _send(conn, ("ended", (r.name, done)))
     except BaseException as exc:
