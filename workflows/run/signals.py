@@ -40,6 +40,8 @@ def stop_on_signals(also_sigint=False):
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
+        if stopped_by == signum:  # one stop: `timeout` signals trajflow, then its whole
+            return                # process group (two SIGTERMs; the second escaped, seen)
         stopped_by = signum
         raise KeyboardInterrupt(signal.Signals(signum).name)
     signals = STOP_SIGNALS + ((signal.SIGINT,) if also_sigint else ())
