@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 PACKAGES="mpich libmpich-dev libhdf5-mpich-dev pkg-config"
 HDF5_DIR=/usr/lib/x86_64-linux-gnu/hdf5/mpich
-RECIPE=1  # raise it when the build below changes: the cached venv is built again
+RECIPE=2  # raise it when the build below changes: the cached venv is built again
 
 case "${1:-build}" in
 install)
@@ -53,7 +53,10 @@ print(" ".join(r for r in lines if r and not r.lower().startswith("mpich")))
 PY
 )
         $pip $reqs >&2
-        ln -sf /usr/bin/mpiexec.mpich "$venv/bin/mpiexec"
+        # the venv's mpiexec (where trajflow looks) runs Debian's; by a script, not a link:
+        # hydra finds its hydra_pmi_proxy beside the path it was started by
+        printf '#!/bin/sh\nexec /usr/bin/mpiexec.mpich "$@"\n' > "$venv/bin/mpiexec"
+        chmod +x "$venv/bin/mpiexec"
         "$venv/bin/python" -c "import h5py, mpi4py; assert h5py.get_config().mpi, 'h5py without MPI'" >&2
         touch "$venv/.built"
     fi

@@ -146,12 +146,14 @@ def test_repeat_multiplies_compute_not_the_result(tmp_path, adk, reference_resul
         assert f.attrs["repeat"] == 5
 
 
-def test_h5md_split_is_chunked_one_frame_and_compressed(tmp_path, adk):
+@pytest.mark.parametrize("select,chunks", [("name CA", (6, 3336, 3)), ("all", (6, 3341, 3))])
+def test_h5md_split_is_chunked_for_the_selection_and_compressed(tmp_path, adk, select, chunks):
+    """Chunks end at the selection's last atom (AdK's last CA is atom 3335), ~240 KB each."""
     _, plan = plan_and_run(tmp_path / "run", adk[0], [adk[1]], "rmsd", io="h5md", mode="mpi", blocks=2,
-                           cpus=2, compression="gzip:3")
+                           cpus=2, compression="gzip:3", select=select)
     with h5py.File(plan.h5md_path()) as f:
         value = f["particles/trajectory/position/value"]
-        assert value.chunks == (1, 3341, 3)
+        assert value.chunks == chunks
         assert value.compression == "gzip" and value.compression_opts == 3
         assert np.all(np.diff(f["particles/trajectory/position/step"][()]) == 1)
         assert np.all(np.diff(f["particles/trajectory/position/time"][()]) > 0)
