@@ -110,16 +110,23 @@ def long_xtc():
     return adk_concatenated(40, "XTC")
 
 
+@pytest.fixture(scope="module")
+def longer_xtc():
+    """AdK x200 as XTC (19,600 frames): the frames' loop long enough, with the word-at-a-time
+    decoder, for the report to judge the ranks' speeds (x40 took it under MIN_LOOP_S)."""
+    return adk_concatenated(200, "XTC")
+
+
 @needs_quota
-def test_a_slow_rank_does_fewer_frames_and_the_report_says_so(tmp_path, long_xtc):
+def test_a_slow_rank_does_fewer_frames_and_the_report_says_so(tmp_path, longer_xtc):
     """Rank 1 at a fifth of a core: the dynamic schedule gives it far fewer frames than
     its half, the result is static's, and the straggler report and advice name it."""
     with cpu_quota.CpuQuota(0.2) as quota:
-        path, plan = plan_and_run(tmp_path / "dynamic", long_xtc[0], [long_xtc[1]], "rmsd",
+        path, plan = plan_and_run(tmp_path / "dynamic", longer_xtc[0], [longer_xtc[1]], "rmsd",
                                   blocks=2, cpus=2, schedule="dynamic",
                                   env={"TRAJFLOW_TEST_SLOW": f"1:{quota.path}"})
-    static, _ = plan_and_run(tmp_path / "static", long_xtc[0], [long_xtc[1]], "rmsd", blocks=2,
-                             cpus=2)
+    static, _ = plan_and_run(tmp_path / "static", longer_xtc[0], [longer_xtc[1]], "rmsd",
+                             blocks=2, cpus=2)
     assert np.array_equal(datasets(path)["rmsd"], datasets(static)["rmsd"])
     ranks = {r["rank"]: r for r in records(plan)}
     share = ranks[1]["frames"] / plan.n_frames
