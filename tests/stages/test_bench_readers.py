@@ -58,6 +58,7 @@ def test_a_missing_peer_is_printed_with_its_reason():
            "selected_atoms": 2, "last_selected_atom": 3, "ours_selective_us_per_frame": 1.0}
     h5md = {"one_frame_chunks_us_per_frame": 8.0, "selection_layout_us_per_frame": 2.0,
             "dcd_rows_us_per_frame": 2.0, "selection_layout_efficiency_2": 0.9, "frames": 5,
+            "all_frames": 9, "selection_layout_all_frames_us_per_frame": 2.0,
             "compressed_us_per_frame": {}}
     text = format_readers({"xtc": xtc, "h5md": h5md, "xtc_file": "x.xtc",
                            "missing": {"molly": "cargo is not installed"}})
