@@ -30,8 +30,16 @@ build)
     for p in $PACKAGES; do
         dpkg -s "$p" >/dev/null 2>&1 || { echo "missing Debian package $p: run '$0 install' as root" >&2; exit 3; }
     done
+    # trajflow's requirements and its test extras, the mpich wheel left out (Debian's runs)
+    reqs=$(python3 - <<'PY'
+import configparser
+c = configparser.ConfigParser(); c.read("setup.cfg")
+lines = c["options"]["install_requires"].split() + c["options.extras_require"]["test"].split()
+print(" ".join(r for r in lines if r and not r.lower().startswith("mpich")))
+PY
+)
     versions=$(dpkg-query -W -f '${Version} ' mpich libhdf5-mpich-dev)
-    key=$( (echo "$versions recipe $RECIPE"; python3 --version; cat constraints.txt setup.cfg) \
+    key=$( (echo "$versions recipe $RECIPE $reqs"; python3 --version; cat constraints.txt) \
         | sha1sum | cut -c1-12)
     cache=${TRAJFLOW_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/trajflow}
     venv="$cache/parallel-hdf5-$key"
@@ -44,14 +52,6 @@ build)
         MPICC=/usr/bin/mpicc $pip --no-binary=mpi4py --no-build-isolation mpi4py >&2
         CC=/usr/bin/mpicc HDF5_MPI=ON HDF5_DIR=$HDF5_DIR $pip --no-binary=h5py \
             --no-build-isolation h5py >&2
-        # trajflow and its other requirements; the mpich wheel left out (Debian's MPICH runs)
-        reqs=$("$venv/bin/python" - <<'PY'
-import configparser
-c = configparser.ConfigParser(); c.read("setup.cfg")
-lines = c["options"]["install_requires"].split() + c["options.extras_require"]["test"].split()
-print(" ".join(r for r in lines if r and not r.lower().startswith("mpich")))
-PY
-)
         $pip $reqs >&2
         # the venv's mpiexec (where trajflow looks) runs Debian's; by a script, not a link:
         # hydra finds its hydra_pmi_proxy beside the path it was started by
