@@ -14,6 +14,7 @@ import socket
 import time
 
 from . import faults
+from .placement import current_cpus, runqueue_wait_s
 
 # Phase names follow Khoshlessan et al. 2019, Table 3 (t_open_topology, t_IO, ...).
 PHASES = ("open_topology", "open_trajectory", "io", "compute", "wait", "comm",
@@ -66,6 +67,7 @@ class RankTimer:
         self.frames_done = 0
         self.counting = True  # False: frames done now are not the block's (a backup copy's)
         self._progress_written = 0.0
+        self._runqueue_wait0 = runqueue_wait_s()
 
     @contextlib.contextmanager
     def phase(self, name: str):
@@ -120,6 +122,11 @@ class RankTimer:
         stop = self.t_stop if self.t_stop is not None else time.time()
         out["t_total"] = stop - self.t_start
         out["t_overhead"] = out["t_total"] - sum(out[f"t_{p}"] for p in PHASES)
+        # ready to run but waiting for a CPU another process held: on a workstation,
+        # RADICAL's agent and client and EnTK sharing the ranks' cores
+        wait = runqueue_wait_s()
+        out["t_cpu_wait"] = (None if wait is None or self._runqueue_wait0 is None
+                             else wait - self._runqueue_wait0)
         return out
 
     def record(self) -> dict:
@@ -127,6 +134,7 @@ class RankTimer:
                 "host": socket.gethostname(), "pid": os.getpid(),
                 "rp_task_id": os.environ.get("RP_TASK_ID"),
                 "t_start": self.t_start, "t_stop": self.t_stop, "read_bytes": read_bytes(),
+                "cpus": current_cpus(),
                 **self.info, **self.totals(),
                 "intervals": [list(iv) for iv in self.intervals]}
 

@@ -35,10 +35,11 @@ def test_a_shipped_config_agrees_with_radical_pilots_own_entry(label):
     order = ours["launch_methods"]["order"]
     assert set(order) <= set(ours["launch_methods"]) - {"order"}, label
     if theirs is None:  # a machine of ours alone: the entry is whole
+        forked = ours.get("resource_manager") == "FORK"  # this machine: no queue; cores asked
         for key in ("resource_manager", "schemas", "default_schema", "cores_per_node",
                     "default_queue"):
-            assert key in ours or (key == "cores_per_node" and label in NODE_OF_ANY_SIZE), \
-                (label, key)
+            assert key in ours or (key == "cores_per_node" and label in NODE_OF_ANY_SIZE) \
+                or (forked and key in ("cores_per_node", "default_queue")), (label, key)
         assert ours["default_schema"] in ours["schemas"]
         return
     known = set(theirs.get("launch_methods", {})) - {"order"}
@@ -55,4 +56,32 @@ def test_a_shipped_config_agrees_with_radical_pilots_own_entry(label):
 
 def test_every_shipped_label_is_checked():
     assert {"access.expanse", "access.bridges2", "ncsa.delta", "purdue.anvil", "tacc.frontera",
-            "tacc.stampede3", "local.localhost", "local.slurm", "local.vcluster"} <= set(LABELS)
+            "tacc.stampede3", "local.localhost", "local.slurm", "local.vcluster",
+            "local.localhost_agent_core"} <= set(LABELS)
+
+
+def test_a_config_keeping_cpus_for_the_agent_pins_it_and_tells_the_tasks(tmp_path):
+    """local.localhost_agent_core keeps CPU 0: the session's config pins the bootstrap
+    there, declares the kept core on top of the pilot's (RADICAL takes it off again),
+    and the tasks are told which CPUs to leave; a config keeping none adds nothing."""
+    assert resources.agent_cpus("local.localhost_agent_core") == (0,)
+    assert resources.agent_environment("local.localhost_agent_core") == {
+        "TRAJFLOW_AGENT_CPUS": "0"}
+    assert resources.agent_cpus("local.localhost") == ()
+    assert resources.agent_environment("local.localhost") == {}
+    for label, pinned in (("local.localhost_agent_core", True), ("local.localhost", False)):
+        folder = resources.session_configs(str(tmp_path / label), label, 1)
+        facility, _, name = label.partition(".")
+        cfg = ru.read_json(os.path.join(folder, ".radical", "pilot", "configs",
+                                        f"resource_{facility}.json"))[name]
+        assert cfg["cores_per_node"] == (2 if pinned else 1)
+        pins = [e for e in cfg["pre_bootstrap_0"] if "base64" in e
+                and "sched_setaffinity" in base64_payload(e)]
+        assert len(pins) == (1 if pinned else 0), cfg["pre_bootstrap_0"]
+        if pinned:
+            assert "{0}" in base64_payload(pins[0]) and "$$" in base64_payload(pins[0])
+
+
+def base64_payload(entry):
+    import base64
+    return base64.b64decode(entry.split("echo ", 1)[1].split(" |", 1)[0]).decode()

@@ -25,6 +25,7 @@ from trajflow.workflows.bench.measure import (analyze_records, mda_rmsd, mpiexec
 from trajflow.workflows.datasets import cache_dir, mdanalysis_data, solvated_concatenated
 from trajflow.workflows.errors import InputError
 from trajflow.workflows.run.execute import run_plans
+from trajflow.workflows.run.resources import agent_cpus
 from trajflow.workflows.run.pipeline import stage_specs, task_environment
 from trajflow.workflows.run.planning import plan_from_options, write_plan
 from trajflow.workflows.run.results import open_result
@@ -79,12 +80,14 @@ def build_large(gb, say=print):
     return out
 
 
-def our_plan(files, fmt, n, workdir):
-    """An rmsd plan over the format's file: io shared (our XTC and DCD readers), or io
-    h5md reading the prepared H5MD as its copy (no conversion)."""
+def our_plan(files, fmt, n, workdir, select=None):
+    """An rmsd plan over the format's file (of CA, or `select`): io shared (our XTC and
+    DCD readers), or io h5md reading the prepared H5MD as its copy (no conversion)."""
     traj = files["xtc"] if fmt == "h5md" else files[fmt]
+    extra = {"select": select} if select else {}
     plan = plan_from_options(files["top"], [traj], "rmsd", out=os.path.join(workdir, f"{fmt}_{n}"),
-                     io="h5md" if fmt == "h5md" else "shared", mode="mpi", blocks=n, cpus=n)
+                     io="h5md" if fmt == "h5md" else "shared", mode="mpi", blocks=n, cpus=n,
+                     **extra)
     if fmt == "h5md":
         plan.shared_h5md = files["h5md"]
     path = write_plan(plan)
@@ -145,7 +148,48 @@ def pilot_vs_mpiexec(files, workdir, launches):
     others = [cpu.cores_besides(*analyze_window(p), "trajflow.tasks.analyze") for _, p, _ in runs]
     pilot_s = float(np.median([slowest_analyze_rank_s(p) for _, p, _ in runs]))
     return {"pilot_s": pilot_s, "mpiexec_s": mpiexec_s, "ratio": pilot_s / mpiexec_s,
-            "other_processes_cores": float(np.median(others)), "launches": launches}
+            "other_processes_cores": float(np.median(others)), "launches": launches,
+            "placed": placed_pilot_vs_mpiexec(files, workdir, launches)}
+
+
+PLACED_RESOURCE = "local.localhost_agent_core"
+
+
+def placed_pilot_vs_mpiexec(files, workdir, launches):
+    """The same stage, whole frames (every atom decoded: the rank always busy), with
+    RADICAL's processes kept on the CPUs the resource keeps for the agent and the ranks
+    on the others, against plain mpiexec pinned to those others, at equal rank count;
+    medians of `launches`. This process (the run's watchdog) goes to the agent's CPUs
+    too while the pilot runs."""
+    kept = set(agent_cpus(PLACED_RESOURCE))
+    others = sorted(set(range(os.cpu_count() or 1)) - kept)
+    n = len(others)
+    plan, path = our_plan(files, "xtc", n, os.path.join(workdir, "placed_mpiexec"), select="all")
+    mpiexec_s = float(np.median(mpiexec_stage_s(plan, path, launches, cpus=others)))
+    runs = [(f"p{k}",) + our_plan(files, "xtc", n, os.path.join(workdir, f"placed{k}"),
+                                  select="all") for k in range(launches)]
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, kept)
+    try:
+        with CpuSampler() as cpu:
+            report = run_plans(runs, PLACED_RESOURCE, 30, n, one_at_a_time=True,
+                               session_root=os.path.join(workdir, "placed_pilot"))
+    finally:
+        os.sched_setaffinity(0, before)
+    if not report.ok:
+        raise RuntimeError("the placed pilot runs of the large benchmark failed: "
+                           + "; ".join(o.describe() for o in report.failed))
+    records = [r for _, p, _ in runs for r in analyze_records(p)]
+    if any(set(r["cpus"]) & kept for r in records):
+        raise RuntimeError(f"a rank ran on the agent's CPUs {sorted(kept)}: "
+                           f"{[r['cpus'] for r in records]}")
+    pilot_s = float(np.median([slowest_analyze_rank_s(p) for _, p, _ in runs]))
+    return {"ranks": n, "agent_cpus": sorted(kept), "rank_cpus": others,
+            "pilot_s": pilot_s, "mpiexec_s": mpiexec_s, "ratio": pilot_s / mpiexec_s,
+            "rank_cpu_wait_s": float(np.median([r["t_cpu_wait"] or 0.0 for r in records])),
+            "other_processes_cores": float(np.median(
+                [cpu.cores_besides(*analyze_window(p), "trajflow.tasks.analyze")
+                 for _, p, _ in runs]))}
 
 
 def analyze_window(plan):
@@ -239,4 +283,10 @@ def format_large(result):
                      f"{p['ratio']:.2f}x (target <= 1.05); meanwhile every other process "
                      f"(RADICAL's agent and client, EnTK) used {p['other_processes_cores']:.2f} "
                      f"of this machine's {os.cpu_count()} cores")
+        q = p["placed"]
+        lines.append(f"  placed ({PLACED_RESOURCE}: RADICAL on CPUs {q['agent_cpus']}, "
+                     f"{q['ranks']} rank(s) on {q['rank_cpus']}, whole frames): in the pilot "
+                     f"{q['pilot_s']:.2f} s, under mpiexec on the same CPUs {q['mpiexec_s']:.2f} s: "
+                     f"{q['ratio']:.2f}x (target <= 1.05); the ranks waited {q['rank_cpu_wait_s']:.2f} s "
+                     f"for a CPU; the other processes used {q['other_processes_cores']:.2f} cores")
     return lines

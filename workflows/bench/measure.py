@@ -25,15 +25,17 @@ def slowest_analyze_rank_s(plan):
     return max(r["t_total"] for r in analyze_records(plan))
 
 
-def mpiexec_stage_s(plan, plan_path, launches):
+def mpiexec_stage_s(plan, plan_path, launches, cpus=None):
     """The analyze stage of a written MPI plan under plain `mpiexec -n N`, `launches`
-    times: the slowest rank's t_total of each launch."""
+    times: the slowest rank's t_total of each launch. `cpus`: mpiexec and its ranks
+    pinned there."""
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     spec = stage_specs(plan, plan_path)["analyze"][0]
+    pin = (lambda: os.sched_setaffinity(0, set(cpus))) if cpus else None
     times = []
     for _ in range(launches):
         subprocess.run([mpiexec, "-n", str(plan.n_blocks)] + spec.argv(sys.executable), check=True,
-                       env={**os.environ, **task_environment()})
+                       env={**os.environ, **task_environment()}, preexec_fn=pin)
         times.append(slowest_analyze_rank_s(plan))
     return times
 

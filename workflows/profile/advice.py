@@ -12,6 +12,7 @@ documentation's references page (docs/explanation/references.md) gives their tit
 import glob
 import math
 import os
+import socket
 
 from trajflow.tasks.io_strategies import GUIDELINES
 from trajflow.tasks.rundir import SESSIONS
@@ -43,6 +44,8 @@ JUDGE_S = 10.0           # how long an analysis must be for its strategy to be j
 COMPUTE_BOUND = 100.0    # t_compute / t_IO above this: compute bound
 GATHER_SHARE = 0.1       # a gather over this share of the analyze stage is worth a word
 LARGE_RESULT_B = 10e6    # result arrays this large make the gather a matter of volume
+CPU_WAIT_SHARE = 0.1     # ranks waiting for a CPU this share of their time: worth a word
+CPU_WAIT_MIN_S = 0.5     # ... and at least this long
 
 
 def pilot_span(rundir):
@@ -122,7 +125,7 @@ def advice(plan, records):
     ratio = t_compute / t_io if t_io > 0 else float("inf")
     out = {"ratio": ratio, "t_io": t_io, "t_compute": t_compute, "times": times}
     if times["analysis"] < max(MIN_ANALYSIS_S, MIN_ANALYSIS_SHARE * times["whole"]):
-        out["text"] = too_short(plan, times)
+        out["text"] = too_short(plan, times) + cpu_wait_note(analyze)
         return out
     strategy = strategy_flags(plan.io, plan.mode, plan.gather)
     prepared = _prepared(plan, times)
@@ -131,8 +134,29 @@ def advice(plan, records):
                 f"shorten it ({GUIDELINES}).")
     else:
         text = plan.io_strategy.io_bound_advice(strategy, ratio, prepared)
-    out["text"] = text + _gather_note(plan, analyze, times) + schedule_advice(plan, analyze)
+    out["text"] = (text + _gather_note(plan, analyze, times) + schedule_advice(plan, analyze)
+                   + cpu_wait_note(analyze))
     return out
+
+
+def cpu_wait_note(analyze):
+    """How long the analyze ranks were ready to run but waited for a CPU another process
+    held (t_cpu_wait, Linux' run-queue wait), where it is a share worth saying, and who
+    those processes likely were: on this machine RADICAL's agent, client and EnTK."""
+    waits = [(r.get("t_cpu_wait") or 0.0, r["t_total"], r.get("host")) for r in analyze]
+    wait, total = sum(w for w, _, _ in waits), sum(t for _, t, _ in waits)
+    if total <= 0 or wait < max(CPU_WAIT_MIN_S, CPU_WAIT_SHARE * total):
+        return ""
+    said = (f" The analyze ranks waited {wait:.1f} s of their {total:.1f} s ({wait / total:.0%}) "
+            "for a CPU that other processes held")
+    if all(host == socket.gethostname() for _, _, host in waits):
+        return (said + ": on this machine, RADICAL's agent and client and EnTK, which share "
+                "the ranks' cores. --resource local.localhost_agent_core keeps CPU 0 for them "
+                "(its ranks then ran as fast as under plain mpiexec, at one core fewer), or "
+                "give the run fewer ranks than cores.")
+    return (said + ": other jobs or daemons on the nodes, or RADICAL's agent on the pilot's "
+            "first node. A resource config's system_architecture.blocked_cores keeps cores "
+            "for the agent, which trajflow's ranks then leave.")
 
 
 def slow_host_advice(flags):

@@ -83,7 +83,7 @@ class Pilot:
             if not spec.local:
                 raise InputError(f"Pilot({spec.resource!r}): give {spelled('cpus')}=N, the cores "
                                  f"to ask {spec.resource} for")
-            spec = dataclasses.replace(spec, cpus=os.cpu_count() or 1)
+            spec = dataclasses.replace(spec, cpus=spec.local_cores())
         self.spec = spec
         self.resource, self.cpus, self.walltime = spec.resource, spec.cpus, spec.walltime
         self.client_timeout, self.keep_sandbox = spec.client_timeout, spec.keep_sandbox

@@ -22,6 +22,7 @@ import sys
 import tempfile
 from importlib import resources as importlib_resources
 
+from trajflow.tasks.placement import AGENT_CPUS_ENV
 from trajflow.workflows.run.batch import BATCH_SYSTEMS
 
 VENV_BIN_PLACEHOLDER = "${TRAJFLOW_VENV_BIN}"
@@ -148,9 +149,11 @@ def session_configs(target, resource, cpus, pre_bootstrap=()) -> str:
     scheduler ran 8 single-core tasks at once on a 2-core pilot (seen)."""
     prepare_config_dir(target)
     cfg = resource_config(resource).as_dict()
-    cfg["pre_bootstrap_0"] = list(cfg.get("pre_bootstrap_0") or []) + list(pre_bootstrap)
+    kept = agent_cpus(resource)
+    pin = [agent_pin_entry(task_python(resource), kept)] if kept else []
+    cfg["pre_bootstrap_0"] = list(cfg.get("pre_bootstrap_0") or []) + pin + list(pre_bootstrap)
     if str(cfg.get("resource_manager", "")).upper() == "FORK":
-        cfg["cores_per_node"] = int(cpus)
+        cfg["cores_per_node"] = int(cpus) + len(kept)  # RADICAL takes the kept ones off
     facility, _, name = resource.partition(".")
     path = os.path.join(target, ".radical", "pilot", "configs", f"resource_{facility}.json")
     platforms = {}
@@ -172,6 +175,29 @@ def pre_bootstrap_entry(command: str) -> str:
     for the shell (`$$`: the bootstrapper's pid) is expanded by the second."""
     encoded = base64.b64encode(command.encode()).decode()
     return f'"$(echo {encoded} | base64 -d)"'
+
+
+def agent_cpus(resource: str) -> tuple:
+    """The CPUs the resource's config keeps for RADICAL's agent
+    (`system_architecture.blocked_cores`, read as the operating system's CPU numbers;
+    RADICAL takes them off every node's cores): the bootstrap pins the agent there and
+    the tasks leave them (tasks/placement.py)."""
+    arch = (merged_config(resource) or {}).get("system_architecture") or {}
+    return tuple(sorted(int(c) for c in arch.get("blocked_cores") or ()))
+
+
+def agent_environment(resource: str) -> dict:
+    """What the tasks need to leave the agent's CPUs: {} where none are kept."""
+    kept = agent_cpus(resource)
+    return {AGENT_CPUS_ENV: ",".join(map(str, kept))} if kept else {}
+
+
+def agent_pin_entry(python: str, cpus) -> str:
+    """A `pre_bootstrap_0` entry pinning the bootstrapper, and so the agent it starts,
+    to `cpus`; where they are not this node's to use, the agent stays unpinned."""
+    code = f"import os, sys; os.sched_setaffinity(int(sys.argv[1]), {set(cpus)!r})"
+    return pre_bootstrap_entry(shlex.join([python, "-c", code]) + " $$ || echo 'trajflow: the "
+                               f"agent could not be pinned to CPUs {sorted(cpus)}'")
 
 
 def kernels_bootstrap_entry(python: str) -> str:

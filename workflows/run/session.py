@@ -16,6 +16,7 @@ import time
 from resource import RUSAGE_SELF, getrusage
 
 from trajflow.tasks.client_guard import CLIENT_CONFIGS
+from trajflow.tasks.placement import pin_to
 from trajflow.tasks.rundir import record_outcome
 from trajflow.workflows.run import resources
 from trajflow.workflows.run.batch import BATCH_JOB, lost_nodes_of_job
@@ -62,6 +63,9 @@ def serve(conn, pilot, session_root, parent_end, client_pid, client_timeout, kee
     # child deaf to both and the parent joining it forever (seen).
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _terminated)
+    kept = resources.agent_cpus(pilot["resource"])
+    if kept and resources.is_local(pilot["resource"]):
+        pin_to(kept)  # RADICAL's client and EnTK beside the agent they feed, off the ranks
     _start_group_reaper()
     resources.activate_venv()
     resources.activate_configs()
@@ -362,7 +366,8 @@ def _run_batch(session, lost, conn, requests, one_at_a_time, close_after):
     def pipeline(r):
         return RunPipeline(r.plan, r.plan_path, python, r.name, r.retries,
                            remaining_specs(r.plan, r.plan_path) if r.resume else None,
-                           r.env, on_event=event(r.name))
+                           {**agent_env, **(r.env or {})}, on_event=event(r.name))
+    agent_env = resources.agent_environment(session.pilot["resource"])
     pipelines = {r.name: pipeline(r) for r in requests}
     batches = [[r] for r in requests] if one_at_a_time else [list(requests)]
     for r in requests:  # a later --resume finds this pilot here, should its client die

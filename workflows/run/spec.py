@@ -273,7 +273,7 @@ class PilotSpec:
         if self.cpus is not None:
             return self.cpus
         if self.local:
-            return os.cpu_count() or 1
+            return self.local_cores()
         raise InputError(f"give {spelled('blocks')} or {spelled('cpus')} for a run on "
                          f"{self.resource}")
 
@@ -286,7 +286,12 @@ class PilotSpec:
             return plan.analyze_ranks
         if not self.local:
             return plan.n_blocks
-        return min(plan.n_blocks, os.cpu_count() or 1)
+        return min(plan.n_blocks, self.local_cores())
+
+    def local_cores(self) -> int:
+        """This machine's cores that tasks may use: all but those the resource keeps for
+        RADICAL's agent."""
+        return max(1, (os.cpu_count() or 1) - len(resources.agent_cpus(self.resource)))
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

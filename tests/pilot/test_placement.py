@@ -1,0 +1,62 @@
+"""A core of its own for RADICAL (local.localhost_agent_core) on a real local pilot.
+
+The resource keeps CPU 0 for RADICAL (system_architecture.blocked_cores): the
+bootstrap pins the agent there, the client's process and EnTK go there, RADICAL
+schedules no task there, and every task moves itself to the other CPUs
+(tasks/placement.py). Checked while the pilot is up: every process below the
+pilot's process may run on CPU 0 only, among them the agent; every task's record
+says it ran elsewhere; the result is MDAnalysis'. (That the ranks then run as
+fast as under plain mpiexec is measured by `trajflow bench --scale large`, not
+timed here.)
+"""
+import os
+
+import numpy as np
+import pytest
+
+import trajflow
+from trajflow.workflows.run.procfs import descendants, processes
+
+RESOURCE = "local.localhost_agent_core"
+
+
+def allowed_cpus(pid):
+    with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+        line = next(li for li in fh if li.startswith("Cpus_allowed_list:"))
+    out = set()
+    for part in line.split(":", 1)[1].strip().split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def working_folder(pid):
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return ""
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs a CPU besides the agent's")
+def test_radical_stays_on_cpu_0_and_the_tasks_leave_it(tmp_path, adk, reference_results):
+    with trajflow.Pilot(RESOURCE, walltime=10, progress=False) as pilot:
+        assert pilot.cpus == os.cpu_count() - 1  # the default: every core but the agent's
+        run = pilot.run(adk[0], adk[1], "rmsd", blocks=pilot.cpus, out=str(tmp_path / "rmsd"))
+        every = processes()
+        # the client's (forked from the pilot's process) and the agent's (started in
+        # the pilot's sandbox, named after the session, by the bootstrapper)
+        below = descendants([pilot._process._child.pid], every)
+        session = os.path.basename(pilot.session_dir)
+        agent = {p.pid for p in every if session in working_folder(p.pid)}
+        titles = {p.pid: p.title for p in every if p.pid in below | agent}
+        assert any("agent" in titles[pid] for pid in agent), sorted(titles.values())
+        placed = {f"{pid} {titles[pid]}": allowed_cpus(pid) for pid in titles
+                  if os.path.exists(f"/proc/{pid}")}
+    assert all(cpus == {0} for cpus in placed.values()), "\n".join(f"{k}: {v}" for k, v in placed.items())
+    ref = reference_results(adk[0], [adk[1]], "rmsd")
+    np.testing.assert_allclose(run.results.rmsd, ref["rmsd"], atol=1e-4)
+    tasks = {r["task"] for r in run.profile.records}
+    assert tasks == {"split", "analyze", "reduce"}
+    for r in run.profile.records:
+        assert r["cpus"] and 0 not in r["cpus"], (r["task"], r["cpus"])
+        assert r["t_cpu_wait"] is None or r["t_cpu_wait"] >= 0

@@ -1,0 +1,76 @@
+"""Tasks leave the CPUs kept for RADICAL's agent (tasks/placement.py), and the advice
+says how long ranks waited for a CPU others held (no process started: the
+affinity of this test's own process is changed and put back)."""
+import os
+import socket
+
+import pytest
+
+from trajflow.tasks.placement import (AGENT_CPUS_ENV, agent_cpus, leave_agent_cpus,
+                                      runqueue_wait_s)
+from trajflow.tasks.timing import RankTimer
+from trajflow.workflows.profile.advice import cpu_wait_note
+
+CPUS = sorted(os.sched_getaffinity(0))
+needs_two = pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs")
+
+
+@pytest.fixture
+def restored_affinity():
+    before = os.sched_getaffinity(0)
+    yield
+    os.sched_setaffinity(0, before)
+
+
+def test_the_agents_cpus_are_read_from_the_environment():
+    assert agent_cpus({}) == frozenset()
+    assert agent_cpus({AGENT_CPUS_ENV: ""}) == frozenset()
+    assert agent_cpus({AGENT_CPUS_ENV: "0, 3"}) == {0, 3}
+
+
+@needs_two
+def test_a_task_leaves_the_agents_cpu(restored_affinity):
+    assert leave_agent_cpus({AGENT_CPUS_ENV: str(CPUS[0])}) == CPUS[1:]
+
+
+@needs_two
+def test_a_task_that_inherited_the_agents_pin_moves_to_the_other_cpus(restored_affinity):
+    os.sched_setaffinity(0, {CPUS[0]})  # as a task started by the pinned agent is
+    assert leave_agent_cpus({AGENT_CPUS_ENV: str(CPUS[0])}) == CPUS[1:]
+
+
+def test_without_kept_cpus_or_with_only_the_agents_a_task_stays(restored_affinity):
+    assert leave_agent_cpus({}) == CPUS
+    os.sched_setaffinity(0, {CPUS[0]})
+    every = ",".join(str(c) for c in range(os.cpu_count()))
+    assert leave_agent_cpus({AGENT_CPUS_ENV: every}) == [CPUS[0]]
+
+
+def test_a_rank_records_its_cpus_and_its_wait_for_one():
+    timer = RankTimer("analyze")
+    record = timer.record()
+    assert record["cpus"] == CPUS
+    wait = runqueue_wait_s()
+    if wait is None:
+        assert record["t_cpu_wait"] is None
+    else:
+        assert 0.0 <= record["t_cpu_wait"] <= record["t_total"] + 0.01
+
+
+def ranks(wait, total=10.0, host=None, n=2):
+    return [{"task": "analyze", "rank": r, "t_total": total, "t_cpu_wait": wait,
+             "host": host or socket.gethostname()} for r in range(n)]
+
+
+def test_a_wait_for_a_cpu_worth_saying_is_said_with_who_held_it():
+    here = cpu_wait_note(ranks(2.0))
+    assert "waited 4.0 s of their 20.0 s (20%)" in here
+    assert "RADICAL's agent and client and EnTK" in here and "local.localhost_agent_core" in here
+    there = cpu_wait_note(ranks(2.0, host="node-that-is-not-here"))
+    assert "other jobs or daemons" in there and "blocked_cores" in there
+
+
+@pytest.mark.parametrize("wait, total", [(0.0, 10.0), (None, 10.0), (0.9, 10.0), (0.2, 1.0)])
+def test_a_small_or_unknown_wait_is_not_said(wait, total):
+    """Under a tenth of the ranks' time, or under half a second in all: not said."""
+    assert cpu_wait_note(ranks(wait, total)) == ""
