@@ -31,7 +31,7 @@ from .block_claims import BlockClaims
 from .schedules import Chunk
 from .dcd import open_dcd
 from .xtc import xtc_readable
-from .h5md import is_h5md
+from .h5md import COLLECTIVE, is_h5md
 from .readers import SelectedFrames, open_block_reader
 from .timing import RankTimer
 
@@ -62,8 +62,9 @@ class FrameSources:
     def _reader(self, files, frame_offset):
         key = (tuple(files), frame_offset)
         if key not in self.readers:
-            self.readers[key] = open_block_reader(files, self.idx, self.boxes, self.timer,
-                                                  self.comm, frame_offset=frame_offset)
+            self.readers[key] = open_block_reader(
+                files, self.idx, self.boxes, self.timer, self.comm, frame_offset=frame_offset,
+                collective=self.plan.mpi_reads == COLLECTIVE)
         return self.readers[key]
 
     def span(self, chunk):
@@ -84,6 +85,19 @@ class FrameSources:
         if self.chosen:
             return self._reader(self.plan.trajectories, 0)
         return self._reader(self.plan.io_strategy.block_files(self.plan, 0)[0], 0)
+
+    def even_up_collective_reads(self):
+        """Collective MPI-IO reads: every rank pads its count up to the most any rank
+        made (a balanced block of one frame more, or frames chosen sparsely)."""
+        if self.comm is None or self.plan.mpi_reads != COLLECTIVE:
+            return
+        from mpi4py import MPI
+        for key in sorted(self.readers):  # the same readers, in the same order, on every rank
+            h5 = getattr(self.readers[key], "h5", None)
+            made = h5.position_reads if h5 is not None else 0
+            most = self.comm.allreduce(made, op=MPI.MAX)
+            if h5 is not None:
+                h5.pad_collective(most)
 
     def close(self):
         for reader in self.readers.values():
@@ -117,6 +131,9 @@ class BuiltinChunks:
 
     def attrs(self):
         return self.analysis.attrs()
+
+    def even_up_collective_reads(self):
+        self.sources.even_up_collective_reads()
 
     def close(self):
         self.sources.close()
@@ -302,6 +319,7 @@ def run_mpi_mode(plan):
     work = chunk_analysis(plan, timer, comm, schedule.one_chunk_per_rank)
     with schedule.claims(comm, schedule.chunks(plan), timer, plan.collective_timeout_s) as claims:
         pieces = analyze_chunks(work, claims, timer)
+        work.even_up_collective_reads()
         with timer.phase("wait"):  # the straggler signal of Jakupovic and Beckstein 2021
             barrier_or_abort(comm, plan.collective_timeout_s)
     work.close()

@@ -193,6 +193,9 @@ def missing_box(path):
                 "non-periodic system (box attribute boundary = none)")
 
 
+COLLECTIVE = "collective"  # RunPlan.mpi_reads: every rank takes part in each MPI-IO read
+
+
 class H5MDError(ValueError):
     """An H5MD file trajflow cannot read as MDAnalysis would: the message names
     the file, the dataset and the fix."""
@@ -209,13 +212,18 @@ class H5MDBlockReader:
     read exact from its DIMENSIONS dataset.
     """
 
-    def __init__(self, path, atom_indices, comm=None):
+    def __init__(self, path, atom_indices, comm=None, collective=False):
         # With an MPI build of h5py, the ranks of an MPI task open the file
         # together (driver mpio, Jakupovic and Beckstein 2021); otherwise each opens it on its own.
-        if comm is not None and h5py.get_config().mpi:
+        mpio = comm is not None and h5py.get_config().mpi
+        if mpio:
             self.file = h5py.File(path, "r", driver="mpio", comm=comm)
         else:
             self.file = h5py.File(path, "r")
+        # collective: every rank's positions read is one MPI-IO collective call, which
+        # the ranks must make equally often (pad_collective evens them up at the end)
+        self.collective = bool(collective and mpio)
+        self.position_reads = 0
         self.path = path
         group = particle_group(self.file)
         pos = group.get("position")
@@ -264,7 +272,12 @@ class H5MDBlockReader:
         # One hyperslab over the span of wanted atoms: HDF5 reads the chunks it
         # touches (a selection's own, in trajflow's copies; see chunk_shape) and
         # numpy picks the atoms.
-        span = self.value[start:stop, self.lo:self.hi]
+        if self.collective:
+            with self.value.collective:
+                span = self.value[start:stop, self.lo:self.hi]
+        else:
+            span = self.value[start:stop, self.lo:self.hi]
+        self.position_reads += 1
         coords = span[:, self.idx - self.lo].astype(np.float32, copy=False)
         if self.scale != 1.0:
             coords *= np.float32(self.scale)
@@ -286,6 +299,17 @@ class H5MDBlockReader:
         if self.edges_scale != 1.0:
             dims[:, :3] *= np.float32(self.edges_scale)
         return dims
+
+    def pad_collective(self, calls):
+        """Collective reads of one position until this rank has made `calls`: MPI-IO
+        matches collective reads call for call across the ranks, so a rank with fewer
+        chunks than another must still take part in the other's last reads. A read of
+        nothing is no substitute: h5py skips it, and HDF5's low-level read of an empty
+        selection hung where the others read data (measured, HDF5 1.10.8)."""
+        while self.collective and self.position_reads < calls:
+            with self.value.collective:
+                self.value[0:1, 0:1]
+            self.position_reads += 1
 
     def close(self):
         self.file.close()

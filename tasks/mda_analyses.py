@@ -392,6 +392,10 @@ class UserChunks:
         return {"analysis": self.plan.analysis, "selection": self.plan.selection,
                 "analysis_class": type(self.template).__name__}
 
+    def even_up_collective_reads(self):
+        """Nothing: MDAnalysis reads a user's frames, never collectively (planning refuses
+        collective reads for them)."""
+
     def close(self):
         self.universe.trajectory.close()
 

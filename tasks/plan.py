@@ -68,6 +68,8 @@ class RunPlan:
     collective_timeout_s: float = 1800.0  # an MPI rank waits this long for the others
     schedule: str = "static"  # how ranks or tasks share the frames (schedules.py; older
     # plans, which have none, ran static blocks)
+    mpi_reads: str = "independent"  # H5MD through MPI-IO: each rank's own reads, or
+    # "collective" (h5md.COLLECTIVE: every rank in each read, the static schedule)
     mpi_ranks: int = 0  # 0: a rank per block; fewer (dynamic schedule) on a pilot with
     # fewer cores than blocks, e.g. a resume on the nodes left after one was lost
     created_by: str = "trajflow"

@@ -67,15 +67,18 @@ def open_universe(topology, trajectories, timer=None):
 
 
 def open_block_reader(trajectories, atom_indices, need_boxes, timer=None, comm=None,
-                      frame_offset=0) -> "BlockReader":
-    """The block reader for these files: one H5MD file through h5py, anything
-    else as a trajectory (open_trajectory)."""
+                      frame_offset=0, collective=False) -> "BlockReader":
+    """The block reader for these files: one H5MD file through h5py (`collective`:
+    its MPI-IO reads collective, see H5MDBlockReader), anything else as a
+    trajectory (open_trajectory)."""
     trajectories = list(trajectories)
     if len(trajectories) == 1 and is_h5md(trajectories[0]):
         with _phase(timer, "open_trajectory"):
-            reader = H5MDChunkReader(trajectories[0], atom_indices, need_boxes, comm, frame_offset)
+            reader = H5MDChunkReader(trajectories[0], atom_indices, need_boxes, comm, frame_offset,
+                                     collective)
         if timer is not None:  # the profile says how the file was opened: "mpio" or "sec2"
             timer.info["h5md_driver"] = reader.h5.file.driver
+            timer.info["h5md_reads"] = "collective" if reader.h5.collective else "independent"
         return reader
     return TrajectoryBlockReader(open_trajectory(trajectories, timer, need_boxes), atom_indices,
                                  need_boxes, frame_offset)
@@ -200,8 +203,9 @@ class TrajectoryBlockReader:
 class H5MDChunkReader:
     """Chunks of an H5MD file through h5py."""
 
-    def __init__(self, path, atom_indices, need_boxes=False, comm=None, frame_offset=0):
-        self.h5 = H5MDBlockReader(path, atom_indices, comm)
+    def __init__(self, path, atom_indices, need_boxes=False, comm=None, frame_offset=0,
+                 collective=False):
+        self.h5 = H5MDBlockReader(path, atom_indices, comm, collective)
         self.need_boxes = need_boxes
         self.frame_offset = frame_offset  # global number of this file's frame 0 (a segment's)
 

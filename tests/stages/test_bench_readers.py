@@ -38,6 +38,37 @@ def test_bench_readers_measures_every_peer_on_the_same_frames(tmp_path):
     assert readers["xtc"]["selected_atoms"] == 214
     assert "XTC readers, 20 frames of 47,681 atoms" in proc.stdout
     assert "laid out for selection" in proc.stdout and "DCD rows" in proc.stdout
+    import h5py
+    if not h5py.get_config().mpi:  # the MPI-IO rows need the parallel HDF5 environment
+        assert readers["h5md"]["mpio_2_ranks_us_per_frame"] is None
+        assert "H5MD through MPI-IO, 2 ranks: not measured: this Python's h5py is built " \
+               "without MPI" in proc.stdout
+
+
+@pytest.mark.timeout(600)
+def test_bench_h5md_mpio_rows_read_with_two_ranks_each_way(tmp_path, adk):
+    """The MPI-IO rows of bench --readers on AdK written in a selection layout: where
+    h5py has MPI (make test-parallel-hdf5), two ranks read it on their own (sec2) and
+    through MPI-IO with independent and collective reads (98 frames in chunks of 50:
+    the ranks' read counts differ, and the padding keeps the collective ones matched);
+    elsewhere the rows are not measured, and the reason says where they are."""
+    import h5py
+    import MDAnalysis as mda
+    from trajflow.tasks.h5md import H5MDWriter
+    from trajflow.workflows.bench.readers import mpio_rows
+    u = mda.Universe(*adk)
+    ca = u.select_atoms("name CA").indices
+    coords = np.stack([ts.positions.copy() for ts in u.trajectory])
+    path = str(tmp_path / "adk_selection.h5md")
+    w = H5MDWriter(path, coords.shape[1], len(coords), selection_end=int(ca.max()) + 1)
+    w.write(np.arange(len(coords), dtype=np.float64), coords)
+    w.close()
+    rows, why = mpio_rows(path, ca, len(coords), 1)
+    if h5py.get_config().mpi:
+        assert why is None and set(rows) == {"sec2", "independent", "collective"}
+        assert all(us > 0 for us in rows.values()), rows
+    else:
+        assert rows is None and "parallel HDF5 environment" in why
 
 
 def test_a_reader_that_differs_is_never_reported():
@@ -59,8 +90,14 @@ def test_a_missing_peer_is_printed_with_its_reason():
     h5md = {"one_frame_chunks_us_per_frame": 8.0, "selection_layout_us_per_frame": 2.0,
             "dcd_rows_us_per_frame": 2.0, "selection_layout_efficiency_2": 0.9, "frames": 5,
             "all_frames": 9, "selection_layout_all_frames_us_per_frame": 2.0,
-            "compressed_us_per_frame": {}}
+            "compressed_us_per_frame": {}, "mpio_2_ranks_us_per_frame": None,
+            "mpio_missing": "this Python's h5py is built without MPI"}
     text = format_readers({"xtc": xtc, "h5md": h5md, "xtc_file": "x.xtc",
                            "missing": {"molly": "cargo is not installed"}})
     assert "molly" in text and "not measured: cargo is not installed" in text
     assert "xdrfile          20.0        2.00x" in text
+    assert "MPI-IO, 2 ranks: not measured: this Python's h5py is built without MPI" in text
+    h5md["mpio_2_ranks_us_per_frame"] = {"sec2": 4.0, "independent": 5.0, "collective": 6.0}
+    text = format_readers({"xtc": xtc, "h5md": h5md, "xtc_file": "x.xtc",
+                           "missing": {"molly": "cargo is not installed"}})
+    assert "sec2 4.0 (1.00x); independent 5.0 (1.25x); collective 6.0 (1.50x)" in text

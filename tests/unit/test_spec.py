@@ -124,3 +124,18 @@ def test_every_run_option_not_a_factor_is_a_campaign_key(tmp_path):
     (tmp_path / "bad.toml").write_text(text.replace("retries = 3", "retries = -1"))
     with pytest.raises(InputError, match=r"\[campaign\]: retries=-1: give 0 or more"):
         load_campaign(str(tmp_path / "bad.toml"))
+
+
+def test_collective_mpi_reads_need_every_rank_in_each_read():
+    """Collective MPI-IO reads: mpi mode and the static schedule (auto becomes static);
+    refused otherwise in the caller's words."""
+    from trajflow.workflows.run.spec import RunSpec, resolved_schedule
+    spec = RunSpec(topology="t", trajectory="x", analysis="rmsd", mpi_reads="collective")
+    assert resolved_schedule(spec, builtin=True) == "static"
+    assert resolved_schedule(dataclasses.replace(spec, mpi_reads="independent"),
+                             builtin=True) == "dynamic"
+    for bad in (dict(mode="tasks"), dict(schedule="dynamic")):
+        with pytest.raises(InputError, match=r"mpi_reads='collective' needs every rank"):
+            RunSpec(topology="t", trajectory="x", analysis="rmsd", mpi_reads="collective", **bad)
+    with pytest.raises(InputError, match="mpi_reads"):
+        RunSpec(topology="t", trajectory="x", analysis="rmsd", mpi_reads="together")

@@ -14,10 +14,12 @@ lzf, read for the CA atoms by trajflow's block reader in us per frame, against
 the DCD's rows; and, on every frame in the selection layout (written once into
 the cache), one process against two side by side: E(2).
 """
+import json
 import multiprocessing
 import os
 import shutil
 import subprocess
+import sys
 import time
 import warnings
 
@@ -285,6 +287,56 @@ def _efficiency_2(path, idx):
     return one / (2 * two), one / n * 1e6
 
 
+MPIO_READ = """
+import json, sys, time
+import numpy as np
+from mpi4py import MPI
+from trajflow.tasks.readers import open_block_reader
+path, way, n, chunk = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+idx = np.array([int(i) for i in sys.argv[5].split(",")])
+comm = MPI.COMM_WORLD
+lo, hi = n * comm.rank // comm.size, n * (comm.rank + 1) // comm.size
+reader = open_block_reader([path], idx, False, comm=None if way == "sec2" else comm,
+                           collective=way == "collective")
+comm.Barrier()
+t = time.perf_counter()
+for _ in reader.chunks(lo, hi, chunk):
+    pass
+reader.h5.pad_collective(comm.allreduce(reader.h5.position_reads, op=MPI.MAX))
+seconds = comm.allreduce(time.perf_counter() - t, op=MPI.MAX)
+driver = reader.h5.file.driver  # on every rank: for mpio, h5py's answer is a collective call
+if comm.rank == 0:
+    print(json.dumps({"seconds": seconds, "driver": driver}))
+reader.close()
+"""
+MPIO_WAYS = ("sec2", "independent", "collective")
+
+
+def mpio_rows(path, idx, n, launches):
+    """us per frame of `path` read by 2 MPI ranks (half each, the slower's time), each
+    opening the file on its own (sec2) and together through MPI-IO with independent
+    and with collective reads; ({way: us}, None) or (None, why not) where this Python's
+    h5py has no MPI (the parallel HDF5 environment of `make test-parallel-hdf5` has)."""
+    import h5py
+    if not h5py.get_config().mpi:
+        return None, ("this Python's h5py is built without MPI; run the bench with the parallel "
+                      "HDF5 environment's python (tests/parallel_hdf5/env.sh build prints it)")
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    rows = {}
+    for way in MPIO_WAYS:
+        best = None
+        for _ in range(launches):
+            out = subprocess.run([mpiexec, "-n", "2", sys.executable, "-c", MPIO_READ, path, way,
+                                  str(n), str(READ_CHUNK), ",".join(map(str, idx))],
+                                 capture_output=True, text=True, check=True, timeout=600)
+            got = json.loads(out.stdout.strip().splitlines()[-1])
+            if got["driver"] != ("sec2" if way == "sec2" else "mpio"):
+                raise RuntimeError(f"{way}: the file was opened with driver {got['driver']}")
+            best = got["seconds"] if best is None else min(best, got["seconds"])
+        rows[way] = best / n * 1e6
+    return rows, None
+
+
 def h5md_layouts(files, launches, n=H5MD_FRAMES, say=print):
     """us per frame of each layout and compression, DCD rows, E(2) of the selection layout."""
     import MDAnalysis as mda
@@ -314,7 +366,11 @@ def h5md_layouts(files, launches, n=H5MD_FRAMES, say=print):
     say(f"  h5md selection_layout, all {xtc.n_frames} frames: {whole_us:.1f} us per frame, "
         f"E(2) {efficiency:.2f}")
     dcd_s, _ = _best(lambda: _read_span(files["dcd"], ca, 0, n), launches)
-    return {"one_frame_chunks_us_per_frame": rows[("one_frame_chunks", "none")],
+    mpio, no_mpio = mpio_rows(whole, ca, xtc.n_frames, launches)
+    say("  h5md selection_layout, 2 MPI ranks: " + (", ".join(
+        f"{way} {us:.1f}" for way, us in mpio.items()) + " us per frame" if mpio else no_mpio))
+    return {"mpio_2_ranks_us_per_frame": mpio, "mpio_missing": no_mpio,
+            "one_frame_chunks_us_per_frame": rows[("one_frame_chunks", "none")],
             "selection_layout_us_per_frame": rows[("selection_layout", "none")],
             "dcd_rows_us_per_frame": dcd_s / n * 1e6,
             "selection_layout_efficiency_2": efficiency,
@@ -359,4 +415,13 @@ def format_readers(result):
               f"  DCD rows                 {dcd:8.1f}"]
     lines += [f"  {name:24s} {v:8.1f} ({v / dcd:.2f}x)"
               for name, v in sorted(h["compressed_us_per_frame"].items())]
+    mpio = h.get("mpio_2_ranks_us_per_frame")
+    if mpio:
+        own = mpio["sec2"]
+        lines.append(f"H5MD selection layout, all {h['all_frames']} frames, 2 MPI ranks, us per "
+                     "frame: " + "; ".join(f"{way} {us:.1f} ({us / own:.2f}x)"
+                                           for way, us in mpio.items())
+                     + " (sec2: each rank opens the file on its own)")
+    else:
+        lines.append(f"H5MD through MPI-IO, 2 ranks: not measured: {h.get('mpio_missing')}")
     return "\n".join(lines)

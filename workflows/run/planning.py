@@ -21,7 +21,7 @@ import numpy as np
 
 from trajflow.tasks import mda_analyses
 from trajflow.tasks.analyses import ANALYSES, ANALYSIS_CLASSES
-from trajflow.tasks.h5md import missing_box
+from trajflow.tasks.h5md import COLLECTIVE, missing_box
 from trajflow.tasks.plan import balanced_blocks, chosen_frames, RunPlan
 from trajflow.tasks.rundir import FOLDERS, LOCK, MARKER, PLAN
 from trajflow.workflows.errors import InputError
@@ -347,6 +347,9 @@ def make_plan(spec: RunSpec, cpus: int, *, new_out=True, inputs=None) -> RunPlan
     if spec.repeat != 1 and not builtin:
         raise InputError(f"{spelled('repeat')} applies to the built-in analyses (the papers' "
                          "workload multiplier): drop it")
+    if spec.mpi_reads == COLLECTIVE and not builtin:
+        raise InputError(f"{spelled('mpi_reads', COLLECTIVE)} applies to the built-in analyses "
+                         "(your own reads its frames through MDAnalysis): drop it")
     if cpus < 1:
         raise InputError(f"{spelled('cpus', cpus)}: ask for at least 1 cpu")
     out = spec.out if spec.out is not None else default_out(spec.analysis)
@@ -443,7 +446,7 @@ def _make_plan(out, inputs, spec, cpus):
                    frame_selection=selection, input_frames=inputs.n_frames if selection else 0,
                    blocks=balanced_blocks(n_frames, n_blocks), repeat=spec.repeat,
                    chunk_frames=spec.chunk, compression=spec.compression,
-                   input_checksum=inputs.checksum, analysis_args=inputs.analysis_args,
+                   mpi_reads=spec.mpi_reads, input_checksum=inputs.checksum, analysis_args=inputs.analysis_args,
                    truncated=inputs.truncated, trial=inputs.trial,
                    factory=inputs.factory)
     plan.selected = inputs.selected

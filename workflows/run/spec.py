@@ -23,7 +23,7 @@ import typing
 from typing import Any, Dict, List, Optional
 
 from trajflow.tasks.analyses import ANALYSIS_CLASSES
-from trajflow.tasks.h5md import parse_compression
+from trajflow.tasks.h5md import COLLECTIVE, parse_compression
 from trajflow.tasks.io_strategies import IO_STRATEGIES
 from trajflow.tasks.schedules import SCHEDULES
 from trajflow.workflows.errors import InputError
@@ -34,6 +34,7 @@ from trajflow.workflows.run.watchdog import parse_limits, PHASES
 MODES = ("mpi", "tasks")
 AUTO = "auto"  # the schedule chosen by the run's mode and analysis (resolved_schedule)
 GATHERS = ("gatherv", "rma")
+MPI_READS = ("independent", COLLECTIVE)
 
 _ON_COMMAND_LINE = contextvars.ContextVar("trajflow_on_command_line", default=False)
 
@@ -112,6 +113,11 @@ class RunSpec:
         "a quarter of a core, measured), static otherwise (your own analysis pays a copy of "
         "itself and a pickled result per chunk: 3 to 20 per cent slower on a clean run)",
         choices=(AUTO,) + tuple(SCHEDULES))
+    mpi_reads: str = option(
+        "independent", "an H5MD file read through MPI-IO (where h5py is built against parallel "
+        "HDF5; elsewhere each rank opens it on its own): independent, each rank reads when it "
+        "will; collective, every rank takes part in each read (MPI-IO may merge them; the "
+        "static schedule, built-in analyses in mpi mode)", choices=MPI_READS)
     blocks: Optional[int] = option(None, "number of blocks (= ranks in mpi mode); balanced, none "
                                          "empty; none: the pilot's cpus", metavar="N", minimum=1)
     repeat: int = option(1, "repeat the per-frame computation K times to raise t_compute/t_IO "
@@ -173,6 +179,10 @@ class RunSpec:
             parse_compression(self.compression)
         except ValueError as exc:
             raise InputError(f"{spelled('compression', self.compression)}: {exc}")
+        if self.mpi_reads == COLLECTIVE and (self.mode != "mpi" or self.schedule == "dynamic"):
+            raise InputError(f"{spelled('mpi_reads', COLLECTIVE)} needs every rank in each read: "
+                             f"use it with {spelled('mode', 'mpi')} and the static schedule (not "
+                             f"{spelled('mode', self.mode)}, {spelled('schedule', self.schedule)})")
         if self.compression and self.io != "h5md":
             raise InputError(f"{spelled('compression')} applies to {spelled('io', 'h5md')} only: "
                              "drop it or read the run's frames from an H5MD copy")
@@ -203,7 +213,8 @@ def resolved_schedule(spec: "RunSpec", builtin: bool) -> str:
     measured no slower (a built-in analysis in mpi mode), static elsewhere."""
     if spec.schedule != AUTO:
         return spec.schedule
-    return "dynamic" if builtin and spec.mode == "mpi" else "static"
+    return ("dynamic" if builtin and spec.mode == "mpi" and spec.mpi_reads != COLLECTIVE
+            else "static")
 
 
 def _frame_list(frames):
