@@ -58,6 +58,10 @@ def test_bench_large_writes_every_number_at_a_small_size(tmp_path):
             assert result["large"][fmt][key] > 0, (fmt, key)
     assert result["large"]["dcd"]["file_bytes"] > 3 * result["large"]["xtc"]["file_bytes"]
     assert result["pilot_vs_mpiexec"]["pilot_s"] > 0 and result["pilot_vs_mpiexec"]["mpiexec_s"] > 0
+    placed = result["pilot_vs_mpiexec"]["placed"]  # RADICAL on CPU 0, the ranks elsewhere
+    assert placed["agent_cpus"] == [0] and 0 not in placed["rank_cpus"]
+    assert placed["ranks"] == os.cpu_count() - 1 and placed["pilot_s"] > 0
+    assert "placed (local.localhost_agent_core: RADICAL on CPUs [0]" in proc.stdout
     for key in ("warm_start_s", "fresh_start_s", "exit_s"):
         assert result["startup"][key] > 0
 

@@ -164,6 +164,8 @@ def placed_pilot_vs_mpiexec(files, workdir, launches):
     kept = set(agent_cpus(PLACED_RESOURCE))
     others = sorted(set(range(os.cpu_count() or 1)) - kept)
     n = len(others)
+    if n == 0:
+        return None  # one CPU: nothing to place the ranks on
     plan, path = our_plan(files, "xtc", n, os.path.join(workdir, "placed_mpiexec"), select="all")
     mpiexec_s = float(np.median(mpiexec_stage_s(plan, path, launches, cpus=others)))
     runs = [(f"p{k}",) + our_plan(files, "xtc", n, os.path.join(workdir, f"placed{k}"),
@@ -283,8 +285,9 @@ def format_large(result):
                      f"{p['ratio']:.2f}x (target <= 1.05); meanwhile every other process "
                      f"(RADICAL's agent and client, EnTK) used {p['other_processes_cores']:.2f} "
                      f"of this machine's {os.cpu_count()} cores")
-        q = p["placed"]
-        lines.append(f"  placed ({PLACED_RESOURCE}: RADICAL on CPUs {q['agent_cpus']}, "
+        q = p["placed"] or {}
+        lines.append("  placed: not measured (this machine has no CPU besides the agent's)"
+                     if not q else f"  placed ({PLACED_RESOURCE}: RADICAL on CPUs {q['agent_cpus']}, "
                      f"{q['ranks']} rank(s) on {q['rank_cpus']}, whole frames): in the pilot "
                      f"{q['pilot_s']:.2f} s, under mpiexec on the same CPUs {q['mpiexec_s']:.2f} s: "
                      f"{q['ratio']:.2f}x (target <= 1.05); the ranks waited {q['rank_cpu_wait_s']:.2f} s "
