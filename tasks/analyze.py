@@ -54,6 +54,11 @@ class FrameSources:
         self.readers = {}
         self.chosen = plan.frame_selection is not None
         self.selected = None
+        # collective MPI-IO reads where every rank reads one file in spans whose number it
+        # can say ahead (chosen frames are read sparsely, and from two files: independent)
+        self.collective = (plan.mpi_reads == COLLECTIVE and self.comm is not None
+                           and not self.chosen)
+        self.agreed_reads = None
         # a file every rank reads is opened by all at once (MPI-IO opens collectively)
         self.reference()
         if self.comm is not None:
@@ -64,7 +69,7 @@ class FrameSources:
         if key not in self.readers:
             self.readers[key] = open_block_reader(
                 files, self.idx, self.boxes, self.timer, self.comm, frame_offset=frame_offset,
-                collective=self.plan.mpi_reads == COLLECTIVE)
+                collective=self.collective)
         return self.readers[key]
 
     def span(self, chunk):
@@ -86,18 +91,32 @@ class FrameSources:
             return self._reader(self.plan.trajectories, 0)
         return self._reader(self.plan.io_strategy.block_files(self.plan, 0)[0], 0)
 
-    def even_up_collective_reads(self):
-        """Collective MPI-IO reads: every rank pads its count up to the most any rank
-        made (a balanced block of one frame more, or frames chosen sparsely)."""
-        if self.comm is None or self.plan.mpi_reads != COLLECTIVE:
+    def agree_on_collective_reads(self, chunk, frames_per_chunk):
+        """Collective MPI-IO reads: before its first chunk, every rank says how many reads
+        of the positions it will have made after `chunk`, and all take the most. This is
+        agreed ahead because a rank that finished early and then waited in any other
+        collective call would hang the others, still in their last reads."""
+        if not self.collective:
             return
         from mpi4py import MPI
-        for key in sorted(self.readers):  # the same readers, in the same order, on every rank
-            h5 = getattr(self.readers[key], "h5", None)
-            made = h5.position_reads if h5 is not None else 0
-            most = self.comm.allreduce(made, op=MPI.MAX)
-            if h5 is not None:
-                h5.pad_collective(most)
+        source, start, stop = self.span(chunk)
+        h5 = getattr(source, "h5", None)
+        if h5 is None or not h5.collective:  # not H5MD, or h5py without MPI: the same on all
+            self.collective = False
+            return
+        mine = h5.position_reads + -(-(stop - start) // frames_per_chunk)
+        self.agreed_reads = self.comm.allreduce(mine, op=MPI.MAX)
+
+    def even_up_collective_reads(self):
+        """After its chunks, a rank with fewer reads than agreed pads (no other call)."""
+        if not self.collective:
+            return
+        for reader in self.readers.values():
+            reader.h5.pad_collective(self.agreed_reads)
+            self.timer.info["h5md_mpio_mode"] = reader.h5.mpio_mode
+            if reader.h5.position_reads != self.agreed_reads:
+                raise RuntimeError(f"collective MPI-IO reads: this rank made "
+                                   f"{reader.h5.position_reads}, {self.agreed_reads} were agreed")
 
     def close(self):
         for reader in self.readers.values():
@@ -131,6 +150,9 @@ class BuiltinChunks:
 
     def attrs(self):
         return self.analysis.attrs()
+
+    def agree_on_collective_reads(self, chunk):
+        self.sources.agree_on_collective_reads(chunk, self.frames_per_chunk)
 
     def even_up_collective_reads(self):
         self.sources.even_up_collective_reads()
@@ -317,6 +339,8 @@ def run_mpi_mode(plan):
     faults.maybe_slow_down(rank)
     schedule = plan.schedule_strategy
     work = chunk_analysis(plan, timer, comm, schedule.one_chunk_per_rank)
+    if schedule.one_chunk_per_rank:  # static: rank r's chunk is block r
+        work.agree_on_collective_reads(schedule.chunks(plan)[rank])
     with schedule.claims(comm, schedule.chunks(plan), timer, plan.collective_timeout_s) as claims:
         pieces = analyze_chunks(work, claims, timer)
         work.even_up_collective_reads()

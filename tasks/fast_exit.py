@@ -19,13 +19,9 @@ import os
 import sys
 import traceback
 
-from .placement import leave_agent_cpus
-
 
 def run_and_exit(main):
-    """sys.exit(main()) with the same exit codes and messages, without the teardown;
-    the process first leaves the cores kept for RADICAL's agent (placement.py)."""
-    leave_agent_cpus()
+    """sys.exit(main()) with the same exit codes and messages, without the teardown."""
     try:
         code = main()
     except SystemExit as exc:

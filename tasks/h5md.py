@@ -194,6 +194,50 @@ def missing_box(path):
 
 
 COLLECTIVE = "collective"  # RunPlan.mpi_reads: every rank takes part in each MPI-IO read
+# H5Pget_mpio_actual_io_mode's answers (H5Ppublic.h)
+MPIO_MODES = {0: "no collective", 1: "chunk independent", 2: "chunk collective",
+              3: "chunk mixed", 4: "contiguous collective"}
+
+
+def actual_mpio_mode(dxpl_id):
+    """What HDF5 did in the last read on the transfer list `dxpl_id` (MPIO_MODES), from
+    H5Pget_mpio_actual_io_mode, which h5py does not wrap: asking for collective I/O is
+    no proof of it (h5py's fast path once read independently whatever was asked).
+    None where the HDF5 library cannot be found in this process."""
+    import ctypes
+    lib = _hdf5_library()
+    if lib is None:
+        return None
+    mode = ctypes.c_int(-1)
+    if lib.H5Pget_mpio_actual_io_mode(ctypes.c_int64(dxpl_id), ctypes.byref(mode)) < 0:
+        return None
+    return MPIO_MODES.get(mode.value, str(mode.value))
+
+
+_HDF5 = []
+
+
+def _hdf5_library():
+    """The HDF5 library h5py loaded (from /proc/self/maps), opened by ctypes once."""
+    if not _HDF5:
+        import ctypes
+        import re
+        path = None
+        try:
+            with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    name = line.rsplit(" ", 1)[-1].strip()
+                    if re.search(r"/libhdf5(_mpich|_openmpi)?(-[^/]*)?\.so", name) \
+                            and "_hl" not in name:
+                        path = name
+                        break
+        except OSError:
+            pass
+        try:
+            _HDF5.append(ctypes.CDLL(path) if path else None)
+        except OSError:
+            _HDF5.append(None)
+    return _HDF5[0]
 
 
 class H5MDError(ValueError):
@@ -224,6 +268,7 @@ class H5MDBlockReader:
         # the ranks must make equally often (pad_collective evens them up at the end)
         self.collective = bool(collective and mpio)
         self.position_reads = 0
+        self.mpio_mode = None  # what HDF5 says it did in the last collective read
         self.path = path
         group = particle_group(self.file)
         pos = group.get("position")
@@ -273,8 +318,7 @@ class H5MDBlockReader:
         # touches (a selection's own, in trajflow's copies; see chunk_shape) and
         # numpy picks the atoms.
         if self.collective:
-            with self.value.collective:
-                span = self.value[start:stop, self.lo:self.hi]
+            span = self._read_collective(np.s_[start:stop, self.lo:self.hi])
         else:
             span = self.value[start:stop, self.lo:self.hi]
         self.position_reads += 1
@@ -300,15 +344,24 @@ class H5MDBlockReader:
             dims[:, :3] *= np.float32(self.edges_scale)
         return dims
 
+    def _read_collective(self, where):
+        """One collective MPI-IO read. Not `dset[...]`: h5py's fast path for plain slices
+        reads with the default (independent) transfer whatever `dset.collective` says;
+        read_direct passes the dataset's collective transfer list to HDF5."""
+        shape = tuple(len(range(*s.indices(n))) for s, n in zip(where, self.value.shape))
+        out = np.empty(shape + self.value.shape[2:], dtype=self.value.dtype)
+        with self.value.collective:
+            self.value.read_direct(out, where)
+            self.mpio_mode = actual_mpio_mode(self.value._dxpl.id)
+        return out
+
     def pad_collective(self, calls):
-        """Collective reads of one position until this rank has made `calls`: MPI-IO
-        matches collective reads call for call across the ranks, so a rank with fewer
-        chunks than another must still take part in the other's last reads. A read of
-        nothing is no substitute: h5py skips it, and HDF5's low-level read of an empty
-        selection hung where the others read data (measured, HDF5 1.10.8)."""
+        """Collective reads of one position until this rank has made `calls` (agreed by
+        every rank before the first chunk, see analyze.FrameSources): MPI-IO matches
+        collective reads call for call, so a rank with fewer chunks takes part in the
+        others' last reads. An empty selection would not do: h5py skips it."""
         while self.collective and self.position_reads < calls:
-            with self.value.collective:
-                self.value[0:1, 0:1]
+            self._read_collective(np.s_[0:1, self.lo:self.lo + 1])
             self.position_reads += 1
 
     def close(self):

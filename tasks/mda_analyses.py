@@ -392,9 +392,12 @@ class UserChunks:
         return {"analysis": self.plan.analysis, "selection": self.plan.selection,
                 "analysis_class": type(self.template).__name__}
 
-    def even_up_collective_reads(self):
+    def agree_on_collective_reads(self, chunk):
         """Nothing: MDAnalysis reads a user's frames, never collectively (planning refuses
         collective reads for them)."""
+
+    def even_up_collective_reads(self):
+        """Nothing, as above."""
 
     def close(self):
         self.universe.trajectory.close()

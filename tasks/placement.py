@@ -1,48 +1,69 @@
 """Where a task's process runs: off the cores kept for RADICAL's agent.
 
 A resource config may keep cores for RADICAL-Pilot's agent
-(`system_architecture.blocked_cores`, read by trajflow as the operating system's
-CPU numbers): RADICAL then schedules no task there, the config's bootstrap pins
-the agent there, and the workstation passes them to every task as
-$TRAJFLOW_AGENT_CPUS. A task started by the agent inherits the agent's pin, so
-it moves itself to the node's other CPUs here, first thing. Without this the
-agent's ZMQ bridges and the ranks share cores, and the ranks wait for them
-(measured on 2 cores: a 2-rank stage 2.2x its time under plain mpiexec).
+(`system_architecture.blocked_cores`): RADICAL then schedules no task there. As
+RADICAL means them, they are positions among a node's cores: trajflow reads them
+as positions in the sorted list of CPUs the node lets the job use (its cgroup's
+cpuset), so that a job confined to CPUs 8-15 keeps CPU 8 for position 0. The
+bootstrap pins the agent there (`python -m trajflow.tasks.placement --pin PID`),
+a local pilot's client goes there, and the workstation passes the positions to
+every task as $TRAJFLOW_AGENT_CORES. A task started by the agent inherits the
+agent's pin, so it moves itself to the node's other CPUs first thing (the
+package's __init__ calls leave_agent_cpus before anything heavy is imported).
+Without this the agent's ZMQ bridges and the ranks share cores and the ranks
+wait for them (measured on 2 cores: 2 ranks took 1.32x their mpiexec time).
+Standard library only.
 """
+import argparse
 import os
 
-AGENT_CPUS_ENV = "TRAJFLOW_AGENT_CPUS"
+AGENT_CORES_ENV = "TRAJFLOW_AGENT_CORES"
 
 
-def agent_cpus(environ=None):
-    """The CPUs kept for the agent, from the environment: a frozenset, empty if none."""
-    text = (os.environ if environ is None else environ).get(AGENT_CPUS_ENV, "").strip()
-    return frozenset(int(c) for c in text.split(",") if c.strip()) if text else frozenset()
+def agent_positions(environ=None):
+    """The kept positions, from the environment: a sorted tuple, empty if none."""
+    text = (os.environ if environ is None else environ).get(AGENT_CORES_ENV, "").strip()
+    return tuple(sorted({int(c) for c in text.split(",") if c.strip()})) if text else ()
+
+
+def node_cpus(widen=False):
+    """The CPUs this process may use, sorted; `widen`: first ask for every CPU, so that
+    the kernel answers with all its cgroup allows (a process pinned by its parent
+    would otherwise see only its pin). Widening changes this process' affinity."""
+    if widen:
+        try:  # the kernel drops what the cgroup's cpuset does not allow
+            os.sched_setaffinity(0, range(os.cpu_count() or 1))
+        except OSError:
+            pass
+    return sorted(os.sched_getaffinity(0))
+
+
+def split_cpus(positions, cpus):
+    """(the agent's CPUs, the others) of `cpus` for the kept `positions`; a node with no
+    CPU besides the kept ones keeps them all for its tasks (nothing to move to)."""
+    agent = [cpus[i] for i in positions if 0 <= i < len(cpus)]
+    others = [c for c in cpus if c not in agent]
+    return (agent, others) if others else ([], list(cpus))
 
 
 def leave_agent_cpus(environ=None):
-    """Take the agent's CPUs out of this process' affinity; where it has only those (it
-    inherited the agent's pin), every other CPU this node lets it use. Returns the
-    CPUs it may run on now. A node whose CPUs are all the agent's keeps them."""
-    avoid = agent_cpus(environ)
-    if not avoid or not hasattr(os, "sched_setaffinity"):
+    """Move this process to the node's CPUs that are not the agent's; returns the CPUs it
+    may run on now."""
+    positions = agent_positions(environ)
+    if not positions or not hasattr(os, "sched_setaffinity"):
         return current_cpus()
-    now = os.sched_getaffinity(0)
-    wanted = (now - avoid) or (set(range(os.cpu_count() or 1)) - avoid)
-    if wanted and wanted != now:
-        try:  # the kernel keeps only what the process' cgroup allows
-            os.sched_setaffinity(0, wanted)
-        except OSError:  # none of them allowed here: stay where it is
-            pass
+    _, others = split_cpus(positions, node_cpus(widen=True))
+    pin_to(others)
     return current_cpus()
 
 
-def pin_to(cpus):
-    """Pin this process (and what it starts later) to `cpus`; False where not possible."""
+def pin_to(cpus, pid=0):
+    """Pin `pid` (this process by default; and what it starts later) to `cpus`; False
+    where not possible."""
     try:
-        os.sched_setaffinity(0, set(cpus))
+        os.sched_setaffinity(pid, set(cpus))
         return True
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, ValueError):
         return False
 
 
@@ -59,3 +80,25 @@ def runqueue_wait_s():
         return int(fields[1]) / 1e9
     except (OSError, ValueError, IndexError):
         return None
+
+
+def main(argv=None):
+    """The bootstrap's pin: `--pin PID --positions 0,...` pins the agent's bootstrapper."""
+    p = argparse.ArgumentParser(prog="python -m trajflow.tasks.placement",
+                                description="Pin RADICAL's agent (its bootstrapper) to the "
+                                            "node's kept cores.")
+    p.add_argument("--pin", type=int, required=True, help="the bootstrapper's pid")
+    p.add_argument("--positions", required=True, help="the kept positions, e.g. 0")
+    args = p.parse_args(argv)
+    positions = agent_positions({AGENT_CORES_ENV: args.positions})
+    agent, _ = split_cpus(positions, node_cpus(widen=True))
+    if agent and pin_to(agent, args.pin):
+        print(f"trajflow: the agent is pinned to CPUs {agent}")
+        return 0
+    print(f"trajflow: the agent could not be pinned to positions {list(positions)} of this "
+          f"node's CPUs {node_cpus()}; it shares them with the tasks")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -38,7 +38,9 @@ def working_folder(pid):
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs a CPU besides the agent's")
-def test_radical_stays_on_cpu_0_and_the_tasks_leave_it(tmp_path, adk, reference_results):
+def test_radical_stays_on_cpu_0_and_the_tasks_leave_it(tmp_path, adk, reference_results,
+                                                      monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the pilot's session folder goes there
     with trajflow.Pilot(RESOURCE, walltime=10, progress=False) as pilot:
         assert pilot.cpus == os.cpu_count() - 1  # the default: every core but the agent's
         run = pilot.run(adk[0], adk[1], "rmsd", blocks=pilot.cpus, out=str(tmp_path / "rmsd"))

@@ -49,8 +49,9 @@ def test_bench_readers_measures_every_peer_on_the_same_frames(tmp_path):
 def test_bench_h5md_mpio_rows_read_with_two_ranks_each_way(tmp_path, adk):
     """The MPI-IO rows of bench --readers on AdK written in a selection layout: where
     h5py has MPI (make test-parallel-hdf5), two ranks read it on their own (sec2) and
-    through MPI-IO with independent and collective reads (98 frames in chunks of 50:
-    the ranks' read counts differ, and the padding keeps the collective ones matched);
+    through MPI-IO with independent and collective reads (97 frames in chunks of 16:
+    3 reads on one rank, 4 on the other; the padding keeps the collective ones matched,
+    and HDF5 says they were collective);
     elsewhere the rows are not measured, and the reason says where they are."""
     import h5py
     import MDAnalysis as mda
@@ -58,12 +59,12 @@ def test_bench_h5md_mpio_rows_read_with_two_ranks_each_way(tmp_path, adk):
     from trajflow.workflows.bench.readers import mpio_rows
     u = mda.Universe(*adk)
     ca = u.select_atoms("name CA").indices
-    coords = np.stack([ts.positions.copy() for ts in u.trajectory])
+    coords = np.stack([ts.positions.copy() for ts in u.trajectory])[:97]
     path = str(tmp_path / "adk_selection.h5md")
     w = H5MDWriter(path, coords.shape[1], len(coords), selection_end=int(ca.max()) + 1)
     w.write(np.arange(len(coords), dtype=np.float64), coords)
     w.close()
-    rows, why = mpio_rows(path, ca, len(coords), 1)
+    rows, why = mpio_rows(path, ca, len(coords), 1, chunk=16)
     if h5py.get_config().mpi:
         assert why is None and set(rows) == {"sec2", "independent", "collective"}
         assert all(us > 0 for us in rows.values()), rows

@@ -71,7 +71,9 @@ print(json.dumps(out))
     for label, both in loaded.items():
         cfg, ours = both["cfg"], both["ours"]
         assert cfg["launch_methods"]["order"] == ours["launch_methods"]["order"], label
-        if label != "local.localhost":
+        if label in ("local.localhost", "local.localhost_agent_core"):  # this machine, forked
+            assert cfg["resource_manager"] == "FORK", label
+        else:
             assert cfg["resource_manager"] == "SLURM", label
             assert cfg["virtenv_mode"] == "local" and cfg["rp_version"] == "installed", label
             assert cfg["schemas"][cfg["default_schema"]]["job_manager_endpoint"].startswith("slurm"), label

@@ -1,4 +1,4 @@
-"""Tasks leave the CPUs kept for RADICAL's agent (tasks/placement.py), and the advice
+"""Tasks leave the cores kept for RADICAL's agent (tasks/placement.py), and the advice
 says how long ranks waited for a CPU others held (no process started: the
 affinity of this test's own process is changed and put back)."""
 import os
@@ -6,8 +6,8 @@ import socket
 
 import pytest
 
-from trajflow.tasks.placement import (AGENT_CPUS_ENV, agent_cpus, leave_agent_cpus,
-                                      runqueue_wait_s)
+from trajflow.tasks.placement import (AGENT_CORES_ENV, agent_positions, leave_agent_cpus,
+                                      runqueue_wait_s, split_cpus)
 from trajflow.tasks.timing import RankTimer
 from trajflow.workflows.profile.advice import cpu_wait_note
 
@@ -22,28 +22,34 @@ def restored_affinity():
     os.sched_setaffinity(0, before)
 
 
-def test_the_agents_cpus_are_read_from_the_environment():
-    assert agent_cpus({}) == frozenset()
-    assert agent_cpus({AGENT_CPUS_ENV: ""}) == frozenset()
-    assert agent_cpus({AGENT_CPUS_ENV: "0, 3"}) == {0, 3}
+def test_the_kept_positions_are_read_from_the_environment():
+    assert agent_positions({}) == ()
+    assert agent_positions({AGENT_CORES_ENV: ""}) == ()
+    assert agent_positions({AGENT_CORES_ENV: "3, 0"}) == (0, 3)
+
+
+def test_positions_are_among_the_cpus_a_node_allows():
+    """A job confined to CPUs 8-11 keeps CPU 8 for position 0, as RADICAL means it; a
+    position past the node's CPUs keeps nothing; a node of kept CPUs alone keeps none."""
+    assert split_cpus((0,), [8, 9, 10, 11]) == ([8], [9, 10, 11])
+    assert split_cpus((1, 3), [8, 9, 10, 11]) == ([9, 11], [8, 10])
+    assert split_cpus((7,), [8, 9]) == ([], [8, 9])
+    assert split_cpus((0,), [8]) == ([], [8])
 
 
 @needs_two
-def test_a_task_leaves_the_agents_cpu(restored_affinity):
-    assert leave_agent_cpus({AGENT_CPUS_ENV: str(CPUS[0])}) == CPUS[1:]
+def test_a_task_leaves_the_agents_core(restored_affinity):
+    assert leave_agent_cpus({AGENT_CORES_ENV: "0"}) == CPUS[1:]
 
 
 @needs_two
 def test_a_task_that_inherited_the_agents_pin_moves_to_the_other_cpus(restored_affinity):
     os.sched_setaffinity(0, {CPUS[0]})  # as a task started by the pinned agent is
-    assert leave_agent_cpus({AGENT_CPUS_ENV: str(CPUS[0])}) == CPUS[1:]
+    assert leave_agent_cpus({AGENT_CORES_ENV: "0"}) == CPUS[1:]
 
 
-def test_without_kept_cpus_or_with_only_the_agents_a_task_stays(restored_affinity):
+def test_without_kept_cores_a_task_stays(restored_affinity):
     assert leave_agent_cpus({}) == CPUS
-    os.sched_setaffinity(0, {CPUS[0]})
-    every = ",".join(str(c) for c in range(os.cpu_count()))
-    assert leave_agent_cpus({AGENT_CPUS_ENV: every}) == [CPUS[0]]
 
 
 def test_a_rank_records_its_cpus_and_its_wait_for_one():
@@ -66,6 +72,12 @@ def test_a_wait_for_a_cpu_worth_saying_is_said_with_who_held_it():
     here = cpu_wait_note(ranks(2.0))
     assert "waited 4.0 s of their 20.0 s (20%)" in here
     assert "RADICAL's agent and client and EnTK" in here and "local.localhost_agent_core" in here
+    placed = ranks(2.0)
+    for r in placed:
+        r["cpus"] = CPUS[1:]
+    if len(CPUS) > 1:  # RADICAL had a core of its own already: not suggested again
+        text = cpu_wait_note(placed)
+        assert "other programs running here" in text and "agent_core" not in text
     there = cpu_wait_note(ranks(2.0, host="node-that-is-not-here"))
     assert "other jobs or daemons" in there and "blocked_cores" in there
 

@@ -64,10 +64,10 @@ def test_a_config_keeping_cpus_for_the_agent_pins_it_and_tells_the_tasks(tmp_pat
     """local.localhost_agent_core keeps CPU 0: the session's config pins the bootstrap
     there, declares the kept core on top of the pilot's (RADICAL takes it off again),
     and the tasks are told which CPUs to leave; a config keeping none adds nothing."""
-    assert resources.agent_cpus("local.localhost_agent_core") == (0,)
+    assert resources.agent_cores("local.localhost_agent_core") == (0,)
     assert resources.agent_environment("local.localhost_agent_core") == {
-        "TRAJFLOW_AGENT_CPUS": "0"}
-    assert resources.agent_cpus("local.localhost") == ()
+        "TRAJFLOW_AGENT_CORES": "0"}
+    assert resources.agent_cores("local.localhost") == ()
     assert resources.agent_environment("local.localhost") == {}
     for label, pinned in (("local.localhost_agent_core", True), ("local.localhost", False)):
         folder = resources.session_configs(str(tmp_path / label), label, 1)
@@ -76,10 +76,10 @@ def test_a_config_keeping_cpus_for_the_agent_pins_it_and_tells_the_tasks(tmp_pat
                                         f"resource_{facility}.json"))[name]
         assert cfg["cores_per_node"] == (2 if pinned else 1)
         pins = [e for e in cfg["pre_bootstrap_0"] if "base64" in e
-                and "sched_setaffinity" in base64_payload(e)]
+                and "trajflow.tasks.placement" in base64_payload(e)]
         assert len(pins) == (1 if pinned else 0), cfg["pre_bootstrap_0"]
         if pinned:
-            assert "{0}" in base64_payload(pins[0]) and "$$" in base64_payload(pins[0])
+            assert "--positions 0 --pin $$" in base64_payload(pins[0])
 
 
 def base64_payload(entry):

@@ -25,7 +25,8 @@ from trajflow.workflows.bench.measure import (analyze_records, mda_rmsd, mpiexec
 from trajflow.workflows.datasets import cache_dir, mdanalysis_data, solvated_concatenated
 from trajflow.workflows.errors import InputError
 from trajflow.workflows.run.execute import run_plans
-from trajflow.workflows.run.resources import agent_cpus
+from trajflow.tasks.placement import node_cpus, split_cpus
+from trajflow.workflows.run.resources import agent_cores
 from trajflow.workflows.run.pipeline import stage_specs, task_environment
 from trajflow.workflows.run.planning import plan_from_options, write_plan
 from trajflow.workflows.run.results import open_result
@@ -161,9 +162,9 @@ def placed_pilot_vs_mpiexec(files, workdir, launches):
     on the others, against plain mpiexec pinned to those others, at equal rank count;
     medians of `launches`. This process (the run's watchdog) goes to the agent's CPUs
     too while the pilot runs."""
-    kept = set(agent_cpus(PLACED_RESOURCE))
-    others = sorted(set(range(os.cpu_count() or 1)) - kept)
-    n = len(others)
+    agent, others = split_cpus(agent_cores(PLACED_RESOURCE), node_cpus())
+    kept = set(agent)
+    n = len(others) if kept else 0
     if n == 0:
         return None  # one CPU: nothing to place the ranks on
     plan, path = our_plan(files, "xtc", n, os.path.join(workdir, "placed_mpiexec"), select="all")

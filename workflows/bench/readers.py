@@ -298,21 +298,24 @@ comm = MPI.COMM_WORLD
 lo, hi = n * comm.rank // comm.size, n * (comm.rank + 1) // comm.size
 reader = open_block_reader([path], idx, False, comm=None if way == "sec2" else comm,
                            collective=way == "collective")
+# agreed before the first read: a collective read waits for every rank
+agreed = comm.allreduce(-(-(hi - lo) // chunk), op=MPI.MAX)
 comm.Barrier()
 t = time.perf_counter()
 for _ in reader.chunks(lo, hi, chunk):
     pass
-reader.h5.pad_collective(comm.allreduce(reader.h5.position_reads, op=MPI.MAX))
+reader.h5.pad_collective(agreed)
 seconds = comm.allreduce(time.perf_counter() - t, op=MPI.MAX)
 driver = reader.h5.file.driver  # on every rank: for mpio, h5py's answer is a collective call
 if comm.rank == 0:
-    print(json.dumps({"seconds": seconds, "driver": driver}))
+    print(json.dumps({"seconds": seconds, "driver": driver, "mode": reader.h5.mpio_mode}))
 reader.close()
 """
 MPIO_WAYS = ("sec2", "independent", "collective")
+COLLECTIVE_MODES = ("chunk collective", "chunk mixed", "contiguous collective")
 
 
-def mpio_rows(path, idx, n, launches):
+def mpio_rows(path, idx, n, launches, chunk=READ_CHUNK):
     """us per frame of `path` read by 2 MPI ranks (half each, the slower's time), each
     opening the file on its own (sec2) and together through MPI-IO with independent
     and with collective reads; ({way: us}, None) or (None, why not) where this Python's
@@ -327,11 +330,13 @@ def mpio_rows(path, idx, n, launches):
         best = None
         for _ in range(launches):
             out = subprocess.run([mpiexec, "-n", "2", sys.executable, "-c", MPIO_READ, path, way,
-                                  str(n), str(READ_CHUNK), ",".join(map(str, idx))],
+                                  str(n), str(chunk), ",".join(map(str, idx))],
                                  capture_output=True, text=True, check=True, timeout=600)
             got = json.loads(out.stdout.strip().splitlines()[-1])
             if got["driver"] != ("sec2" if way == "sec2" else "mpio"):
                 raise RuntimeError(f"{way}: the file was opened with driver {got['driver']}")
+            if way == "collective" and got["mode"] not in (None,) + COLLECTIVE_MODES:
+                raise RuntimeError(f"collective reads asked, HDF5 did: {got['mode']}")
             best = got["seconds"] if best is None else min(best, got["seconds"])
         rows[way] = best / n * 1e6
     return rows, None

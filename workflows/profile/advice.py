@@ -149,7 +149,13 @@ def cpu_wait_note(analyze):
         return ""
     said = (f" The analyze ranks waited {wait:.1f} s of their {total:.1f} s ({wait / total:.0%}) "
             "for a CPU that other processes held")
-    if all(host == socket.gethostname() for _, _, host in waits):
+    here = all(host == socket.gethostname() for _, _, host in waits)
+    used = set().union(*(r.get("cpus") or () for r in analyze))
+    if here and used and used < set(os.sched_getaffinity(0)):  # RADICAL had a core of its own
+        return (said + f": on this machine, with RADICAL kept off the ranks' CPUs "
+                f"{sorted(used)}, other programs running here. Close them, or give the run "
+                "fewer ranks.")
+    if here:
         return (said + ": on this machine, RADICAL's agent and client and EnTK, which share "
                 "the ranks' cores. --resource local.localhost_agent_core keeps CPU 0 for them "
                 "(its ranks then ran as fast as under plain mpiexec, at one core fewer), or "

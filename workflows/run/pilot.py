@@ -84,6 +84,11 @@ class Pilot:
                 raise InputError(f"Pilot({spec.resource!r}): give {spelled('cpus')}=N, the cores "
                                  f"to ask {spec.resource} for")
             spec = dataclasses.replace(spec, cpus=spec.local_cores())
+        if spec.local and spec.cpus > spec.local_cores() and resources.agent_cores(spec.resource):
+            raise InputError(f"{spelled('cpus', spec.cpus)}: {spec.resource} keeps "
+                             f"{len(resources.agent_cores(spec.resource))} of this machine's "
+                             f"cores for RADICAL, which leaves {spec.local_cores()} for tasks: "
+                             f"ask for at most that many")
         self.spec = spec
         self.resource, self.cpus, self.walltime = spec.resource, spec.cpus, spec.walltime
         self.client_timeout, self.keep_sandbox = spec.client_timeout, spec.keep_sandbox

@@ -565,9 +565,12 @@ def fit_to_cores(plan: RunPlan, cores: int) -> RunPlan:
     if plan.mode != "mpi" or plan.backend or plan.n_blocks <= cores:
         return dataclasses.replace(plan, mpi_ranks=0) if plan.mpi_ranks else plan
     log.warning("%s: the pilot has %d cores for %d blocks: %d MPI ranks share the blocks "
-                "(dynamic schedule%s)", os.path.basename(plan.workdir), cores, plan.n_blocks,
-                cores, "" if plan.schedule == "dynamic" else f", instead of {plan.schedule}")
-    return dataclasses.replace(plan, mpi_ranks=cores, schedule="dynamic")
+                "(dynamic schedule%s%s)", os.path.basename(plan.workdir), cores, plan.n_blocks,
+                cores, "" if plan.schedule == "dynamic" else f", instead of {plan.schedule}",
+                ", independent MPI-IO reads" if plan.mpi_reads == COLLECTIVE else "")
+    # collective reads need every rank in each read, which the dynamic schedule cannot promise
+    return dataclasses.replace(plan, mpi_ranks=cores, schedule="dynamic",
+                               mpi_reads="independent")
 
 
 def write_plan(plan: RunPlan) -> str:

@@ -22,7 +22,7 @@ import sys
 import tempfile
 from importlib import resources as importlib_resources
 
-from trajflow.tasks.placement import AGENT_CPUS_ENV
+from trajflow.tasks.placement import AGENT_CORES_ENV
 from trajflow.workflows.run.batch import BATCH_SYSTEMS
 
 VENV_BIN_PLACEHOLDER = "${TRAJFLOW_VENV_BIN}"
@@ -149,7 +149,7 @@ def session_configs(target, resource, cpus, pre_bootstrap=()) -> str:
     scheduler ran 8 single-core tasks at once on a 2-core pilot (seen)."""
     prepare_config_dir(target)
     cfg = resource_config(resource).as_dict()
-    kept = agent_cpus(resource)
+    kept = agent_cores(resource)
     pin = [agent_pin_entry(task_python(resource), kept)] if kept else []
     cfg["pre_bootstrap_0"] = list(cfg.get("pre_bootstrap_0") or []) + pin + list(pre_bootstrap)
     if str(cfg.get("resource_manager", "")).upper() == "FORK":
@@ -177,27 +177,28 @@ def pre_bootstrap_entry(command: str) -> str:
     return f'"$(echo {encoded} | base64 -d)"'
 
 
-def agent_cpus(resource: str) -> tuple:
-    """The CPUs the resource's config keeps for RADICAL's agent
-    (`system_architecture.blocked_cores`, read as the operating system's CPU numbers;
-    RADICAL takes them off every node's cores): the bootstrap pins the agent there and
-    the tasks leave them (tasks/placement.py)."""
+def agent_cores(resource: str) -> tuple:
+    """The cores the resource's config keeps for RADICAL's agent
+    (`system_architecture.blocked_cores`: positions among a node's CPUs; RADICAL takes
+    them off every node's cores): the bootstrap pins the agent there and the tasks
+    leave them (tasks/placement.py)."""
     arch = (merged_config(resource) or {}).get("system_architecture") or {}
     return tuple(sorted(int(c) for c in arch.get("blocked_cores") or ()))
 
 
 def agent_environment(resource: str) -> dict:
-    """What the tasks need to leave the agent's CPUs: {} where none are kept."""
-    kept = agent_cpus(resource)
-    return {AGENT_CPUS_ENV: ",".join(map(str, kept))} if kept else {}
+    """What the tasks need to leave the agent's cores: {} where none are kept."""
+    kept = agent_cores(resource)
+    return {AGENT_CORES_ENV: ",".join(map(str, kept))} if kept else {}
 
 
-def agent_pin_entry(python: str, cpus) -> str:
-    """A `pre_bootstrap_0` entry pinning the bootstrapper, and so the agent it starts,
-    to `cpus`; where they are not this node's to use, the agent stays unpinned."""
-    code = f"import os, sys; os.sched_setaffinity(int(sys.argv[1]), {set(cpus)!r})"
-    return pre_bootstrap_entry(shlex.join([python, "-c", code]) + " $$ || echo 'trajflow: the "
-                               f"agent could not be pinned to CPUs {sorted(cpus)}'")
+def agent_pin_entry(python: str, positions) -> str:
+    """A `pre_bootstrap_0` entry pinning the bootstrapper, and so the agent it starts, to
+    the kept cores of its node (its bootstrap_0.out says where, or why it could not)."""
+    return pre_bootstrap_entry(
+        shlex.join([python, "-m", "trajflow.tasks.placement", "--positions",
+                    ",".join(map(str, positions))]) + " --pin $$ || echo 'trajflow: the agent "
+        "was not pinned'")
 
 
 def kernels_bootstrap_entry(python: str) -> str:

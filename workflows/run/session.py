@@ -16,7 +16,7 @@ import time
 from resource import RUSAGE_SELF, getrusage
 
 from trajflow.tasks.client_guard import CLIENT_CONFIGS
-from trajflow.tasks.placement import pin_to
+from trajflow.tasks.placement import node_cpus, pin_to, split_cpus
 from trajflow.tasks.rundir import record_outcome
 from trajflow.workflows.run import resources
 from trajflow.workflows.run.batch import BATCH_JOB, lost_nodes_of_job
@@ -63,9 +63,10 @@ def serve(conn, pilot, session_root, parent_end, client_pid, client_timeout, kee
     # child deaf to both and the parent joining it forever (seen).
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _terminated)
-    kept = resources.agent_cpus(pilot["resource"])
+    kept = resources.agent_cores(pilot["resource"])
     if kept and resources.is_local(pilot["resource"]):
-        pin_to(kept)  # RADICAL's client and EnTK beside the agent they feed, off the ranks
+        # RADICAL's client and EnTK beside the agent they feed, off the ranks
+        pin_to(split_cpus(kept, node_cpus())[0] or node_cpus())
     _start_group_reaper()
     resources.activate_venv()
     resources.activate_configs()
