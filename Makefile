@@ -24,12 +24,13 @@ demo: $(VENV)/.installed
 
 # the unit layer on two workers (independent, no process of trajflow's); the stages and
 # the pilot layers one test at a time: they time ranks and look at the machine's processes
+# (the slowest tests of each are listed at the end: where CI's time goes)
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q -rs -n 2 tests/unit
-	$(PY) -m pytest -q -rs tests/stages
+	$(PY) -m pytest -q -rs --durations=15 tests/stages
 
 test: test-fast
-	$(PY) -m pytest -q -rs tests/pilot
+	$(PY) -m pytest -q -rs --durations=25 tests/pilot
 	$(MAKE) test-parallel-hdf5
 
 # the h5md path again in the cluster-style environment (tests/parallel_hdf5/env.sh):

@@ -76,9 +76,12 @@ def test_bench_refuses_a_bad_size():
 @pytest.mark.skipif(os.geteuid() != 0, reason="the straggler bench slows a rank with a cgroup CPU quota (root)")
 def test_bench_stragglers_writes_every_ratio_at_a_small_size(tmp_path):
     """--stragglers on AdK x10 (980 frames), one launch each: every ratio in the JSON, the
-    slowed rank given fewer frames by the dynamic schedule and none by static blocks, and
-    the tasks-mode runs on a local pilot (their ratios printed, not judged: 980 frames
-    over 8 tasks are too few for a timing to mean anything)."""
+    slowed rank given fewer dihedrals frames by the dynamic schedule and none by static
+    blocks, and the tasks-mode runs on a local pilot (their ratios printed, not judged:
+    980 frames over 8 tasks are too few for a timing to mean anything). The CA-RMSD
+    loop is too short here for the quota to bite: 490 frames decode in ~10 ms, less than
+    the 25 ms a quarter of CFS' 100 ms period grants before it throttles (seen: 489
+    against 491 frames); tests/stages/test_dynamic_schedule.py checks it on AdK x200."""
     out = tmp_path / "stragglers.json"
     proc = subprocess.run([TRAJFLOW, "bench", "--stragglers", "--copies", "10", "--launches", "1",
                            "--json", str(out)], capture_output=True, text=True, timeout=900,
@@ -93,5 +96,7 @@ def test_bench_stragglers_writes_every_ratio_at_a_small_size(tmp_path):
         runs = result["by_analysis"][analysis]["runs"]
         assert runs["slow_static"][0]["frames"] == [490, 490]
         fast, slow = runs["slow_dynamic"][0]["frames"]
-        assert fast + slow == 980 and slow < fast
+        assert fast + slow == 980
+        if analysis == "dihedrals":
+            assert slow < fast
     assert set(result["makespans_s"]) == {"clean", "slow_static", "slow_dynamic"}

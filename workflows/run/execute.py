@@ -12,6 +12,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import threading
 import time
 
 from trajflow.tasks.client_guard import ENDED
@@ -105,6 +106,10 @@ class PilotProcess:
         self.session_dir = None
         self.watchdog = None
         self._child = self._conn = self._reasons = None
+        # the reasons pipe is written and closed from more than one thread (an interrupt in
+        # the main thread, the watchdog's or the dispatcher's failure): closed twice, the
+        # second close hit a closed fd (EBADF seen in CI) or, reused, someone else's
+        self._reasons_lock = threading.Lock()
         self._plans = {}  # run name -> plan, of the runs sent and not ended
         self._failure = None  # (kind, text) of the stop asked of the child, if one was
         self._batch_t0 = time.time()
@@ -236,13 +241,15 @@ class PilotProcess:
 
     def _tell_child(self, kind, text):
         """The reason first (the child reads it when its SIGINT arrives), then SIGINT."""
-        try:
-            if self._reasons is None:
-                raise OSError("the pipe is closed")
-            os.set_blocking(self._reasons, False)  # never wait on a child that reads nothing
-            os.write(self._reasons, (json.dumps({"kind": kind, "text": text}) + "\n").encode())
-        except OSError:
-            pass
+        with self._reasons_lock:
+            try:
+                if self._reasons is None:
+                    raise OSError("the pipe is closed")
+                os.set_blocking(self._reasons, False)  # never wait on a child that reads nothing
+                os.write(self._reasons,
+                         (json.dumps({"kind": kind, "text": text}) + "\n").encode())
+            except OSError:
+                pass
         self._failure = (kind, text)
         try:
             os.kill(self._child.pid, signal.SIGINT)
@@ -274,9 +281,10 @@ class PilotProcess:
             time.sleep(0.1)
         if self._child.is_alive():
             self._kill_child()
-        if self._reasons is not None:
-            os.close(self._reasons)
-            self._reasons = None
+        with self._reasons_lock:
+            if self._reasons is not None:
+                os.close(self._reasons)
+                self._reasons = None
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(self._child.pid, sig)
