@@ -108,19 +108,24 @@ def test_result_equals_mdanalysis(tmp_path, adk, adk_xtc, reference_results,
         assert drivers == {"mpio" if mode == "mpi" and h5py.get_config().mpi else "sec2"}
 
 
+@pytest.mark.parametrize("system,chunk", [("adk", 16), ("solvated", 3)])
 @pytest.mark.parametrize("analysis", ["rmsd", "dihedrals"])
-def test_h5md_collective_mpi_reads_equal_mdanalysis(tmp_path, adk, reference_results, analysis):
-    """--mpi-reads collective: 3 ranks over 98 frames in chunks of 16 read the copy's
-    positions 4, 4 and 3 times (frame 0 included), so the last rank pads one empty
-    collective read, or the others would wait for it forever. Where h5py has MPI the
-    profile says the reads were collective, as HDF5 itself reports what it did (asking
-    is no proof: h5py's fast path once read independently whatever was asked);
-    elsewhere they stay each rank's own."""
-    top, traj = adk
+def test_h5md_collective_mpi_reads_equal_mdanalysis(tmp_path, adk, solvated, reference_results,
+                                                   analysis, system, chunk):
+    """--mpi-reads collective on AdK (98 frames: blocks of 33/33/32 in chunks of 16, so
+    4, 4 and 3 reads of the positions, frame 0 included) and on the periodic solvated
+    XTC MDAnalysisTests ships (10 frames: 4/3/3 in chunks of 3): the ranks with fewer
+    reads pad with one-position collective reads, or the others would wait for them
+    forever. Where h5py has MPI the profile says the reads were collective, as HDF5
+    itself reports what it did (asking is no proof: h5py's fast path once read
+    independently whatever was asked); elsewhere they stay each rank's own."""
+    top, traj = adk if system == "adk" else solvated
+    tolerance = TOLERANCE if system == "adk" else PERIODIC_TOLERANCE
     path, plan = plan_and_run(tmp_path / "run", top, [traj], analysis, io="h5md", mode="mpi",
-                              blocks=3, cpus=3, chunk=16, mpi_reads="collective")
+                              blocks=3, cpus=3, chunk=chunk, mpi_reads="collective")
     assert plan.schedule == "static"  # auto would be dynamic, which collective reads exclude
-    check_result(path, reference_results(top, [traj], analysis), analysis, 3, "h5md", "mpi")
+    check_result(path, reference_results(top, [traj], analysis), analysis, 3, "h5md", "mpi",
+                 tolerance)
     from trajflow.workflows.bench.measure import analyze_records
     records = analyze_records(plan)
     assert {r.get("h5md_reads") for r in records} == {
