@@ -22,15 +22,19 @@ venv: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(VENV)/bin/trajflow demo
 
-# the unit layer on two workers (independent, no process of trajflow's); the stages and
-# the pilot layers one test at a time: they time ranks and look at the machine's processes
-# (the slowest tests of each are listed at the end: where CI's time goes)
+# the unit layer on two workers (independent, no process of trajflow's); the stages one
+# test at a time (they time ranks); the pilot layer on PILOT_WORKERS workers, as its tests
+# mostly wait on pilots (each judges only its own pilot's processes; tests of SLURM, sshd
+# and the virtual cluster share one worker: tests/conftest.py), then its `serial` tests
+# alone (they judge speed or placement). The slowest tests of each are listed at the end.
+PILOT_WORKERS ?= 3
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q -rs -n 2 tests/unit
 	$(PY) -m pytest -q -rs --durations=15 tests/stages
 
 test: test-fast
-	$(PY) -m pytest -q -rs --durations=25 tests/pilot
+	$(PY) -m pytest -q -rs -n $(PILOT_WORKERS) --dist loadgroup -m "not serial" --durations=25 tests/pilot
+	$(PY) -m pytest -q -rs -m serial --durations=5 tests/pilot
 	$(MAKE) test-parallel-hdf5
 
 # the h5md path again in the cluster-style environment (tests/parallel_hdf5/env.sh):

@@ -200,12 +200,37 @@ def cluster(adk):
 LAYERS = ("unit", "stages", "pilot")  # tests/<layer>/: see docs/explanation/testing.md
 
 
+# Machine-wide services of the pilot layer: one SLURM, one sshd, one virtual cluster
+SERVICES = {"slurm", "cluster", "virtual_cluster"}
+
+
 def pytest_collection_modifyitems(config, items):
     """Each test is marked with its layer, from its folder; the pilot layer is also
-    `entk` (it starts real RADICAL pilots), whatever its module says."""
+    `entk` (it starts real RADICAL pilots), whatever its module says.
+
+    The pilot layer runs on pytest-xdist workers (`--dist loadgroup`, see the
+    Makefile): its tests wait on pilots far more than they compute. A test of a
+    machine-wide service (SERVICES) joins the group "services", which one worker runs
+    one test at a time (the service's fixture starts it once there); a test that
+    shares a module-scoped fixture (a kept pilot) joins its module's group, so that
+    its pilot starts once. Tests marked `serial` (they judge speed or placement) run
+    on their own afterwards."""
     for item in items:
         layer = next((p for p in item.path.parts[::-1] if p in LAYERS), None)
         if layer is not None:
             item.add_marker(getattr(pytest.mark, layer))
         if layer == "pilot":
             item.add_marker(pytest.mark.entk)
+            group = _worker_group(item)
+            if group:
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _worker_group(item):
+    fixtures = getattr(item, "_fixtureinfo", None)
+    if SERVICES & set(getattr(item, "fixturenames", ())):
+        return "services"
+    if fixtures is not None and any(defs[-1].scope == "module"
+                                    for defs in fixtures.name2fixturedefs.values()):
+        return item.path.stem
+    return None

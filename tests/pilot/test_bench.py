@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.serial  # its ratios and stragglers are real timings
+
 TRAJFLOW = os.path.join(os.path.dirname(sys.executable), "trajflow")
 KEYS = {"rmsd": ["ours_compute_us", "mdtraj_compute_us", "mda_loop_compute_us", "ours_e2e_dcd_us",
                  "mda_rmsd_run_dcd_us", "mda_mp2_rmsd_run_dcd_us", "seed_loop_e2e_dcd_us",

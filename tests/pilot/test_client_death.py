@@ -18,7 +18,8 @@ import time
 import h5py
 import numpy as np
 import pytest
-from processes import processes_mentioning, start_with_sleeping_tasks, stop, wait_for_analyze
+from processes import (processes_mentioning, start_with_sleeping_tasks, stop, tasks_of_session,
+                       wait_for_analyze)
 
 from trajflow.tasks import client_guard
 from trajflow.workflows.run import heartbeat
@@ -206,11 +207,11 @@ def _parent(pid):
         return None
 
 
-def wait_until_gone(marker, patience_s):
-    """Seconds until no process mentions `marker` and no analyze task runs."""
+def wait_until_gone(marker, patience_s, session=None):
+    """Seconds until no process mentions `marker` and no task of `session` (if given) runs."""
     t0 = time.time()
     while time.time() - t0 < patience_s:
-        if not processes_mentioning(marker) and not processes_mentioning("trajflow.tasks.analyze"):
+        if not processes_mentioning(marker) and not (session and tasks_of_session(session)):
             return time.time() - t0
         time.sleep(0.5)
     pytest.fail(f"still running {patience_s} s after the client died: "
@@ -223,8 +224,9 @@ def run_args(adk, out, *extra):
             "--out", str(out), *extra]
 
 
-def killed_mid_analyze(args, pids=client_pids):
-    """Start a run whose tasks sleep, SIGKILL `pids(proc)` once they run; the session folder."""
+def killed_mid_analyze(args, pids=client_pids, killed=None):
+    """Start a run whose tasks sleep, SIGKILL `pids(proc)` once they run (added to `killed`,
+    if given); the session folder."""
     args = [str(a) for a in args]
     proc = start_with_sleeping_tasks(args)
     try:
@@ -233,6 +235,8 @@ def killed_mid_analyze(args, pids=client_pids):
         session = glob.glob(os.path.join(out, "re.session.*"))[0]
         for pid in pids(proc):
             os.kill(pid, signal.SIGKILL)
+            if killed is not None:
+                killed.append(pid)
         proc.wait(timeout=10)
     finally:
         stop(proc)
@@ -254,9 +258,10 @@ def assert_rmsd_is_mdanalysis(out, adk, reference_results):
 def test_a_killed_client_leaves_no_pilot_running_and_resume_completes(tmp_path, adk,
                                                                       reference_results):
     out = tmp_path / "killed"
+    killed = []
     session = killed_mid_analyze(run_args(adk, out, "--client-timeout", "10"),
-                                 pids=every_client_process)
-    gone_after = wait_until_gone(os.path.basename(session), patience_s=60)
+                                 pids=every_client_process, killed=killed)
+    gone_after = wait_until_gone(os.path.basename(session), 60, os.path.basename(session))
     # 10 s timeout + a 1 s poll + 5 s between SIGTERM and SIGKILL + the scan
     assert gone_after < 30, gone_after
     wait_until_gone(str(out), patience_s=10)
@@ -268,7 +273,7 @@ def test_a_killed_client_leaves_no_pilot_running_and_resume_completes(tmp_path, 
     assert_rmsd_is_mdanalysis(out, adk, reference_results)
     # the killed client's private RADICAL configs were removed by the next trajflow
     leaked = [d for d in glob.glob("/tmp/trajflow-radical-config-*")
-              if d.split("-")[3].isdigit() and not os.path.exists(f"/proc/{d.split('-')[3]}")]
+              if d.split("-")[3].isdigit() and int(d.split("-")[3]) in killed]
     assert leaked == []
 
 
@@ -289,7 +294,7 @@ def test_resume_cancels_the_orphaned_pilot_of_its_run_first(tmp_path, adk, refer
 def test_a_killed_client_alone_has_its_pilot_cancelled_in_order(tmp_path, adk):
     out = tmp_path / "parent"
     session = killed_mid_analyze(run_args(adk, out), pids=lambda proc: [proc.pid])
-    assert wait_until_gone(os.path.basename(session), patience_s=60) < 40
+    assert wait_until_gone(os.path.basename(session), 60, os.path.basename(session)) < 40
     wait_until_gone(str(out), patience_s=15)
     outcome = json.load(open(out / "outcome.json"))
     assert outcome["status"] == "failed", outcome
@@ -314,7 +319,7 @@ def test_a_killed_client_on_slurm_has_its_batch_job_cancelled(tmp_path, adk, slu
     assert subprocess.run(["squeue", "-h", "-j", str(job)], capture_output=True,
                           text=True).stdout.strip() == "", f"job {job} still queued/running"
     assert time.time() - t0 < 45
-    wait_until_gone(os.path.basename(session), patience_s=30)
+    wait_until_gone(os.path.basename(session), 30, os.path.basename(session))
     wait_until_gone(str(out), patience_s=15)  # the client's own leftovers: its reaper ended them
     assert json.load(open(os.path.join(session, client_guard.ENDED)))["job_cancelled"] == \
         f"scancel {job}"

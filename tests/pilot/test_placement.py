@@ -17,6 +17,8 @@ import pytest
 import trajflow
 from trajflow.workflows.run.procfs import descendants, processes
 
+pytestmark = pytest.mark.serial  # every CPU but the agent's is the pilot's
+
 RESOURCE = "local.localhost_agent_core"
 
 

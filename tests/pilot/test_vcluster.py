@@ -64,6 +64,7 @@ def longer():
     return adk_concatenated(20)  # 1,960 frames of AdK (DCD)
 
 
+@pytest.mark.serial  # a clean run flags nothing only on a machine not shared meanwhile
 @pytest.mark.skipif(cpu_quota.unavailable() is not None,
                     reason=f"no real slow node here: {cpu_quota.unavailable()}")
 def test_a_slow_node_is_flagged_as_a_host_and_a_clean_run_flags_nothing(pilot, virtual_cluster,

@@ -22,7 +22,7 @@ import pytest
 from MDAnalysis.analysis.dihedrals import Ramachandran
 
 import trajflow
-from processes import processes_mentioning
+from processes import analyze_tasks
 from trajflow.workflows.datasets import adk_concatenated
 
 
@@ -80,4 +80,4 @@ def test_a_lost_node_fails_the_run_by_its_name_and_resume_finishes_on_the_rest(
                       np.sin(rama[..., 1])], axis=2).reshape(len(rama), -1)
     assert np.abs(run.results.features - feats).max() < 1e-6
     virtual_cluster.assert_nothing_left()
-    assert processes_mentioning("trajflow.tasks.analyze") == []
+    assert analyze_tasks(out) == []

@@ -73,9 +73,13 @@ EOF
         # the system's Python: another account cannot run root's own (pyenv under /root)
         /usr/bin/python3 -m venv "$VENV"
         "$VENV/bin/pip" install -q --upgrade pip
-        "$VENV/bin/pip" install -q -c "$REPO/constraints.txt" "$src"
-    else
+    fi
+    # with the demo's data (MDAnalysisTests): campaigns on the dataset "adk" are planned
+    # on the workstation account's side from this virtualenv
+    if "$VENV/bin/python" -c "import MDAnalysisTests" 2>/dev/null; then
         "$VENV/bin/pip" install -q --no-deps --force-reinstall "$src"
+    else
+        "$VENV/bin/pip" install -q -c "$REPO/constraints.txt" "$src[demo]"
     fi
     rm -rf "$src"
     chmod -R a+rX "$VENV"

@@ -262,6 +262,12 @@ def _last_event(prof_path):
     return fields[1] if len(fields) > 1 else None
 
 
+def _started_by_task_of(pid, sid):
+    """Whether `pid` runs a task of session `sid` (RP's task environment says so)."""
+    env = procfs.environment(pid)
+    return b"RP_TASK_ID" in env and env.get(b"RP_SESSION_ID") == sid.encode()
+
+
 def reap_local_tasks(sid, grace_s=5.0):
     """End task processes a cancelled local pilot left behind.
 
@@ -285,6 +291,10 @@ def reap_local_tasks(sid, grace_s=5.0):
     # a task's processes that left its group (an MPI launcher's proxies and ranks)
     members = {p.pid for p in every if p.group in groups}
     strays = procfs.descendants(members, every) - members
+    # and those whose launch script is gone: RP's cancel ends launch.sh, and a rank
+    # stopped with SIGSTOP outlived it, orphaned (seen in CI); RP gave each task its ids
+    strays |= {p.pid for p in every if p.group != own and p.pid not in members
+               and _started_by_task_of(p.pid, sid)}
     for sig in (signal.SIGTERM, signal.SIGKILL):
         alive = set()
         for pgid in groups:

@@ -44,6 +44,17 @@ def processes():
     return [p for p in found if p is not None]
 
 
+def environment(pid):
+    """The environment `pid` started with, as a dict of bytes (empty once it is gone or
+    is another user's)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            entries = fh.read().split(b"\0")
+    except OSError:
+        return {}
+    return dict(entry.partition(b"=")[::2] for entry in entries if b"=" in entry)
+
+
 def state(pid):
     """The state letter of `pid`, or None once it is gone."""
     found = process(pid)
