@@ -204,6 +204,7 @@ LAYERS = ("unit", "stages", "pilot")  # tests/<layer>/: see docs/explanation/tes
 SERVICES = {"slurm", "cluster", "virtual_cluster"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the group markers
 def pytest_collection_modifyitems(config, items):
     """Each test is marked with its layer, from its folder; the pilot layer is also
     `entk` (it starts real RADICAL pilots), whatever its module says.
@@ -224,6 +225,27 @@ def pytest_collection_modifyitems(config, items):
             group = _worker_group(item)
             if group:
                 item.add_marker(pytest.mark.xdist_group(group))
+
+
+class _GroupsHonoured:
+    """On an xdist worker with --dist loadgroup: fail at once if xdist did not put the
+    group into the test ids (pytest 9.2 with xdist 3.8 grouped nothing, silently, and
+    the services' tests ran side by side)."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        if not config.getvalue("loadgroup"):
+            return
+        lost = [item.nodeid for item in items
+                if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+        if lost:
+            raise pytest.UsageError(f"pytest-xdist ignored the xdist_group of {lost[0]} (and "
+                                    f"{len(lost) - 1} more): use the pytest of constraints.txt")
+
+
+def pytest_configure(config):
+    if hasattr(config, "workerinput"):
+        config.pluginmanager.register(_GroupsHonoured(), "trajflow-groups-honoured")
 
 
 def _worker_group(item):
