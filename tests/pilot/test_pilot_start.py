@@ -18,6 +18,7 @@ import trajflow
 from processes import assert_nothing_left
 
 
+@pytest.mark.serial  # a healthy pilot's start must stay well inside the 45 s bound
 def test_a_pilot_that_never_comes_up_is_replaced(tmp_path, adk, reference_results, monkeypatch,
                                                  capfd, caplog):
     monkeypatch.setenv("TRAJFLOW_TEST_PILOT_START_DELAY_S", "150")

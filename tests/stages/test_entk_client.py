@@ -90,6 +90,39 @@ def test_appmanager_is_made_without_its_sleep_and_time_is_given_back(tmp_path, m
     assert getattr(appman._rmgr.get_resource_allocation_state, "_trajflow_paced", False)
 
 
+def test_reaping_ends_a_stopped_task_whose_launcher_is_gone_by_its_environment():
+    """RP's cancel ends a task's launch.sh; a rank stopped with SIGSTOP outlived it,
+    orphaned. It is found by the ids RP puts in every task's environment: the task of
+    this session goes (stopped or not), another session's task, a process of this
+    session without a task id (an agent) and the caller's own group stay."""
+    import os
+    import signal
+    import subprocess
+    sid = "re.session.test-reap-env-0000"
+
+    def fake(env, own_session=True):
+        return subprocess.Popen(["sleep", "60"], start_new_session=own_session,
+                                env={**os.environ, **env})
+    task = {"RP_SESSION_ID": sid, "RP_TASK_ID": "task.000001"}
+    stopped = fake(task)
+    running = fake({**task, "RP_TASK_ID": "task.000002"})
+    other_session = fake({**task, "RP_SESSION_ID": "re.session.other-0000"})
+    agent = fake({"RP_SESSION_ID": sid})
+    in_our_group = fake(task, own_session=False)
+    os.kill(stopped.pid, signal.SIGSTOP)
+    time.sleep(0.3)
+    try:
+        entk_client.reap_local_tasks(sid, grace_s=0.5)
+        assert stopped.wait(timeout=5) == -signal.SIGTERM  # its SIGCONT delivered it
+        assert running.wait(timeout=5) == -signal.SIGTERM
+        for survivor in (other_session, agent, in_our_group):
+            assert survivor.poll() is None
+    finally:
+        for p in (stopped, running, other_session, agent, in_our_group):
+            p.kill()
+            p.wait()
+
+
 def test_reaping_ends_task_launchers_only_never_the_clients_own_group(tmp_path):
     """A task's launch script in a session of its own is ended; the pilot job's
     wrapper (psij's single_launch.sh, under the same session folder) and anything

@@ -283,34 +283,46 @@ def reap_local_tasks(sid, grace_s=5.0):
     share the group of the process holding the session, and a looser match
     once ended that process itself (seen: a bare EOFError in its parent).
     """
-    launcher = re.compile(rb"/" + re.escape(sid.encode()) +
-                          rb"/+pilot\.\d+/+task\.\d+/+task\.\d+\.launch\.sh")
     own = os.getpgid(0)
-    every = procfs.processes()
-    groups = {p.group for p in every if launcher.search(p.cmdline)} - {own}
-    # a task's processes that left its group (an MPI launcher's proxies and ranks)
-    members = {p.pid for p in every if p.group in groups}
-    strays = procfs.descendants(members, every) - members
-    # and those whose launch script is gone: RP's cancel ends launch.sh, and a rank
-    # stopped with SIGSTOP outlived it, orphaned (seen in CI); RP gave each task its ids
-    strays |= {p.pid for p in every if p.group != own and p.pid not in members
-               and _started_by_task_of(p.pid, sid)}
+    groups, strays = _local_task_processes(sid, own)
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        alive = set()
         for pgid in groups:
-            try:
-                os.killpg(pgid, sig)
-                os.killpg(pgid, signal.SIGCONT)  # a stopped process gets its SIGTERM now
-                alive.add(pgid)
-            except ProcessLookupError:
-                pass
-        for pid in list(strays):
-            try:
-                os.kill(pid, sig)
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                strays.discard(pid)
-        groups = alive
+            _signal_and_wake(os.killpg, pgid, sig)
+        for pid in strays:
+            _signal_and_wake(os.kill, pid, sig)
+        deadline = time.time() + (grace_s if sig == signal.SIGTERM else 0)
+        while True:  # found again: no pid signalled twice after its process is gone
+            groups, strays = _local_task_processes(sid, own, groups)
+            if (not groups and not strays) or time.time() >= deadline:
+                break
+            time.sleep(0.2)
         if not groups and not strays:
             return
-        time.sleep(grace_s if sig == signal.SIGTERM else 0)
+
+
+def _local_task_processes(sid, own, groups=()):
+    """(process groups, single pids) of session `sid`'s task processes on this machine:
+    the groups of their launch scripts (and `groups` still alive), the processes that
+    left those groups (an MPI launcher's proxies and ranks), and those whose launch
+    script is gone (RP's cancel ends launch.sh: a rank stopped with SIGSTOP outlived
+    it, seen), known by the ids RP gives every task's environment. Never `own`."""
+    launcher = re.compile(rb"/" + re.escape(sid.encode()) +
+                          rb"/+pilot\.\d+/+task\.\d+/+task\.\d+\.launch\.sh")
+    every = [p for p in procfs.processes() if p.state != "Z"]  # a zombie is ended already
+    alive = {p.group for p in every}
+    found = ({p.group for p in every if launcher.search(p.cmdline)} | (set(groups) & alive))
+    found.discard(own)
+    members = {p.pid for p in every if p.group in found}
+    strays = procfs.descendants(members, every) - members
+    strays |= {p.pid for p in every if p.group != own and p.pid not in members
+               and _started_by_task_of(p.pid, sid)}
+    return found, strays
+
+
+def _signal_and_wake(send, target, sig):
+    """`sig`, then SIGCONT: a stopped process gets its SIGTERM now."""
+    try:
+        send(target, sig)
+        send(target, signal.SIGCONT)
+    except (ProcessLookupError, PermissionError):
+        pass
