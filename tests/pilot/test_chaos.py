@@ -17,7 +17,7 @@ import time
 
 import pytest
 from processes import (analyze_tasks, assert_resumed_equal, assert_nothing_left, output_so_far, processes_mentioning,
-                       session_name, start_with_sleeping_tasks, stop, TRAJFLOW, wait_for_analyze)
+                       session_name, START_LIMIT, start_with_sleeping_tasks, stop, TRAJFLOW, wait_for_analyze)
 
 from trajflow.workflows.run.procfs import state as process_state
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.entk
 
 STALL_S = 25          # the stall and first-task bounds of these runs
 SHUTDOWN_S = 60 + 30  # the child's own shutdown limit, and the parent's grace after it
-LIMITS = f"stall={STALL_S},task={STALL_S}"
+LIMITS = f"stall={STALL_S},task={STALL_S},{START_LIMIT}"
 
 
 def start(out, adk, mode="tasks", delay="0:compute:12,1:compute:12", limits=LIMITS, extra=()):

@@ -152,7 +152,7 @@ def test_a_disk_filled_at_any_moment_fails_the_run_named_and_resume_completes(
     proc = subprocess.Popen([TRAJFLOW, "run", "--topology", adk[0], "--trajectory", adk[1],
                              "--analysis", "rmsd", "--io", "h5md", "--mode", "tasks",
                              "--blocks", "2", "--cpus", "2", "--retries", "0",
-                             "--limits", "stall=60,task=60", "--out", str(out)],
+                             "--limits", "stall=60,task=60,start=90", "--out", str(out)],
                             start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     ballast = small_disk / "ballast"
