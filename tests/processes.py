@@ -104,20 +104,12 @@ def signal_run(proc, ready, sig=signal.SIGINT, whole_group=True, timeout=180):
 
 
 def tasks_of_session(session):
-    """pids of the task processes RADICAL started for `session` (re.session.*), found by
-    the environment RP gives every task: each test judges its own pilot's tasks only, so
-    that the pilot layer's tests can run side by side (pytest-xdist)."""
-    found = []
-    for environ in glob.glob("/proc/[0-9]*/environ"):
-        try:
-            with open(environ, "rb") as fh:
-                entries = fh.read().split(b"\0")
-        except OSError:
-            continue
-        if b"RP_SESSION_ID=" + session.encode() in entries and \
-                any(e.startswith(b"RP_TASK_ID=") for e in entries):
-            found.append(int(environ.split("/")[2]))
-    return found
+    """pids of the task processes RADICAL started for `session` (re.session.*), known by
+    the environment RP gives every task (the teardown's own test): each test judges its
+    own pilot's tasks only, so that the pilot layer's tests can run side by side."""
+    from trajflow.workflows.run.entk_client import is_task_of_session
+    from trajflow.workflows.run.procfs import processes
+    return [p.pid for p in processes() if p.state != "Z" and is_task_of_session(p.pid, session)]
 
 
 def assert_nothing_left(session):

@@ -262,7 +262,7 @@ def _last_event(prof_path):
     return fields[1] if len(fields) > 1 else None
 
 
-def _started_by_task_of(pid, sid):
+def is_task_of_session(pid, sid):
     """Whether `pid` runs a task of session `sid` (RP's task environment says so)."""
     env = procfs.environment(pid)
     return b"RP_TASK_ID" in env and env.get(b"RP_SESSION_ID") == sid.encode()
@@ -315,7 +315,7 @@ def _local_task_processes(sid, own, groups=()):
     members = {p.pid for p in every if p.group in found}
     strays = procfs.descendants(members, every) - members
     strays |= {p.pid for p in every if p.group != own and p.pid not in members
-               and _started_by_task_of(p.pid, sid)}
+               and is_task_of_session(p.pid, sid)}
     return found, strays
 
 
