@@ -23,7 +23,7 @@ import numpy as np
 from . import faults, mda_analyses
 from .exit_codes import ANALYSIS_RAISED
 from .plan import RunPlan, decode_path_arg
-from .rundir import mark_started
+from .rundir import mark_started, write_text
 from .timing import RankTimer
 
 
@@ -40,10 +40,7 @@ def part_path(plan, part):
 
 
 def _write_pickle(path, obj):
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as fh:
-        pickle.dump(obj, fh, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(tmp, path)
+    write_text(path, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), "wb")
 
 
 def run_part(plan, part):

@@ -30,7 +30,7 @@ import socket
 import statistics
 import time
 
-from .rundir import CLAIMS
+from .rundir import CLAIMS, write_text
 from .timing import write_progress
 
 BACKUP_AFTER = 2.0   # a block is late once it has run this many median block times
@@ -63,10 +63,7 @@ class BlockClaims:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
             return True
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
+        write_text(path, data, "wb")
         return True
 
     def _read(self, path):

@@ -10,6 +10,7 @@ import time
 import numpy as np
 
 from .h5md import H5MDWriter
+from .rundir import replaced_whole
 
 
 def copy_frames(u, numbers, writer, timer, chunk_frames):
@@ -67,15 +68,13 @@ def selection_end(plan):
 def write_segment(plan, u, block, timer):
     """One block's frames, all atoms, into an H5MD file of their own."""
     start, stop = plan.blocks[block]
-    final = plan.segment_path(block)
-    tmp = f"{final}.tmp{os.getpid()}"
-    writer = new_writer(plan, u, tmp, stop - start)
-    try:
-        copy_frames(u, plan.frame_numbers(start, stop), writer, timer,
-                    plan.frames_per_chunk(len(u.atoms)))
-    finally:
-        writer.close()
-    os.replace(tmp, final)
+    with replaced_whole(plan.segment_path(block)) as tmp:
+        writer = new_writer(plan, u, tmp, stop - start)
+        try:
+            copy_frames(u, plan.frame_numbers(start, stop), writer, timer,
+                        plan.frames_per_chunk(len(u.atoms)))
+        finally:
+            writer.close()
 
 
 CONVERSION_SECONDS = "trajflow_conversion_s"  # a root attribute of the H5MD copy
@@ -92,14 +91,14 @@ def convert_h5md(plan, u, timer):
         if os.path.exists(final):  # written whole and renamed, so complete
             timer.info["conversion_reused_s"] = reuse_h5md(plan, final)
             return
-        tmp = f"{final}.tmp{os.getpid()}"
-        writer = new_writer(plan, u, tmp, plan.n_frames, plan.compression)
-        try:
-            copy_frames(u, plan.frame_numbers(), writer, timer, plan.frames_per_chunk(len(u.atoms)))
-            writer.file.attrs[CONVERSION_SECONDS] = time.time() - timer.t_start
-        finally:
-            writer.close()
-        os.replace(tmp, final)
+        with replaced_whole(final) as tmp:
+            writer = new_writer(plan, u, tmp, plan.n_frames, plan.compression)
+            try:
+                copy_frames(u, plan.frame_numbers(), writer, timer,
+                            plan.frames_per_chunk(len(u.atoms)))
+                writer.file.attrs[CONVERSION_SECONDS] = time.time() - timer.t_start
+            finally:
+                writer.close()
 
 
 def reuse_h5md(plan, path):

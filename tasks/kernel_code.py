@@ -22,6 +22,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from llvmlite import ir
 
+from .rundir import replaced_whole
+
 
 # Newton-Raphson on the QCP characteristic polynomial converges quadratically
 # from the upper bound E0; 50 iterations is a safety net, not the norm.
@@ -610,10 +612,9 @@ def build_extension(module_name, path):
         if len(built) != 1:
             raise RuntimeError(f"numba.pycc left {os.listdir(build_dir)} in {build_dir}")
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        shutil.copyfile(os.path.join(build_dir, built[0]), tmp)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, path)
+        with replaced_whole(path) as tmp:
+            shutil.copyfile(os.path.join(build_dir, built[0]), tmp)
+            os.chmod(tmp, 0o755)
     finally:
         shutil.rmtree(build_dir, ignore_errors=True)
     print(f"trajflow: kernels compiled ahead of time into {path}", file=sys.stderr)

@@ -10,12 +10,15 @@ CRC-32 of every array, so a part damaged afterwards (a truncated file, an
 overwritten value) is found when it is read, named, and analysed again by
 --resume.
 """
+import contextlib
 import json
 import os
 import zlib
 
 import h5py
 import numpy as np
+
+from .rundir import replaced_whole
 
 ATTRIBUTE = "trajflow_part"
 
@@ -54,21 +57,27 @@ def write_part(path, arrays, attrs, first_wins=False):
     `first_wins` (two copies of a block racing, block_claims.py) a part already
     there is kept and False returned: the link fails where the part exists."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with h5py.File(tmp, "w") as f:
-        for key, value in arrays.items():
-            f.create_dataset(key, data=value)
-        f.attrs[ATTRIBUTE] = json.dumps({**attrs, "crc32": checksum(arrays)}, default=_plain)
     if not first_wins:
-        os.replace(tmp, path)
+        with replaced_whole(path) as tmp:
+            _write_h5(tmp, arrays, attrs)
         return True
+    tmp = f"{path}.{os.getpid()}.tmp"
     try:
+        _write_h5(tmp, arrays, attrs)
         os.link(tmp, path)
         return True
     except FileExistsError:
         return False
     finally:
-        os.remove(tmp)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+
+
+def _write_h5(file, arrays, attrs):
+    with h5py.File(file, "w") as f:
+        for key, value in arrays.items():
+            f.create_dataset(key, data=value)
+        f.attrs[ATTRIBUTE] = json.dumps({**attrs, "crc32": checksum(arrays)}, default=_plain)
 
 
 def read_part(path):

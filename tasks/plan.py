@@ -14,7 +14,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from .rundir import PLAN, RESULT, SELECTION
+from .rundir import PLAN, RESULT, SELECTION, write_text
 
 
 
@@ -224,10 +224,7 @@ class RunPlan:
 
     def save(self, path: Optional[str] = None) -> str:
         path = path or self.path(PLAN)
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(self.to_dict(), fh, indent=1)
-        os.replace(tmp, path)
+        write_text(path, json.dumps(self.to_dict(), indent=1))
         return path
 
     @classmethod

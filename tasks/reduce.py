@@ -17,7 +17,7 @@ from .analyses import ANALYSIS_CLASSES
 from .exit_codes import ANALYSIS_RAISED, INCOMPLETE_PARTS
 from .parts import DamagedPart, read_part
 from .plan import RunPlan, decode_path_arg
-from .rundir import mark_started
+from .rundir import mark_started, replaced_whole
 from .timing import RankTimer
 
 
@@ -89,45 +89,44 @@ def write_result(plan, arrays, analysis_attrs, results=None):
     """result.h5: `frame`, `time`, then the kernels' arrays (rmsd, dihedrals) or,
     for a user's analysis, its concluded `results` under /results."""
     final = plan.result_path()
-    tmp = f"{final}.tmp{os.getpid()}"
-    with h5py.File(tmp, "w") as f:
-        f.create_dataset("frame", data=arrays["frame"].astype(np.int64))
-        f.create_dataset("time", data=arrays["time"].astype(np.float64))
-        f["time"].attrs["unit"] = "ps"
-        if results is not None:
-            mda_analyses.write_results(f.create_group("results"), results)
-        else:
-            kind = ANALYSIS_CLASSES[plan.analysis]
-            for key, value in kind.datasets(arrays).items():
-                f.create_dataset(key, data=np.asarray(value, dtype=np.float64))
-                if key in kind.units:
-                    f[key].attrs["unit"] = kind.units[key]
-                if key in kind.columns:
-                    f[key].attrs["columns"] = kind.columns[key]
-        if "resids" in analysis_attrs:
-            f.create_dataset("resid", data=np.asarray(analysis_attrs["resids"], dtype=np.int64))
-        root = {
-            "analysis": plan.analysis, "selection": plan.selection,
-            "topology": plan.topology, "trajectories": json.dumps(plan.trajectories),
-            "io": plan.io, "mode": plan.mode, "gather": plan.gather, "schedule": plan.schedule,
-            "n_blocks": plan.n_blocks, "blocks": json.dumps(plan.blocks),
-            "ranks": plan.analyze_ranks if plan.mode == "mpi" else 1,
-            "tasks": 1 if plan.mode == "mpi" else plan.n_blocks,
-            "repeat": plan.repeat, "n_frames": plan.n_frames,
-            "input_checksum": plan.input_checksum, "compression": plan.compression or "none",
-            "versions": json.dumps(package_versions()),
-        }
-        if plan.frame_selection:  # MDAnalysis' run(start, stop, step) or run(frames=)
-            root["frame_selection"] = json.dumps(plan.frame_selection)
-        if plan.truncated:  # say so wherever the result goes
-            root["truncated_input"] = json.dumps(plan.truncated)
-        if not plan.builtin:
-            root.update(analysis_args=json.dumps(plan.analysis_args),
-                        analysis_class=analysis_attrs.get("analysis_class", ""),
-                        factory=json.dumps(plan.factory))
-        for key, value in root.items():
-            f.attrs[key] = value
-    os.replace(tmp, final)
+    with replaced_whole(final) as tmp:
+        with h5py.File(tmp, "w") as f:
+            f.create_dataset("frame", data=arrays["frame"].astype(np.int64))
+            f.create_dataset("time", data=arrays["time"].astype(np.float64))
+            f["time"].attrs["unit"] = "ps"
+            if results is not None:
+                mda_analyses.write_results(f.create_group("results"), results)
+            else:
+                kind = ANALYSIS_CLASSES[plan.analysis]
+                for key, value in kind.datasets(arrays).items():
+                    f.create_dataset(key, data=np.asarray(value, dtype=np.float64))
+                    if key in kind.units:
+                        f[key].attrs["unit"] = kind.units[key]
+                    if key in kind.columns:
+                        f[key].attrs["columns"] = kind.columns[key]
+            if "resids" in analysis_attrs:
+                f.create_dataset("resid", data=np.asarray(analysis_attrs["resids"], dtype=np.int64))
+            root = {
+                "analysis": plan.analysis, "selection": plan.selection,
+                "topology": plan.topology, "trajectories": json.dumps(plan.trajectories),
+                "io": plan.io, "mode": plan.mode, "gather": plan.gather, "schedule": plan.schedule,
+                "n_blocks": plan.n_blocks, "blocks": json.dumps(plan.blocks),
+                "ranks": plan.analyze_ranks if plan.mode == "mpi" else 1,
+                "tasks": 1 if plan.mode == "mpi" else plan.n_blocks,
+                "repeat": plan.repeat, "n_frames": plan.n_frames,
+                "input_checksum": plan.input_checksum, "compression": plan.compression or "none",
+                "versions": json.dumps(package_versions()),
+            }
+            if plan.frame_selection:  # MDAnalysis' run(start, stop, step) or run(frames=)
+                root["frame_selection"] = json.dumps(plan.frame_selection)
+            if plan.truncated:  # say so wherever the result goes
+                root["truncated_input"] = json.dumps(plan.truncated)
+            if not plan.builtin:
+                root.update(analysis_args=json.dumps(plan.analysis_args),
+                            analysis_class=analysis_attrs.get("analysis_class", ""),
+                            factory=json.dumps(plan.factory))
+            for key, value in root.items():
+                f.attrs[key] = value
 
 
 def main(argv=None):

@@ -17,6 +17,7 @@ before anything else is importable and uses `write_record` too.
     RUNDIR/claims/              tasks mode, dynamic schedule: who runs which block (block_claims.py)
     RUNDIR/progress/started.STAGE  touched by each task of STAGE as it starts (the watchdog)
 """
+import contextlib
 import json
 import os
 import time
@@ -57,12 +58,31 @@ def has_plan(rundir) -> bool:
     return os.path.exists(path(rundir, PLAN))
 
 
+@contextlib.contextmanager
+def replaced_whole(final, tmp=None):
+    """A temporary name beside `final` to write to: renamed onto `final` when the
+    block ends, removed when it raises (a full disk leaves nothing half-written;
+    only a killed writer leaves one, see RunPlan.partial_files)."""
+    tmp = tmp or f"{final}.{os.getpid()}.tmp"  # two writers never share one
+    try:
+        yield tmp
+        os.replace(tmp, final)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def write_text(file, text, mode="w"):
+    """A small file (text, or bytes with mode "wb") replaced whole, never half."""
+    with replaced_whole(file) as tmp:
+        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as fh:
+            fh.write(text)
+
+
 def write_record(file, **fields):
     """A small JSON record with the time it was written, replaced whole (never half)."""
-    tmp = file + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump({"time": time.time(), **fields}, fh)
-    os.replace(tmp, file)
+    write_text(file, json.dumps({"time": time.time(), **fields}))
 
 
 def read_record(file):
@@ -98,10 +118,7 @@ def record_outcome(rundir, status, error=None, stopped_at=None, failed_tasks=(),
 
 
 def _write_outcome_record(rundir, record):
-    tmp = path(rundir, f"{OUTCOME}.{os.getpid()}.tmp")  # two writers never share one
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(record, fh, indent=1)
-    os.replace(tmp, path(rundir, OUTCOME))
+    write_text(path(rundir, OUTCOME), json.dumps(record, indent=1))
 
 
 def add_to_failure(rundir, why):

@@ -15,6 +15,7 @@ import time
 
 from . import faults
 from .placement import current_cpus, runqueue_wait_s
+from .rundir import write_text
 
 # Phase names follow Khoshlessan et al. 2019, Table 3 (t_open_topology, t_IO, ...).
 PHASES = ("open_topology", "open_trajectory", "io", "compute", "wait", "comm",
@@ -39,10 +40,7 @@ def read_bytes():
 def write_progress(path, frames):
     """A block's frames done so far, as the workstation's progress bar reads it."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(f"{frames}\n")
-    os.replace(tmp, path)
+    write_text(path, f"{frames}\n")
 
 
 class RankTimer:
@@ -145,10 +143,7 @@ class RankTimer:
             self._write_progress()
         rec = self.record()
         os.makedirs(os.path.dirname(profile_path), exist_ok=True)
-        tmp = f"{profile_path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(json.dumps(rec) + "\n")
-        os.replace(tmp, profile_path)
+        write_text(profile_path, json.dumps(rec) + "\n")
         self._to_radical_profile()
         return rec
 

@@ -53,3 +53,61 @@ def test_what_came_after_a_failure_joins_it_once_and_never_a_done_run(tmp_path):
     assert read_outcome(str(done)).get("error") is None
     add_to_failure(str(tmp_path / "never"), "the pilot failed")  # no outcome: nothing written
     assert not (tmp_path / "never").exists()
+
+
+def test_a_write_that_fails_leaves_the_old_record_and_no_temporary_file(tmp_path, monkeypatch):
+    """The disk fills while outcome.json is written (seen in CI: outcome.json.PID.tmp
+    was left beside a failed run): the earlier outcome stays whole, nothing else stays."""
+    import builtins
+    import errno
+    from trajflow.tasks import rundir
+    d = str(tmp_path)
+    record_outcome(d, "failed", "node n3 was lost")
+
+    class FillsUp:  # writes half of what it is given, then the disk is full
+        def __init__(self, fh):
+            self.fh = fh
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+        def write(self, text):
+            self.fh.write(text[:len(text) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def opened(file, mode="r", **kw):
+        fh = builtins.open(file, mode, **kw)
+        return FillsUp(fh) if "w" in mode else fh
+
+    monkeypatch.setattr(rundir, "open", opened, raising=False)
+    try:
+        record_outcome(d, "done")
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC
+    else:
+        raise AssertionError("the full disk was not reported")
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outcome.json"]
+    assert read_outcome(d)["error"] == "node n3 was lost"
+
+
+def test_replaced_whole_puts_the_file_in_place_only_when_the_block_ends(tmp_path):
+    from trajflow.tasks.rundir import replaced_whole
+    final = tmp_path / "result.h5"
+    final.write_text("old")
+    with replaced_whole(str(final)) as tmp:
+        with open(tmp, "w") as fh:
+            fh.write("new")
+        assert final.read_text() == "old"
+    assert final.read_text() == "new"
+    try:
+        with replaced_whole(str(final)) as tmp:
+            with open(tmp, "w") as fh:
+                fh.write("half")
+            raise KeyboardInterrupt  # a Ctrl-C mid-write is a failure too
+    except KeyboardInterrupt:
+        pass
+    assert [p.name for p in tmp_path.iterdir()] == ["result.h5"] and final.read_text() == "new"

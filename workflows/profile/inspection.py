@@ -16,7 +16,7 @@ import os
 import re
 from trajflow.tasks.exit_codes import ANALYSIS_RAISED
 from trajflow.tasks.plan import RunPlan
-from trajflow.tasks.rundir import OUTCOME, PLAN, read_outcome
+from trajflow.tasks.rundir import OUTCOME, PLAN, read_outcome, write_text
 from trajflow.workflows.profile.advice import advice, compare_strategies, slow_host_advice
 from trajflow.workflows.profile.schedule_effects import schedule_lines
 from trajflow.workflows.profile.stragglers import (critical_path, describe, judge, judged_groups,
@@ -277,8 +277,7 @@ def fmt_or_na(v):
 
 
 def write_json(report, path):
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(report, fh, indent=1, default=str)
+    write_text(path, json.dumps(report, indent=1, default=str))
 
 
 FLAG_COLUMNS = ["run", "task", "kind", "rank", "ranks", "block", "host", "duration_s",

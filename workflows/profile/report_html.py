@@ -12,7 +12,7 @@ import io
 import os
 import re
 
-from trajflow.tasks.rundir import RESULT
+from trajflow.tasks.rundir import RESULT, write_text
 from trajflow.workflows.campaign.table import COLUMNS, curve_points
 from trajflow.workflows.profile.advice import pilot_span
 from trajflow.workflows.profile.inspection import rank_spans, straggler_lines
@@ -352,8 +352,7 @@ def _page(title, body):
 
 
 def write_html(report, path, title="trajflow inspection"):
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(render(report, title))
+    write_text(path, render(report, title))
 
 
 def campaign_scaling_plot(curves):
@@ -429,8 +428,7 @@ def write_campaign_html(rows, cdir, path):
         parts.append("<p>No experiment has completed: nothing to plot.</p>")
     parts.append("<h2>Every experiment</h2>")
     parts.append(html_table(COLUMNS, [[_fmt_cell(r.get(c)) for c in COLUMNS] for r in rows]))
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(_page(f"trajflow campaign {os.path.basename(cdir)}", "".join(parts)))
+    write_text(path, _page(f"trajflow campaign {os.path.basename(cdir)}", "".join(parts)))
 
 
 def _fmt_cell(v):

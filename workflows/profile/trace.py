@@ -16,6 +16,7 @@ a trace lines up with RADICAL's own profiles.
 import json
 import os
 
+from trajflow.tasks.rundir import write_text
 from trajflow.workflows.profile.advice import pilot_span
 from trajflow.workflows.profile.inspection import rank_spans
 from trajflow.workflows.profile.stragglers import describe
@@ -102,5 +103,4 @@ def _flag_events(flags, records, pids):
 
 
 def write_trace(report, path):
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(trace_events(report), fh)
+    write_text(path, json.dumps(trace_events(report)))
