@@ -3,7 +3,7 @@
 The resource keeps CPU 0 for RADICAL (system_architecture.blocked_cores): the
 bootstrap pins the agent there, the client's process and EnTK go there, RADICAL
 schedules no task there, and every task moves itself to the other CPUs
-(tasks/placement.py). Checked while the pilot is up: every process below the
+(tasks/placement.py); RADICAL's processes, there, run with trajflow's timer slack. Checked while the pilot is up: every process below the
 pilot's process may run on CPU 0 only, among them the agent; every task's record
 says it ran elsewhere; the result is MDAnalysis'. (That the ranks then run as
 fast as under plain mpiexec is measured by `trajflow bench --scale large`, not
@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import trajflow
+from trajflow.tasks.placement import RADICAL_TIMER_SLACK_NS, timer_slack_ns
 from trajflow.workflows.run.procfs import descendants, processes
 
 pytestmark = pytest.mark.serial  # every CPU but the agent's is the pilot's
@@ -56,7 +57,13 @@ def test_radical_stays_on_cpu_0_and_the_tasks_leave_it(tmp_path, adk, reference_
         assert any("agent" in titles[pid] for pid in agent), sorted(titles.values())
         placed = {f"{pid} {titles[pid]}": allowed_cpus(pid) for pid in titles
                   if os.path.exists(f"/proc/{pid}")}
+        slack = {f"{pid} {titles[pid]}": timer_slack_ns(pid) for pid in titles
+                 if "trajflow.tasks" not in titles[pid]}  # the guard is trajflow's own
     assert all(cpus == {0} for cpus in placed.values()), "\n".join(f"{k}: {v}" for k, v in placed.items())
+    # and they wake less often while idle (a process gone meanwhile reads None)
+    slack = {k: v for k, v in slack.items() if v is not None}
+    other = {k: v for k, v in slack.items() if v != RADICAL_TIMER_SLACK_NS}
+    assert len(slack) > 10 and not other, other
     ref = reference_results(adk[0], [adk[1]], "rmsd")
     np.testing.assert_allclose(run.results.rmsd, ref["rmsd"], atol=1e-4)
     tasks = {r["task"] for r in run.profile.records}

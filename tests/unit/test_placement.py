@@ -6,8 +6,10 @@ import socket
 
 import pytest
 
-from trajflow.tasks.placement import (AGENT_CORES_ENV, agent_positions, leave_agent_cpus,
-                                      runqueue_wait_s, split_cpus)
+from trajflow.tasks.placement import (AGENT_CORES_ENV, agent_positions, DEFAULT_TIMER_SLACK_NS,
+                                      drop_radical_timer_slack, leave_agent_cpus,
+                                      RADICAL_TIMER_SLACK_NS, runqueue_wait_s, set_timer_slack,
+                                      split_cpus, timer_slack_ns)
 from trajflow.tasks.timing import RankTimer
 from trajflow.workflows.profile.advice import cpu_wait_note
 
@@ -20,6 +22,25 @@ def restored_affinity():
     before = os.sched_getaffinity(0)
     yield
     os.sched_setaffinity(0, before)
+
+
+@pytest.fixture
+def restored_timer_slack():
+    before = timer_slack_ns()
+    yield
+    if before is not None:
+        set_timer_slack(before)
+
+
+@pytest.mark.skipif(timer_slack_ns() is None, reason="the kernel has no timerslack_ns")
+def test_a_task_that_inherited_radicals_timer_slack_goes_back_to_the_default(restored_timer_slack):
+    assert set_timer_slack(RADICAL_TIMER_SLACK_NS)
+    assert timer_slack_ns() == RADICAL_TIMER_SLACK_NS
+    drop_radical_timer_slack()
+    assert timer_slack_ns() == DEFAULT_TIMER_SLACK_NS
+    assert set_timer_slack(3_000_000)  # a slack someone else chose is theirs
+    drop_radical_timer_slack()
+    assert timer_slack_ns() == 3_000_000
 
 
 def test_the_kept_positions_are_read_from_the_environment():

@@ -16,7 +16,8 @@ import time
 from resource import RUSAGE_SELF, getrusage
 
 from trajflow.tasks.client_guard import CLIENT_CONFIGS
-from trajflow.tasks.placement import node_cpus, pin_to, split_cpus
+from trajflow.tasks.placement import (node_cpus, pin_to, RADICAL_TIMER_SLACK_NS, set_timer_slack,
+                                      split_cpus)
 from trajflow.tasks.rundir import record_outcome
 from trajflow.workflows.run import resources
 from trajflow.workflows.run.batch import BATCH_JOB, lost_nodes_of_job
@@ -67,6 +68,8 @@ def serve(conn, pilot, session_root, parent_end, client_pid, client_timeout, kee
     if kept and resources.is_local(pilot["resource"]):
         # RADICAL's client and EnTK beside the agent they feed, off the ranks
         pin_to(split_cpus(kept, node_cpus())[0] or node_cpus())
+    # RADICAL's client processes, and a local agent's, wake less often while idle
+    set_timer_slack(RADICAL_TIMER_SLACK_NS)
     _start_group_reaper()
     resources.activate_venv()
     resources.activate_configs()
