@@ -7,7 +7,7 @@ import threading
 import time
 import types
 
-from trajflow.workflows.run import entk_client
+from trajflow.workflows.run import entk_client, procfs
 
 
 def _prof(path, events):
@@ -151,3 +151,41 @@ def test_reaping_ends_task_launchers_only_never_the_clients_own_group(tmp_path):
         for p in (task, wrapper, in_our_group, other_session):
             p.kill()
             p.wait()
+
+
+def test_reaping_ends_a_bootstrapper_left_running_and_what_it_started(tmp_path):
+    """A pilot whose start hung is cancelled while its bootstrapper still sleeps in a
+    pre-bootstrap command (seen: the `sleep` outlived the run by 30 s, until the guard
+    ended it). The bootstrapper shares the caller's process group, so it and its
+    children are ended by pid; another session's bootstrapper stays."""
+    import os
+    import subprocess
+    sid = "re.session.test-reap-boot-0000"
+
+    def bootstrapper(session, command):
+        script = tmp_path / session / "pilot.0000" / "bootstrap_0.sh"
+        script.parent.mkdir(parents=True)
+        script.write_text(command + "\n")
+        return subprocess.Popen(["bash", str(script).replace("/pilot.0000/", "/pilot.0000//"),
+                                 "-s", session])  # as RP starts it, in our group
+    ours = bootstrapper(sid, "sleep 60")  # a child, as a pre-bootstrap command is
+    other = bootstrapper("re.session.other-boot-0000", "exec sleep 60")
+    time.sleep(0.3)
+    children = [p for p in os.listdir("/proc") if p.isdigit() and
+                open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1] == str(ours.pid)]
+    assert children, "the bootstrapper's sleep did not start"
+    try:
+        entk_client.reap_local_tasks(sid, grace_s=2)
+        assert ours.wait(timeout=5) != 0
+        assert not any(os.path.exists(f"/proc/{p}") and procfs.state(int(p)) not in (None, "Z")
+                       for p in children)
+        assert other.poll() is None
+    finally:
+        for p in (ours, other):
+            p.kill()
+            p.wait()
+        for pid in children:  # were it left behind, not for the next 60 s
+            try:
+                os.kill(int(pid), 9)
+            except ProcessLookupError:
+                pass

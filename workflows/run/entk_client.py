@@ -281,7 +281,9 @@ def reap_local_tasks(sid, grace_s=5.0):
     Never the caller's own process group: the pilot job's wrapper
     (psij's single_launch.sh, also under the session's folder) and the agent
     share the group of the process holding the session, and a looser match
-    once ended that process itself (seen: a bare EOFError in its parent).
+    once ended that process itself (seen: a bare EOFError in its parent). A
+    bootstrapper still running (a start that hung) is ended by pid, with its
+    descendants.
     """
     own = os.getpgid(0)
     groups, strays = _local_task_processes(sid, own)
@@ -306,8 +308,8 @@ def _local_task_processes(sid, own, groups=()):
     left those groups (an MPI launcher's proxies and ranks), and those whose launch
     script is gone (RP's cancel ends launch.sh: a rank stopped with SIGSTOP outlived
     it, seen), known by the ids RP gives every task's environment. Never `own`."""
-    launcher = re.compile(rb"/" + re.escape(sid.encode()) +
-                          rb"/+pilot\.\d+/+task\.\d+/+task\.\d+\.launch\.sh")
+    pilot = rb"/" + re.escape(sid.encode()) + rb"/+pilot\.\d+/+"
+    launcher = re.compile(pilot + rb"task\.\d+/+task\.\d+\.launch\.sh")
     every = [p for p in procfs.processes() if p.state != "Z"]  # a zombie is ended already
     alive = {p.group for p in every}
     found = ({p.group for p in every if launcher.search(p.cmdline)} | (set(groups) & alive))
@@ -316,6 +318,12 @@ def _local_task_processes(sid, own, groups=()):
     strays = procfs.descendants(members, every) - members
     strays |= {p.pid for p in every if p.group != own and p.pid not in members
                and is_task_of_session(p.pid, sid)}
+    # a bootstrapper still running after the cancel (a start that hung: RP's cancel
+    # ends the pilot job's wrapper, not bootstrap_0.sh in its pre-bootstrap commands,
+    # and the guard only 30 s later): it is in `own` group, so by pid, with what it started
+    bootstrapper = re.compile(pilot + rb"bootstrap_0\.sh")
+    boot = {p.pid for p in every if bootstrapper.search(p.cmdline)}
+    strays |= (boot | procfs.descendants(boot, every)) - members - {os.getpid()}
     return found, strays
 
 
