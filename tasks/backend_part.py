@@ -23,7 +23,7 @@ import numpy as np
 from . import faults, mda_analyses
 from .exit_codes import ANALYSIS_RAISED
 from .plan import RunPlan, decode_path_arg
-from .rundir import mark_started, write_text
+from .rundir import mark_started, replaced_whole
 from .timing import RankTimer
 
 
@@ -40,7 +40,8 @@ def part_path(plan, part):
 
 
 def _write_pickle(path, obj):
-    write_text(path, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), "wb")
+    with replaced_whole(path) as tmp, open(tmp, "wb") as fh:  # streamed: results may be large
+        pickle.dump(obj, fh, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def run_part(plan, part):

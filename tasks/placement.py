@@ -97,13 +97,14 @@ def set_timer_slack(ns):
         import ctypes
         return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_TIMERSLACK, ctypes.c_ulong(ns),
                                                        0, 0, 0) == 0
-    except (OSError, AttributeError):
+    except (ImportError, OSError, AttributeError):  # a Python without ctypes, not Linux
         return False
 
 
 def drop_radical_timer_slack():
     """A task started by a local pilot inherited RADICAL's timer slack: back to the
-    default, so that its own waits end on time."""
+    default, so that its own waits end on time. Called on the main thread (a package
+    import): /proc/self is that thread's, the only one readable without CAP_SYS_NICE."""
     if timer_slack_ns() == RADICAL_TIMER_SLACK_NS:
         set_timer_slack(DEFAULT_TIMER_SLACK_NS)
 

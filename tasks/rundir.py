@@ -74,9 +74,16 @@ def replaced_whole(final, tmp=None):
 
 
 def write_text(file, text, mode="w"):
-    """A small file (text, or bytes with mode "wb") replaced whole, never half."""
+    """A small file (text, or bytes with mode "wb") replaced whole, never half; a
+    target that is not a plain file (/dev/stdout, a FIFO, a symlink a user gave) is
+    written through, as open() would."""
+    kw = {} if "b" in mode else {"encoding": "utf-8"}
+    if os.path.islink(file) or (os.path.exists(file) and not os.path.isfile(file)):
+        with open(file, mode, **kw) as fh:
+            fh.write(text)
+        return
     with replaced_whole(file) as tmp:
-        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as fh:
+        with open(tmp, mode, **kw) as fh:
             fh.write(text)
 
 

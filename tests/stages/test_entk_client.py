@@ -169,22 +169,25 @@ def test_reaping_ends_a_bootstrapper_left_running_and_what_it_started(tmp_path):
         return subprocess.Popen(["bash", str(script).replace("/pilot.0000/", "/pilot.0000//"),
                                  "-s", session])  # as RP starts it, in our group
     ours = bootstrapper(sid, "sleep 60")  # a child, as a pre-bootstrap command is
-    other = bootstrapper("re.session.other-boot-0000", "exec sleep 60")
+    other = bootstrapper("re.session.other-boot-0000", "sleep 60")
     time.sleep(0.3)
-    children = [p for p in os.listdir("/proc") if p.isdigit() and
-                open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1] == str(ours.pid)]
-    assert children, "the bootstrapper's sleep did not start"
+
+    def children_of(pid):
+        return [p for p in os.listdir("/proc") if p.isdigit() and
+                open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1] == str(pid)]
+    children, others = children_of(ours.pid), children_of(other.pid)
+    assert children and others, "a bootstrapper's sleep did not start"
     try:
         entk_client.reap_local_tasks(sid, grace_s=2)
         assert ours.wait(timeout=5) != 0
         assert not any(os.path.exists(f"/proc/{p}") and procfs.state(int(p)) not in (None, "Z")
                        for p in children)
-        assert other.poll() is None
+        assert other.poll() is None and all(procfs.state(int(p)) == "S" for p in others)
     finally:
         for p in (ours, other):
             p.kill()
             p.wait()
-        for pid in children:  # were it left behind, not for the next 60 s
+        for pid in children + others:  # not left for the next 60 s
             try:
                 os.kill(int(pid), 9)
             except ProcessLookupError:

@@ -111,3 +111,17 @@ def test_replaced_whole_puts_the_file_in_place_only_when_the_block_ends(tmp_path
     except KeyboardInterrupt:
         pass
     assert [p.name for p in tmp_path.iterdir()] == ["result.h5"] and final.read_text() == "new"
+
+
+def test_a_target_that_is_not_a_plain_file_is_written_through(tmp_path):
+    """`inspect --json /dev/stdout` or a symlink the user gave: written as open() would,
+    the link kept."""
+    import os
+    from trajflow.tasks.rundir import write_text
+    real = tmp_path / "real.json"
+    real.write_text("old")
+    os.symlink(real, tmp_path / "link.json")
+    write_text(str(tmp_path / "link.json"), "new")
+    assert os.path.islink(tmp_path / "link.json") and real.read_text() == "new"
+    write_text(os.devnull, "into the void")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "real.json"]

@@ -294,7 +294,7 @@ def reap_local_tasks(sid, grace_s=5.0):
             _signal_and_wake(os.kill, pid, sig)
         deadline = time.time() + (grace_s if sig == signal.SIGTERM else 0)
         while True:  # found again: no pid signalled twice after its process is gone
-            groups, strays = _local_task_processes(sid, own, groups)
+            groups, strays = _local_task_processes(sid, own, groups, strays)
             if (not groups and not strays) or time.time() >= deadline:
                 break
             time.sleep(0.2)
@@ -302,7 +302,7 @@ def reap_local_tasks(sid, grace_s=5.0):
             return
 
 
-def _local_task_processes(sid, own, groups=()):
+def _local_task_processes(sid, own, groups=(), before=()):
     """(process groups, single pids) of session `sid`'s task processes on this machine:
     the groups of their launch scripts (and `groups` still alive), the processes that
     left those groups (an MPI launcher's proxies and ranks), and those whose launch
@@ -321,9 +321,11 @@ def _local_task_processes(sid, own, groups=()):
     # a bootstrapper still running after the cancel (a start that hung: RP's cancel
     # ends the pilot job's wrapper, not bootstrap_0.sh in its pre-bootstrap commands,
     # and the guard only 30 s later): it is in `own` group, so by pid, with what it started
-    bootstrapper = re.compile(pilot + rb"bootstrap_0\.sh")
+    bootstrapper = re.compile(pilot + rb"bootstrap_0\.sh(?=[\s\x00]|$)")
     boot = {p.pid for p in every if bootstrapper.search(p.cmdline)}
     strays |= (boot | procfs.descendants(boot, every)) - members - {os.getpid()}
+    # and those found before (a bootstrapper's children outlive it, reparented)
+    strays |= set(before) & {p.pid for p in every}
     return found, strays
 
 
