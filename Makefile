@@ -22,15 +22,18 @@ venv: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(VENV)/bin/trajflow demo
 
-# the unit layer on two workers (independent, no process of trajflow's); the stages one
-# test at a time (they time ranks); the pilot layer on PILOT_WORKERS workers, as its tests
-# mostly wait on pilots (each judges only its own pilot's processes; tests of SLURM, sshd
+# the unit layer on two workers (independent, no process of trajflow's); the stages on
+# two workers too (they keep both cores busy: 0.90 of 2 measured, one at a time ~0.5),
+# then their `serial` tests alone (they judge time: an injected delay found exactly, a
+# rank under a CPU quota, a benchmark); the pilot layer on PILOT_WORKERS workers, as its
+# tests mostly wait on pilots (each judges only its own pilot's processes; tests of SLURM, sshd
 # and the virtual cluster share one worker: tests/conftest.py), then its `serial` tests
 # alone (they judge speed or placement). The slowest tests of each are listed at the end.
 PILOT_WORKERS ?= 3
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q -rs -n 2 tests/unit
-	$(PY) -m pytest -q -rs --durations=15 tests/stages
+	$(PY) -m pytest -q -rs -n 2 -m "not serial" --durations=15 tests/stages
+	$(PY) -m pytest -q -rs -m serial --durations=5 tests/stages
 
 test: test-fast
 	$(PY) -m pytest -q -rs -n $(PILOT_WORKERS) --dist loadgroup -m "not serial" --durations=25 tests/pilot

@@ -9,6 +9,7 @@ before anything else is importable and uses `write_record` too.
     RUNDIR/.trajflow-run        "this folder is a trajflow run"
     RUNDIR/.trajflow-lock       one run per RUNDIR (workflows/run/rundir_lock.py)
     RUNDIR/outcome.json         how the run ended, written the moment it has ended
+    RUNDIR/.trajflow-reserve    room kept for outcome.json until the run has ended well
     RUNDIR/result.h5            the result; its presence means the run is complete
     RUNDIR/report.html          the HTML report written after the run
     RUNDIR/radical_session      the RADICAL session folders that ran it
@@ -18,6 +19,7 @@ before anything else is importable and uses `write_record` too.
     RUNDIR/progress/started.STAGE  touched by each task of STAGE as it starts (the watchdog)
 """
 import contextlib
+import errno
 import json
 import os
 import time
@@ -27,6 +29,8 @@ SELECTION = "selection.npz"
 MARKER = ".trajflow-run"
 LOCK = ".trajflow-lock"
 OUTCOME = "outcome.json"
+RESERVE = ".trajflow-reserve"
+RESERVE_BYTES = 256 << 10  # an outcome with its earlier attempts is a few kB
 OUTCOME_BEFORE = "outcome.before.json"  # a failed outcome set aside while a resume runs
 RESULT = "result.h5"
 REPORT = "report.html"
@@ -125,7 +129,38 @@ def record_outcome(rundir, status, error=None, stopped_at=None, failed_tasks=(),
 
 
 def _write_outcome_record(rundir, record):
-    write_text(path(rundir, OUTCOME), json.dumps(record, indent=1))
+    """outcome.json, in the room kept for it when the disk has filled meanwhile (a run
+    that failed on a full disk once ended with no outcome.json at all)."""
+    text = json.dumps(record, indent=1)
+    try:
+        write_text(path(rundir, OUTCOME), text)
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC or not _release_room(rundir):
+            raise
+        write_text(path(rundir, OUTCOME), text)
+    if record["status"] == "done":
+        _release_room(rundir)
+
+
+def keep_room(rundir):
+    """RESERVE_BYTES kept in RUNDIR for its outcome.json, so that a disk filled during
+    the run (by this run or another job) cannot keep the run from saying how it ended.
+    Random bytes, since a compressing file system stores zeros as nothing; best
+    effort: a disk full already is said by the space check before any pilot."""
+    target = path(rundir, RESERVE)
+    with contextlib.suppress(OSError):
+        if os.path.getsize(target) >= RESERVE_BYTES:
+            return
+    with contextlib.suppress(OSError):
+        write_text(target, os.urandom(RESERVE_BYTES), "wb")
+
+
+def _release_room(rundir) -> bool:
+    try:
+        os.remove(path(rundir, RESERVE))
+        return True
+    except FileNotFoundError:
+        return False
 
 
 def add_to_failure(rundir, why):

@@ -17,6 +17,7 @@ file, else from one pass over the frames' headers. Not read here (None from
 """
 import os
 import struct
+import zipfile
 from typing import List, Optional
 
 import numpy as np
@@ -167,8 +168,8 @@ def _mdanalysis_offsets(path, size, n_atoms):
                     float(data["ctime"]) != os.path.getctime(path):
                 return None
             return data["offsets"].astype(np.int64)
-    except (OSError, KeyError, ValueError):
-        return None
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
+        return None  # none, another file's, or one MDAnalysis is writing right now
 
 
 def _frame_bytes(head, comp):

@@ -18,6 +18,7 @@ H5MD_KEYS = ["one_frame_chunks_us_per_frame", "selection_layout_us_per_frame",
              "dcd_rows_us_per_frame", "selection_layout_efficiency_2"]
 
 
+@pytest.mark.serial  # judges time: run alone (see the Makefile)
 @pytest.mark.timeout(900)
 def test_bench_readers_measures_every_peer_on_the_same_frames(tmp_path):
     out = tmp_path / "readers.json"

@@ -117,6 +117,7 @@ def longer_xtc():
     return adk_concatenated(200, "XTC")
 
 
+@pytest.mark.serial  # judges time: run alone (see the Makefile)
 @needs_quota
 def test_a_slow_rank_does_fewer_frames_and_the_report_says_so(tmp_path, longer_xtc):
     """Rank 1 at a fifth of a core: the dynamic schedule gives it far fewer frames than
@@ -147,6 +148,7 @@ def test_a_slow_rank_does_fewer_frames_and_the_report_says_so(tmp_path, longer_x
         "chunk 0: the run's frames #0-#" in (tmp_path / "report.html").read_text()  # hover
 
 
+@pytest.mark.serial  # judges time: run alone (see the Makefile)
 @needs_quota
 def test_the_counter_of_ranks_on_several_nodes_balances_too(tmp_path, long_xtc):
     """The claims through MPI_Rget_accumulate on rank 0 (what ranks on several nodes
@@ -165,6 +167,7 @@ def test_the_counter_of_ranks_on_several_nodes_balances_too(tmp_path, long_xtc):
     assert ranks[1]["t_comm"] < 2.0  # its claims did not wait for rank 0's chunks
 
 
+@pytest.mark.serial  # judges time: run alone (see the Makefile)
 @needs_quota
 def test_a_slow_rank_0_is_spared_the_gather(tmp_path, long_xtc):
     """Rank 0 slowed: rank 1 did the most frames, so it gathers and writes the part."""
@@ -179,6 +182,7 @@ def test_a_slow_rank_0_is_spared_the_gather(tmp_path, long_xtc):
     assert np.array_equal(datasets(path)["frame"], np.arange(plan.n_frames))
 
 
+@pytest.mark.serial  # judges time: run alone (see the Makefile)
 @needs_quota
 def test_a_late_task_is_overtaken_by_a_backup_copy(tmp_path, long_xtc):
     """Tasks mode, 4 blocks side by side, block 2's task at 5 % of a core: a task

@@ -7,6 +7,8 @@ import threading
 import time
 import types
 
+import pytest
+
 from trajflow.workflows.run import entk_client, procfs
 
 
@@ -153,6 +155,7 @@ def test_reaping_ends_task_launchers_only_never_the_clients_own_group(tmp_path):
             p.wait()
 
 
+@pytest.mark.serial  # judges time: run alone (see the Makefile)
 def test_reaping_ends_a_bootstrapper_left_running_and_what_it_started(tmp_path):
     """A pilot whose start hung is cancelled while its bootstrapper still sleeps in a
     pre-bootstrap command (seen: the `sleep` outlived the run by 30 s, until the guard

@@ -59,6 +59,7 @@ def test_tasks_run_one_after_another_push_back_everything_after():
     assert f["block"] == 1 and f["cause"] == "compute" and f["impact_s"] == pytest.approx(1.0)
 
 
+@pytest.mark.serial  # judges time: run alone (see the Makefile)
 @pytest.mark.parametrize("mode", ["mpi", "tasks"])
 @pytest.mark.parametrize("phase,cause", [("open", "open"), ("io", "io"), ("compute", "compute"),
                                          ("comm", "comm")])
@@ -76,6 +77,7 @@ def test_injected_delay_is_found_exactly(tmp_path, adk, mode, phase, cause):
     assert "stragglers (most harmful first)" in proc.stdout
 
 
+@pytest.mark.serial  # judges time: run alone (see the Makefile)
 def test_clean_run_flags_nothing_and_is_too_short_for_advice(tmp_path, adk):
     """98 frames of AdK analyse in well under a second: no strategy advice, the numbers why."""
     run = tmp_path / "run"

@@ -37,6 +37,7 @@ def share(img, rgb):
     return np.mean(np.all(np.abs(img - want) < 0.03, axis=2))
 
 
+@pytest.mark.serial  # judges time: run alone (see the Makefile)
 def test_report_renders_in_headless_chromium(tmp_path, adk):
     run = tmp_path / "run"
     plan_and_run(run, adk[0], [adk[1]], "rmsd", env={"TRAJFLOW_TEST_DELAY": "1:compute:0.5"},

@@ -222,6 +222,7 @@ def test_rmsd_over_h5md_or_dcd_runs_without_importing_mdanalysis(tmp_path, adk, 
     assert not needs_mdanalysis(dataclasses.replace(shared_rmsd, trajectories=[adk[1]]))
 
 
+@pytest.mark.serial  # judges time: run alone (see the Makefile)
 def test_a_campaigns_shared_h5md_copy_is_made_once(tmp_path, solvated, reference_results):
     """Two h5md runs naming one shared copy (as a campaign's experiments do) start their
     split tasks together: one converts, under a lock, the other waits and reuses the

@@ -129,6 +129,7 @@ def test_a_trace_holds_every_interval_and_radicals_share():
     assert names == {"process_name": "r analyze (task.000003)", "thread_name": "rank 1 on n1"}
 
 
+@pytest.mark.serial  # judges time: run alone (see the Makefile)
 def test_a_runs_records_written_as_a_table_give_the_same_flags(tmp_path, adk):
     """A real MPI run with 1 s of I/O injected into rank 2, its records written in the
     documented format (as a user's own script would), judged from the table: the

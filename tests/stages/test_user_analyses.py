@@ -139,6 +139,7 @@ def check_whole_result(plan, got):
     assert open(plan.path(plan.factory["copy"])).read() == open(FACTORIES).read()
 
 
+@pytest.mark.serial  # judges time: run alone (see the Makefile)
 def test_user_analysis_profile_separates_reading_from_computing(tmp_path, adk):
     """Each rank's record has io and compute from the wrapped frame loop, and the
     injected compute delay of block 1 shows in block 1's compute only."""
@@ -284,6 +285,7 @@ def test_a_module_that_would_not_reach_the_tasks_is_refused_here(tmp_path, adk, 
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.serial  # judges time: run alone (see the Makefile)
 def test_a_per_frame_error_is_refused_in_seconds_without_a_pilot(adk, tmp_path):
     """MDAnalysis fails in under a second serially; so does trajflow, before any pilot,
     with the user's traceback (their file, their line)."""

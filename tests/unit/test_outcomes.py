@@ -125,3 +125,33 @@ def test_a_target_that_is_not_a_plain_file_is_written_through(tmp_path):
     assert os.path.islink(tmp_path / "link.json") and real.read_text() == "new"
     write_text(os.devnull, "into the void")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "real.json"]
+
+
+def test_a_disk_filled_during_the_run_still_gets_its_outcome_in_the_room_kept(tmp_path,
+                                                                           monkeypatch):
+    """A disk another job filled while the run went on: outcome.json is written in the
+    room planning kept for it (a run once failed with no outcome.json at all, seen in
+    CI), and a run that ended well gives the room back."""
+    import builtins
+    import errno
+    import os
+    from trajflow.tasks import rundir
+    d = str(tmp_path)
+    rundir.keep_room(d)
+    assert os.path.getsize(tmp_path / rundir.RESERVE) == rundir.RESERVE_BYTES
+
+    def opened(file, mode="r", **kw):  # the disk is full while the room is taken
+        if "w" in mode and os.path.exists(tmp_path / rundir.RESERVE):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return builtins.open(file, mode, **kw)
+
+    monkeypatch.setattr(rundir, "open", opened, raising=False)
+    record_outcome(d, "failed", "the disk is full")
+    assert read_outcome(d)["error"] == "the disk is full"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outcome.json"]
+    monkeypatch.undo()
+    rundir.keep_room(d)  # a resume keeps it again
+    begin_attempt(d)
+    record_outcome(d, "done")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outcome.json"]
+    assert read_outcome(d)["earlier"][0]["error"] == "the disk is full"

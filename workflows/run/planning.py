@@ -23,7 +23,7 @@ from trajflow.tasks import mda_analyses
 from trajflow.tasks.analyses import ANALYSES, ANALYSIS_CLASSES
 from trajflow.tasks.h5md import COLLECTIVE, missing_box
 from trajflow.tasks.plan import balanced_blocks, chosen_frames, RunPlan
-from trajflow.tasks.rundir import FOLDERS, LOCK, MARKER, PLAN
+from trajflow.tasks.rundir import FOLDERS, keep_room, LOCK, MARKER, PLAN, RESERVE_BYTES
 from trajflow.workflows.errors import InputError
 from trajflow.workflows.run import integrity, local_trial, user_code
 from trajflow.workflows.run.rundir_lock import RunLock
@@ -465,6 +465,7 @@ def space_needed(plan) -> dict:
     result; a user's analysis' results are not known before it runs)."""
     need = plan.io_strategy.space_needed(plan)
     need["RADICAL's session folder (logs, profiles)"] = RADICAL_SESSION_BYTES
+    need["room kept for outcome.json"] = RESERVE_BYTES
     if plan.builtin and not os.path.exists(plan.result_path()):
         row = ANALYSIS_CLASSES[plan.analysis].bytes_per_frame(plan.selected or {})
         need["the parts and result.h5"] = 2 * plan.n_frames * (row + 16)
@@ -523,6 +524,7 @@ def plan_for_resume(rundir) -> RunPlan:
     try:
         plan = _resumable(RunPlan.load(path), rundir)
         check_space(plan)
+        keep_room(rundir)  # used up if the attempt before failed on a full disk
         plan.asked_at = time.time()  # this resume's time counts from now
         plan.save(path)
     except BaseException:
@@ -579,6 +581,7 @@ def write_plan(plan: RunPlan) -> str:
         os.makedirs(plan.path(sub), exist_ok=True)
     with open(plan.path(MARKER), "w", encoding="utf-8") as fh:
         fh.write("This folder is a trajflow run.\n")
+    keep_room(plan.workdir)
     plan.save_selection(plan.selected)
     write_analysis_code(plan)
     return plan.save(plan.path(PLAN))
