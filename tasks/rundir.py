@@ -129,17 +129,16 @@ def record_outcome(rundir, status, error=None, stopped_at=None, failed_tasks=(),
 
 
 def _write_outcome_record(rundir, record):
-    """outcome.json, in the room kept for it when the disk has filled meanwhile (a run
-    that failed on a full disk once ended with no outcome.json at all)."""
+    """outcome.json, in the room kept for it when the disk (or the quota) has filled
+    meanwhile: a run that failed on a full disk once ended with no outcome.json."""
     text = json.dumps(record, indent=1)
     try:
         write_text(path(rundir, OUTCOME), text)
     except OSError as exc:
-        if exc.errno != errno.ENOSPC or not _release_room(rundir):
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not _write_into_room(rundir, text):
             raise
-        write_text(path(rundir, OUTCOME), text)
     if record["status"] == "done":
-        _release_room(rundir)
+        release_room(rundir)
 
 
 def keep_room(rundir):
@@ -155,12 +154,31 @@ def keep_room(rundir):
         write_text(target, os.urandom(RESERVE_BYTES), "wb")
 
 
-def _release_room(rundir) -> bool:
+def _write_into_room(rundir, text) -> bool:
+    """`text` written over the room's own blocks, then renamed onto outcome.json: no
+    new block is needed and nothing is freed for another writer to take first."""
+    data = text.encode("utf-8")
+    room = path(rundir, RESERVE)
     try:
-        os.remove(path(rundir, RESERVE))
-        return True
-    except FileNotFoundError:
+        fd = os.open(room, os.O_WRONLY)
+    except OSError:
         return False
+    try:
+        if os.fstat(fd).st_size < len(data):
+            return False
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(room, path(rundir, OUTCOME))
+    return True
+
+
+def release_room(rundir):
+    """The room given back: the run has ended well (never fails the caller)."""
+    with contextlib.suppress(OSError):
+        os.remove(path(rundir, RESERVE))
 
 
 def add_to_failure(rundir, why):

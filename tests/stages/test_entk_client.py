@@ -92,6 +92,7 @@ def test_appmanager_is_made_without_its_sleep_and_time_is_given_back(tmp_path, m
     assert getattr(appman._rmgr.get_resource_allocation_state, "_trajflow_paced", False)
 
 
+@pytest.mark.serial  # gives its processes 0.3 s to start: run alone
 def test_reaping_ends_a_stopped_task_whose_launcher_is_gone_by_its_environment():
     """RP's cancel ends a task's launch.sh; a rank stopped with SIGSTOP outlived it,
     orphaned. It is found by the ids RP puts in every task's environment: the task of
@@ -125,6 +126,7 @@ def test_reaping_ends_a_stopped_task_whose_launcher_is_gone_by_its_environment()
             p.wait()
 
 
+@pytest.mark.serial  # gives its processes 0.3 s to start: run alone
 def test_reaping_ends_task_launchers_only_never_the_clients_own_group(tmp_path):
     """A task's launch script in a session of its own is ended; the pilot job's
     wrapper (psij's single_launch.sh, under the same session folder) and anything

@@ -149,9 +149,20 @@ def test_a_disk_filled_during_the_run_still_gets_its_outcome_in_the_room_kept(tm
     record_outcome(d, "failed", "the disk is full")
     assert read_outcome(d)["error"] == "the disk is full"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["outcome.json"]
+    rundir.keep_room(d)  # a quota full, as clusters say it: the same room serves
+
+    def over_quota(file, mode="r", **kw):
+        if "w" in mode:
+            raise OSError(errno.EDQUOT, "Disk quota exceeded")
+        return builtins.open(file, mode, **kw)
+
+    monkeypatch.setattr(rundir, "open", over_quota, raising=False)
+    add_to_failure(d, "the pilot failed")
+    assert read_outcome(d)["error"] == "the disk is full; then the pilot failed"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outcome.json"]
     monkeypatch.undo()
     rundir.keep_room(d)  # a resume keeps it again
     begin_attempt(d)
     record_outcome(d, "done")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["outcome.json"]
-    assert read_outcome(d)["earlier"][0]["error"] == "the disk is full"
+    assert read_outcome(d)["earlier"][0]["error"] == "the disk is full; then the pilot failed"

@@ -15,7 +15,8 @@ import shutil
 import time
 from typing import List
 
-from trajflow.tasks.rundir import CLAIMS, FOLDERS, KEPT_TASK_FILES, OUTCOME, record_outcome
+from trajflow.tasks.rundir import (CLAIMS, FOLDERS, KEPT_TASK_FILES, OUTCOME, record_outcome,
+                                   release_room)
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +184,7 @@ def tidy(plan):
         except OSError:
             pass
     shutil.rmtree(plan.path(CLAIMS), ignore_errors=True)  # the profile keeps who ran what
+    release_room(plan.workdir)  # also where the result was whole before any outcome said so
     for folder in ("progress",) + FOLDERS:
         try:
             os.rmdir(plan.path(folder))  # only when empty: split/ may hold segments kept
