@@ -459,16 +459,31 @@ def _as_plain_array(value):
     return None
 
 
-def read_results(group):
-    """The inverse of write_results: an MDAnalysis Results."""
+class PickledNotLoaded:
+    """A result stored with pickle, left unread: unpickling runs whatever code the
+    writer of the file put in it, so it is loaded only where the reader trusts them."""
+
+    def __init__(self, key, stored_as):
+        self.key, self.stored_as = key, stored_as
+
+    def __repr__(self):
+        return (f"<{self.key}: not loaded ({self.stored_as}); open_run(RUN, trust=True) if "
+                "you trust who wrote the run>")
+
+
+def read_results(group, trust=False):
+    """The inverse of write_results: an MDAnalysis Results. Objects stored with pickle
+    are unpickled only with `trust`; otherwise each is a PickledNotLoaded."""
     import h5py
     from MDAnalysis.analysis.results import Results
     out = Results()
     for key, item in group.items():
         if isinstance(item, h5py.Group):
-            out[key] = read_results(item)
+            out[key] = read_results(item, trust)
         elif key.endswith(PICKLE_SUFFIX):
-            out[key[:-len(PICKLE_SUFFIX)]] = pickle.load(io.BytesIO(item[()].tobytes()))
+            name = key[:-len(PICKLE_SUFFIX)]
+            out[name] = pickle.load(io.BytesIO(item[()].tobytes())) if trust else \
+                PickledNotLoaded(name, str(item.attrs.get("encoding", "a python pickle")))
         else:
             value = item[()]
             out[key] = value.item() if item.shape == () else value

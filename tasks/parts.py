@@ -18,7 +18,7 @@ import zlib
 import h5py
 import numpy as np
 
-from .rundir import replaced_whole
+from .rundir import replaced_whole, temporary_name
 
 ATTRIBUTE = "trajflow_part"
 
@@ -61,7 +61,7 @@ def write_part(path, arrays, attrs, first_wins=False):
         with replaced_whole(path) as tmp:
             _write_h5(tmp, arrays, attrs)
         return True
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = temporary_name(path)
     try:
         _write_h5(tmp, arrays, attrs)
         os.link(tmp, path)

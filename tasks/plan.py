@@ -14,7 +14,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from .rundir import PLAN, RESULT, SELECTION, write_text
+from .rundir import PLAN, RESULT, SELECTION, replaced_whole, write_text
 
 
 
@@ -181,9 +181,8 @@ class RunPlan:
         return self.path(SELECTION)
 
     def save_selection(self, arrays: dict) -> str:
-        tmp = self.path("selection.tmp.npz")
-        np.savez(tmp, **arrays)
-        os.replace(tmp, self.selection_path())
+        with replaced_whole(self.selection_path()) as tmp, open(tmp, "wb") as fh:
+            np.savez(fh, **arrays)
         return self.selection_path()
 
     def load_selection(self) -> dict:
@@ -204,7 +203,7 @@ class RunPlan:
     def partial_files(self) -> List[str]:
         """Files a task was writing when it was killed or its disk filled: every file
         of the run is written under a temporary name (`X.tmpPID`, `X.tmpPID.ext`,
-        `X.PID.tmp`, `X.tmp`) and renamed into place when whole."""
+        `X.PID.RANDOM.tmp`, `X.tmp`) and renamed into place when whole."""
         found = []
         for folder in ("", "split", "parts", "progress", "profile"):
             try:
@@ -229,14 +228,122 @@ class RunPlan:
 
     @classmethod
     def load(cls, path: str) -> "RunPlan":
-        with open(path, encoding="utf-8") as fh:
-            d = json.load(fh)
+        """The plan in `path`; PlanError naming the file and the key when it is not a
+        plan trajflow wrote (a run folder may come from anyone: never a traceback)."""
+        d = load_json_record(path, PlanError, MAX_PLAN_BYTES)
+        check_plan_dict(d, path)
         d["blocks"] = [tuple(b) for b in d["blocks"]]
         return cls(**d)
 
 
 WORKSTATION_ONLY = ("selected", "lock", "factory_pickle")  # fields never written to plan.json
-_PARTIAL = re.compile(r"\.tmp\d*(\.[A-Za-z0-9]+)?$|\.\d+\.tmp$")
+MAX_PLAN_BYTES = 256 << 20  # a run(frames=) of tens of millions of frames; beyond: not ours
+MAX_BLOCKS = 1 << 20        # a million blocks: beyond any machine's cores
+
+
+class PlanError(ValueError):
+    """A plan.json that is not one trajflow wrote: its message names the file and the key."""
+
+
+def load_json_record(path, error, max_bytes):
+    """A JSON object from `path`, read without following a FIFO or a device and at most
+    `max_bytes` long; `error` (an exception class) with one line saying why not."""
+    import stat
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise error(f"{path}: cannot be read ({exc.strerror})") from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise error(f"{path}: not a plain file")
+        if st.st_size > max_bytes:
+            raise error(f"{path}: {st.st_size} bytes, more than any trajflow record "
+                        f"({max_bytes}): not one trajflow wrote")
+        data = fh.read(max_bytes + 1)
+    try:
+        record = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not UTF-8 text (byte {exc.start}): not one trajflow wrote, "
+                    "or damaged") from None
+    except RecursionError:
+        raise error(f"{path}: nested too deeply: not one trajflow wrote") from None
+    except ValueError as exc:
+        raise error(f"{path}: not JSON ({exc}): damaged or cut short") from None
+    if not isinstance(record, dict):
+        raise error(f"{path}: holds a JSON {type(record).__name__}, not an object: "
+                    "not one trajflow wrote")
+    return record
+
+
+def check_plan_dict(d: dict, path: str = PLAN) -> None:
+    """Every key known, of its field's type, within sane bounds (PlanError otherwise)."""
+    import typing
+    fields = {f.name: f for f in dataclasses.fields(RunPlan) if f.name not in WORKSTATION_ONLY}
+    hint = "it is not a plan trajflow wrote, or was edited or damaged"
+    unknown = sorted(set(d) - set(fields))
+    if unknown:
+        raise PlanError(f"{path}: unknown key {unknown[0]!r}: {hint}")
+    hints = typing.get_type_hints(RunPlan)
+    for name, f in fields.items():
+        if name not in d:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise PlanError(f"{path}: key {name!r} is missing: {hint}")
+            continue
+        why = _type_problem(d[name], hints[name])
+        if why:
+            raise PlanError(f"{path}: key {name!r}: {why}: {hint}")
+    blocks, n_frames = d["blocks"], d["n_frames"]
+    if not 1 <= len(blocks) <= MAX_BLOCKS or n_frames < 0 or d["n_atoms"] < 1:
+        raise PlanError(f"{path}: {len(blocks)} blocks of {n_frames} frames, {d['n_atoms']} "
+                        f"atoms: {hint}")
+    if any(not 0 <= a < b <= n_frames for a, b in blocks):
+        raise PlanError(f"{path}: key 'blocks': a block outside the {n_frames} frames: {hint}")
+    if not os.path.isabs(d["workdir"]):
+        raise PlanError(f"{path}: key 'workdir' is not an absolute path: {hint}")
+    copy = (d.get("factory") or {}).get("copy")
+    if copy is not None and (not isinstance(copy, str) or os.path.isabs(copy)
+                             or ".." in copy.split(os.sep)):
+        raise PlanError(f"{path}: key 'factory': its copy {copy!r} is not a name inside the run "
+                        f"folder: {hint}")
+
+
+def _type_problem(value, kind):
+    """Why `value` is not of the annotated `kind`, or None."""
+    import math
+    import typing
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin is typing.Union:
+        if value is None:
+            return None
+        kind = next(a for a in args if a is not type(None))
+        origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if kind is bool:
+        return None if isinstance(value, bool) else f"{value!r:.40} is not true or false"
+    if kind is int:
+        return None if isinstance(value, int) and not isinstance(value, bool) else \
+            f"{value!r:.40} is not a whole number"
+    if kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return None if ok else f"{value!r:.40} is not a finite number"
+    if kind is str:
+        return None if isinstance(value, str) else f"{value!r:.40} is not a string"
+    if kind is dict or origin is dict:
+        return None if isinstance(value, dict) else f"{value!r:.40} is not an object"
+    if origin in (list, typing.List):
+        if not isinstance(value, list):
+            return f"{value!r:.40} is not a list"
+        for item in value:
+            why = _type_problem(item, args[0]) if args else None
+            if why:
+                return why
+        return None
+    if origin in (tuple, typing.Tuple):
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            return f"{value!r:.40} is not a list of {len(args)}"
+        return next(filter(None, (_type_problem(v, a) for v, a in zip(value, args))), None)
+    return None
+_PARTIAL = re.compile(r"\.tmp\d*(\.[A-Za-z0-9]+)?$|\.\d+(\.[0-9a-f]+)?\.tmp$")
 # coordinates read at a time per rank when --chunk is not given: a chunk that stays in
 # the core's cache while the kernel reads it again (XTC CA-RMSD of AdK, 2 ranks: 8 MiB
 # chunks 2.4 s, 1 MiB 1.9 s, measured side by side)

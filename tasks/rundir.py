@@ -22,6 +22,8 @@ import contextlib
 import errno
 import json
 import os
+import secrets
+import stat
 import time
 
 PLAN = "plan.json"
@@ -62,12 +64,44 @@ def has_plan(rundir) -> bool:
     return os.path.exists(path(rundir, PLAN))
 
 
+# a file created for writing: never through a link, never over a file that is there
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | \
+    getattr(os, "O_CLOEXEC", 0)
+
+
+def temporary_name(final):
+    """A name beside `final` that nobody else can have foreseen (a run folder may be
+    in shared project space: a link planted at a predictable name would be written
+    through), created empty here with O_EXCL | O_NOFOLLOW so that it is ours."""
+    while True:
+        tmp = f"{final}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        try:
+            os.close(os.open(tmp, _NEW_FILE, 0o644))
+            return tmp
+        except FileExistsError:
+            continue
+
+
+def open_in_run(file, mode="w"):
+    """open() for a file of a run folder ("w", "a", "wb", "ab"): never through a link
+    at its name, never blocking on a FIFO planted there (OSError for both)."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode[0] == "a" else os.O_TRUNC)
+    fd = os.open(file, flags | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+                 | getattr(os, "O_CLOEXEC", 0), 0o644)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a plain file", file)
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
+
+
 @contextlib.contextmanager
 def replaced_whole(final, tmp=None):
     """A temporary name beside `final` to write to: renamed onto `final` when the
     block ends, removed when it raises (a full disk leaves nothing half-written;
-    only a killed writer leaves one, see RunPlan.partial_files)."""
-    tmp = tmp or f"{final}.{os.getpid()}.tmp"  # two writers never share one
+    only a killed writer leaves one, see RunPlan.partial_files). A link at `final`
+    is replaced by the file, never written through (rename replaces the link)."""
+    tmp = tmp or temporary_name(final)
     try:
         yield tmp
         os.replace(tmp, final)
@@ -77,12 +111,14 @@ def replaced_whole(final, tmp=None):
         raise
 
 
-def write_text(file, text, mode="w"):
-    """A small file (text, or bytes with mode "wb") replaced whole, never half; a
-    target that is not a plain file (/dev/stdout, a FIFO, a symlink a user gave) is
-    written through, as open() would."""
+def write_text(file, text, mode="w", *, user_target=False):
+    """A small file (text, or bytes with mode "wb") replaced whole, never half. A
+    link (or FIFO) in a run folder is replaced, never written through; a target the
+    user named (`user_target`: --html FILE, /dev/stdout, a link of theirs) is written
+    through, as open() would."""
     kw = {} if "b" in mode else {"encoding": "utf-8"}
-    if os.path.islink(file) or (os.path.exists(file) and not os.path.isfile(file)):
+    if user_target and (os.path.islink(file) or (os.path.exists(file)
+                                                 and not os.path.isfile(file))):
         with open(file, mode, **kw) as fh:
             fh.write(text)
         return
@@ -96,12 +132,19 @@ def write_record(file, **fields):
     write_text(file, json.dumps({"time": time.time(), **fields}))
 
 
-def read_record(file):
-    """A record (JSON) or None when it is not there or not whole."""
+def read_record(file, most=16 << 20):
+    """A record (JSON) or None when it is not there, not whole, or not a plain file (a
+    FIFO planted in a run folder would hang a read); at most `most` bytes."""
     try:
-        with open(file, encoding="utf-8") as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                return None
+            return json.loads(fh.read(most + 1).decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
         return None
 
 
@@ -148,7 +191,8 @@ def keep_room(rundir):
     effort: a disk full already is said by the space check before any pilot."""
     target = path(rundir, RESERVE)
     with contextlib.suppress(OSError):
-        if os.path.getsize(target) >= RESERVE_BYTES:
+        st = os.lstat(target)
+        if stat.S_ISREG(st.st_mode) and st.st_size >= RESERVE_BYTES:
             return
     with contextlib.suppress(OSError):
         write_text(target, os.urandom(RESERVE_BYTES), "wb")
@@ -160,11 +204,12 @@ def _write_into_room(rundir, text) -> bool:
     data = text.encode("utf-8")
     room = path(rundir, RESERVE)
     try:
-        fd = os.open(room, os.O_WRONLY)
-    except OSError:
+        fd = os.open(room, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:  # gone, or a link: never written through
         return False
     try:
-        if os.fstat(fd).st_size < len(data):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size < len(data):
             return False
         os.pwrite(fd, data, 0)
         os.ftruncate(fd, len(data))
@@ -205,8 +250,46 @@ def begin_attempt(rundir):
 
 
 def read_outcome(rundir):
-    """The outcome.json of a run, or None while it has not ended."""
-    return read_record(path(rundir, OUTCOME))
+    """The outcome.json of a run, or None while it has not ended. A record that is not
+    one trajflow wrote (a folder may come from anyone) reads as a failure saying so;
+    fields of the wrong type are left out."""
+    record = read_record(path(rundir, OUTCOME))
+    if record is None:
+        return None if not os.path.lexists(path(rundir, OUTCOME)) else \
+            _not_ours("it is not a whole JSON record of a plain file")
+    if not isinstance(record, dict) or record.get("status") not in ("done", "failed"):
+        return _not_ours("it has no status done or failed")
+    return _typed_outcome(record)
+
+
+def _not_ours(why):
+    return {"status": "failed", "error": f"{OUTCOME} is not one trajflow wrote ({why}): "
+                                         "the folder was damaged or edited", "failed_tasks": []}
+
+
+# the fields of outcome.json and what each holds (read_outcome keeps only these)
+_OUTCOME_FIELDS = {"run": str, "status": str, "ended": (int, float), "time": (int, float),
+                   "stopped_at": str, "error": str, "note": str, "failed_tasks": list,
+                   "retried_tasks": list, "earlier": list}
+
+
+def _typed_outcome(record, earlier=False):
+    out = {}
+    for key, kind in _OUTCOME_FIELDS.items():
+        value = record.get(key)
+        if value is None and key in record:
+            out[key] = None
+            continue
+        if not isinstance(value, kind) or isinstance(value, bool):
+            continue
+        if kind is list and key != "earlier":
+            value = [v for v in value if isinstance(v, str)]
+        elif key == "earlier":
+            value = [_typed_outcome(e, earlier=True) for e in value if isinstance(e, dict)]
+        out[key] = value
+    if not earlier and out.get("failed_tasks") is None:
+        out["failed_tasks"] = []
+    return out
 
 
 def started_marker(workdir, stage):
@@ -220,7 +303,10 @@ def mark_started(workdir, stage):
     path = started_marker(workdir, stage)
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "a"):
-            os.utime(path)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        try:
+            os.utime(fd)
+        finally:
+            os.close(fd)
     except OSError:
         pass

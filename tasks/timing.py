@@ -15,7 +15,7 @@ import time
 
 from . import faults
 from .placement import current_cpus, runqueue_wait_s
-from .rundir import write_text
+from .rundir import open_in_run, write_text
 
 # Phase names follow Khoshlessan et al. 2019, Table 3 (t_open_topology, t_IO, ...).
 PHASES = ("open_topology", "open_trajectory", "io", "compute", "wait", "comm",
@@ -160,7 +160,7 @@ class RankTimer:
             lines.append(f"{t1:.6f},app_{name}_stop,trajflow,MainThread,{uid},AGENT_EXECUTING,{msg}\n")
         lines.append(f"{self.t_stop:.6f},app_stop,trajflow,MainThread,{uid},AGENT_EXECUTING,rank={self.rank}\n")
         try:
-            with open(target, "a", encoding="utf-8") as fh:
+            with open_in_run(target, "a") as fh:
                 fh.write("".join(lines))
         except OSError:
             pass  # the profile is a courtesy to RADICAL's tools; ours is on disk

@@ -121,9 +121,9 @@ def test_a_target_that_is_not_a_plain_file_is_written_through(tmp_path):
     real = tmp_path / "real.json"
     real.write_text("old")
     os.symlink(real, tmp_path / "link.json")
-    write_text(str(tmp_path / "link.json"), "new")
+    write_text(str(tmp_path / "link.json"), "new", user_target=True)
     assert os.path.islink(tmp_path / "link.json") and real.read_text() == "new"
-    write_text(os.devnull, "into the void")
+    write_text(os.devnull, "into the void", user_target=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "real.json"]
 
 

@@ -12,37 +12,51 @@ one MPI task, the tasks of one stage).
 import csv
 import glob
 import json
+import math
 import os
 import re
 from trajflow.tasks.exit_codes import ANALYSIS_RAISED
-from trajflow.tasks.plan import RunPlan
+from trajflow.tasks.plan import PlanError, RunPlan
 from trajflow.tasks.rundir import OUTCOME, PLAN, read_outcome, write_text
 from trajflow.workflows.profile.advice import advice, compare_strategies, slow_host_advice
 from trajflow.workflows.profile.schedule_effects import schedule_lines
 from trajflow.workflows.profile.stragglers import (critical_path, describe, judge, judged_groups,
                                                    MIN_GROUP, phase_times)
 from trajflow.workflows.profile.timing_tables import read_tables
+from trajflow.workflows.errors import InputError
 from trajflow.workflows.run.pipeline import remaining_specs  # what a resume runs again
 
 
 
-def load_run(rundir):
-    """(plan, records) of one run; records are the profile lines, with RADICAL launch times."""
+def load_run(rundir, notes=None):
+    """(plan, records) of one run; records are the profile lines, with RADICAL launch times.
+    A folder may come from anyone: InputError for a plan that is not trajflow's; files
+    that are not plain (a FIFO would hang the read) and lines that are not records are
+    skipped, each with a line in `notes`."""
     rundir = os.path.abspath(rundir)
     plan_path = os.path.join(rundir, PLAN)
     if not os.path.exists(plan_path):
         raise FileNotFoundError(f"{rundir} is not a trajflow run (no {PLAN})")
-    plan = RunPlan.load(plan_path)
+    try:
+        plan = RunPlan.load(plan_path)
+    except PlanError as exc:
+        raise InputError(str(exc)) from None
     plan.workdir = rundir  # a folder moved or copied elsewhere reads from where it is
+    notes = [] if notes is None else notes
     records = []
-    for path in sorted(glob.glob(os.path.join(rundir, "profile", "*.jsonl"))):
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                if line.strip():
-                    rec = json.loads(line)
-                    rec["source"] = os.path.basename(path)
-                    records.append(rec)
-    radical = radical_task_events(rundir)
+    for path in plain_files(os.path.join(rundir, "profile", "*.jsonl"), notes):
+        skipped = 0
+        for line in read_lines(path):
+            if line.strip():
+                rec = _record(line)
+                if rec is None:
+                    skipped += 1
+                    continue
+                rec["source"] = os.path.basename(path)
+                records.append(rec)
+        if skipped:
+            notes.append(f"{path}: {skipped} line(s) that are not timing records skipped")
+    radical = radical_task_events(rundir, notes)
     for rec in records:
         rec["radical"] = radical.get(rec.get("rp_task_id"), {})
         start = rec["radical"].get("launch_start")
@@ -55,19 +69,72 @@ def load_run(rundir):
 RADICAL_EVENTS = ("launch_start", "rank_start", "rank_stop", "launch_stop")
 
 
-def radical_task_events(rundir):
+def radical_task_events(rundir, notes=None):
     """RADICAL task id -> {event: time} from the copied task profiles: when its launch
     began, its first rank started and its last rank stopped, and its launch ended."""
     events = {}
-    for prof in glob.glob(os.path.join(rundir, "radical", "*", "*.prof")):
-        with open(prof, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                parts = line.rstrip("\n").split(",")
-                if len(parts) >= 5 and parts[1] in RADICAL_EVENTS:
-                    task = events.setdefault(parts[4], {})
-                    pick = max if parts[1] in ("rank_stop", "launch_stop") else min
-                    task[parts[1]] = pick(task.get(parts[1], float(parts[0])), float(parts[0]))
+    for prof in plain_files(os.path.join(rundir, "radical", "*", "*.prof"),
+                            [] if notes is None else notes):
+        for line in read_lines(prof):
+            parts = line.rstrip("\n").split(",")
+            if len(parts) >= 5 and parts[1] in RADICAL_EVENTS:
+                try:
+                    when = float(parts[0])
+                except ValueError:
+                    continue
+                if not math.isfinite(when):
+                    continue
+                task = events.setdefault(parts[4], {})
+                pick = max if parts[1] in ("rank_stop", "launch_stop") else min
+                task[parts[1]] = pick(task.get(parts[1], when), when)
     return events
+
+
+def plain_files(pattern, notes):
+    """The plain files matching `pattern`, sorted; a FIFO, device or link planted there
+    is skipped with a note (reading a FIFO would hang)."""
+    found = []
+    for path in sorted(glob.glob(pattern)):
+        if os.path.islink(path) or not os.path.isfile(path):
+            notes.append(f"{path}: not a plain file, skipped")
+        else:
+            found.append(path)
+    return found
+
+
+def read_lines(path, most=64 << 20):
+    """The lines of a text file, at most `most` bytes read (a record is small), bytes
+    that are not UTF-8 replaced; none where it cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return []
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read(most).decode("utf-8", errors="replace").splitlines()
+
+
+# the keys every timing record has, as numbers (tasks/timing.py writes them)
+RECORD_NUMBERS = ("t_start", "t_total")
+
+
+def _record(line):
+    """One profile line as a record, or None where it is not one trajflow wrote."""
+    try:
+        rec = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(rec, dict):
+        return None
+    for key, value in rec.items():
+        if key.startswith("t_") and value is not None and not (isinstance(value, (int, float))
+                                         and not isinstance(value, bool)
+                                         and math.isfinite(value)):
+            return None
+    if not all(rec.get(k) is not None for k in RECORD_NUMBERS):
+        return None
+    if not isinstance(rec.get("intervals", []), list) or not isinstance(rec.get("task", ""), str):
+        return None
+    return rec
 
 
 def rank_spans(rec):
@@ -209,8 +276,18 @@ def how_it_ended(rundir, plan) -> dict:
                + (f": {e['error']}" if e.get("error") else "") + "".join(
                    f"; {task.splitlines()[0]}" for task in e.get("failed_tasks") or [])
                for e in outcome.get("earlier", [])]
-    if os.path.exists(plan.result_path()) and outcome.get("status", "done") == "done":
-        return {"ok": True, "lines": [f"{name}: done: {plan.result_path()}"] + earlier}
+    damage = result_damage(plan) if os.path.exists(plan.result_path()) else None
+    if os.path.exists(plan.result_path()) and outcome.get("status", "done") == "done" and not damage:
+        lines = [f"{name}: done: {plan.result_path()}"] + earlier
+        pickled = pickled_results(plan)
+        if pickled:
+            lines.append(f"  {len(pickled)} result(s) stored with pickle ({', '.join(pickled)}), "
+                         f"not loaded unless trusted: open_run({rundir!r}, trust=True) if you "
+                         "trust who wrote the run")
+        return {"ok": True, "lines": lines}
+    if damage:
+        return {"ok": False, "lines": [f"{name}: DAMAGED: {plan.result_path()}: {damage}; start "
+                                       "a new run, or restore the file"] + earlier}
     if not outcome:
         lines = [f"{name}: NOT ENDED: no {OUTCOME} (still running, or the process that ran it "
                  "was killed)"]
@@ -236,10 +313,44 @@ def how_it_ended(rundir, plan) -> dict:
     return {"ok": False, "lines": lines}
 
 
+def result_damage(plan):
+    """Why the result file is not a result trajflow wrote (not HDF5, not a plain file,
+    empty), or None. Cheap: its signature, not its data."""
+    path = plan.result_path()
+    if os.path.islink(path) or not os.path.isfile(path):
+        return "not a plain file"
+    if plan.backend:
+        return None if os.path.getsize(path) > 0 else "empty"
+    import h5py
+    try:
+        return None if h5py.is_hdf5(path) else "not an HDF5 file"
+    except OSError as exc:
+        return f"cannot be read ({exc})"
+
+
+def pickled_results(plan):
+    """The results stored with pickle (opened only with trust), by name; a Backend run's
+    results are all one pickle."""
+    if plan.backend:
+        return ["the Backend run's results"]
+    import h5py
+    from trajflow.tasks.mda_analyses import PICKLE_SUFFIX
+    found = []
+    try:
+        with h5py.File(plan.result_path(), "r") as f:
+            f.visit(lambda name: found.append(name[:-len(PICKLE_SUFFIX)].split("/", 1)[-1])
+                    if name.endswith(PICKLE_SUFFIX) else None)
+    except OSError:
+        return []
+    return found
+
+
 def inspect_runs(rundirs, tables=()):
     """The report of trajflow runs and of timing tables of any tool (timing_tables.py)."""
-    runs = [load_run(d) for d in rundirs]
+    folder_notes = []
+    runs = [load_run(d, folder_notes) for d in rundirs]
     table_records, notes = read_tables(tables)
+    notes = folder_notes + notes
     records = [r for _, rs in runs for r in rs] + table_records
     flags = find_stragglers(records)
     advices = {os.path.basename(p.workdir): advice(p, rs) for p, rs in runs}
@@ -276,8 +387,9 @@ def fmt_or_na(v):
     return "n/a" if v is None else f"{v:.2f}"
 
 
-def write_json(report, path):
-    write_text(path, json.dumps(report, indent=1, default=str))
+def write_json(report, path, user_target=True):
+    """The report as JSON into `path` (a file the user named: a link of theirs is followed)."""
+    write_text(path, json.dumps(report, indent=1, default=str), user_target=user_target)
 
 
 FLAG_COLUMNS = ["run", "task", "kind", "rank", "ranks", "block", "host", "duration_s",

@@ -351,8 +351,10 @@ def _page(title, body):
             f"<style>{style}</style></head><body>{body}</body></html>")
 
 
-def write_html(report, path, title="trajflow inspection"):
-    write_text(path, render(report, title))
+def write_html(report, path, title="trajflow inspection", user_target=True):
+    """The report into `path`: a file the user named (a link of theirs is followed), or,
+    with `user_target` False, a run folder's report.html (a link there is replaced)."""
+    write_text(path, render(report, title), user_target=user_target)
 
 
 def campaign_scaling_plot(curves):

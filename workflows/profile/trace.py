@@ -102,5 +102,6 @@ def _flag_events(flags, records, pids):
     return events
 
 
-def write_trace(report, path):
-    write_text(path, json.dumps(trace_events(report)))
+def write_trace(report, path, user_target=True):
+    """The trace into `path` (a file the user named: a link of theirs is followed)."""
+    write_text(path, json.dumps(trace_events(report)), user_target=user_target)

@@ -278,7 +278,7 @@ class RemoteRun:
         """Bring the run's own files here; the Run, and the bytes fetched."""
         fetched = self.conn.fetch(self.remote_dir, self.local)
         localise_plan(self.local)
-        return Run(self.local), fetched
+        return Run(self.local, trust=True), fetched  # the user's own run, fetched
 
     def cancel(self):
         """End the run there: its client cancels the pilot and its batch job."""

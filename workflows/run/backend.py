@@ -26,7 +26,7 @@ from MDAnalysis.analysis.backends import BackendBase
 
 from trajflow.tasks import backend_part
 from trajflow.tasks.plan import RunPlan
-from trajflow.tasks.rundir import has_plan
+from trajflow.tasks.rundir import has_plan, open_in_run
 from trajflow.workflows.errors import InputError
 from trajflow.workflows.run import user_code
 from trajflow.workflows.run.api import run_plan
@@ -95,7 +95,7 @@ class Backend(BackendBase):
             run_plan(plan, self.spec, self.pilot_spec, self.pilot)
         finally:  # failed or not, the run is there to inspect
             if has_plan(plan.workdir):
-                self.runs.append(Run(plan.workdir))
+                self.runs.append(Run(plan.workdir, trust=True))
         with open(plan.result_path(), "rb") as fh:
             return pickle.load(fh)
 
@@ -122,7 +122,7 @@ def backend_plan(analysis, func, computations, out):
         raise InputError(f"trajflow.Backend cannot send {type(analysis).__name__} to the tasks "
                          f"({type(exc).__name__}: {exc})")
     os.makedirs(plan.path("backend"), exist_ok=True)
-    with open(backend_part.function_path(plan), "wb") as fh:
+    with open_in_run(backend_part.function_path(plan), "wb") as fh:
         fh.write(pickled)
     for part, group in enumerate(groups):
         np.save(backend_part.group_path(plan, part), group)

@@ -21,7 +21,7 @@ import threading
 import time
 
 from trajflow.tasks.client_guard import CANCEL, CLOSED, ENDED, HEARTBEAT, STARTED
-from trajflow.tasks.rundir import SESSIONS
+from trajflow.tasks.rundir import open_in_run, SESSIONS
 from trajflow.workflows.run.resources import pre_bootstrap_entry
 
 DEFAULT_CLIENT_TIMEOUT_S = 300
@@ -87,7 +87,7 @@ def record_session(rundir, session_dir):
     except OSError:
         known = []
     if session_dir not in known:
-        with open(path, "a", encoding="utf-8") as fh:
+        with open_in_run(path, "a") as fh:
             fh.write(session_dir + "\n")
 
 

@@ -298,7 +298,7 @@ class Pilot:
                 for f in batch:
                     if f.done():
                         continue
-                    run = Run(f.path)  # complete on disk before the pilot went: done
+                    run = Run(f.path, trust=True)  # complete on disk before the pilot went: done
                     if run.ok:
                         f.set_result(run)
                         continue
@@ -319,20 +319,20 @@ class Pilot:
                     if isinstance(exc, (Interrupted, KeyboardInterrupt)):
                         f.set_exception(exc)
                     else:
-                        failed = RunFailed(f"run {f.request.name} failed: {why}", run=Run(f.path))
+                        failed = RunFailed(f"run {f.request.name} failed: {why}", run=Run(f.path, trust=True))
                         failed.__cause__ = exc
                         f.set_exception(failed)
                 return
             for f in batch:  # ended without a word from the pilot (it should not happen)
                 if not f.done():
                     f.set_exception(RunFailed(f"run {f.request.name} ended without an outcome",
-                                              run=Run(f.path)))
+                                              run=Run(f.path, trust=True)))
             if last:
                 return
 
     def _ended(self, name, outcomes):
         future = self._running.pop(name)
-        run = Run(future.path)
+        run = Run(future.path, trust=True)
         run.write_report()  # (its pilot's row too once that has ended: see run_plan)
         if run.ok:
             self._say_for(future, f"{name}: done -> {run.result_path}")

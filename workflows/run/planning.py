@@ -23,7 +23,8 @@ from trajflow.tasks import mda_analyses
 from trajflow.tasks.analyses import ANALYSES, ANALYSIS_CLASSES
 from trajflow.tasks.h5md import COLLECTIVE, missing_box
 from trajflow.tasks.plan import balanced_blocks, chosen_frames, RunPlan
-from trajflow.tasks.rundir import FOLDERS, keep_room, LOCK, MARKER, PLAN, RESERVE_BYTES
+from trajflow.tasks.rundir import (FOLDERS, keep_room, LOCK, MARKER, open_in_run, PLAN,
+                                   replaced_whole, RESERVE_BYTES)
 from trajflow.workflows.errors import InputError
 from trajflow.workflows.run import integrity, local_trial, user_code
 from trajflow.workflows.run.rundir_lock import RunLock
@@ -579,7 +580,7 @@ def write_plan(plan: RunPlan) -> str:
     """Create RUNDIR and its folders and write plan.json; returns the plan's path."""
     for sub in ("",) + FOLDERS:
         os.makedirs(plan.path(sub), exist_ok=True)
-    with open(plan.path(MARKER), "w", encoding="utf-8") as fh:
+    with open_in_run(plan.path(MARKER), "w") as fh:
         fh.write("This folder is a trajflow run.\n")
     keep_room(plan.workdir)
     plan.save_selection(plan.selected)
@@ -594,8 +595,9 @@ def write_analysis_code(plan):
         return
     os.makedirs(plan.path("analysis"), exist_ok=True)
     if plan.factory_pickle is not None:
-        with open(plan.path(plan.factory["copy"]), "wb") as fh:
+        with open_in_run(plan.path(plan.factory["copy"]), "wb") as fh:
             fh.write(plan.factory_pickle)
     else:
-        shutil.copyfile(plan.factory["source"], plan.path(plan.factory["copy"]))
+        with replaced_whole(plan.path(plan.factory["copy"])) as tmp:
+            shutil.copyfile(plan.factory["source"], tmp)
         user_code.copy_modules(plan.factory.get("modules") or {}, plan.path("analysis"))

@@ -7,7 +7,7 @@
 
 For your own analysis the entries are those of `analysis.results` (arrays and
 numbers as read from /results, nested Results as Results, other objects
-unpickled); for rmsd and dihedrals they are the datasets of result.h5. Both
+unpickled where you trust the run's writer: open_result(..., trust=True)); for rmsd and dihedrals they are the datasets of result.h5. Both
 also have `frame` and `time` (ps) of every frame analysed.
 """
 import h5py
@@ -15,8 +15,12 @@ import h5py
 from trajflow.tasks.mda_analyses import read_results
 
 
-def open_result(path):
+def open_result(path, trust=False):
     """The results of one run (its RUNDIR or its result.h5) as an MDAnalysis ``Results``.
+
+    Results your analysis stored with pickle (objects that are not numbers, arrays or
+    strings) are loaded only with ``trust=True``: unpickling runs whatever code the
+    file's writer put there. Otherwise each is a placeholder saying so.
 
     Examples
     --------
@@ -28,7 +32,7 @@ def open_result(path):
     if os.path.isdir(path):
         path = os.path.join(path, "result.h5")
     with h5py.File(path, "r") as f:
-        results = read_results(f["results"]) if "results" in f else Results()
+        results = read_results(f["results"], trust) if "results" in f else Results()
         for key, item in f.items():
             if isinstance(item, h5py.Dataset):
                 results[key] = item[()]

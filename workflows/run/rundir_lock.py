@@ -11,8 +11,10 @@ where the file system has no flock, a lock of this host whose pid is dead is
 taken over, one of another host is refused (remove the file if that run is
 gone).
 """
+import errno
 import fcntl
 import os
+import stat
 import socket
 import time
 
@@ -47,7 +49,18 @@ class RunLock:
         if not os.path.isdir(self.rundir):
             os.makedirs(self.rundir)
             self.created_dir = True
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # never through a link planted at the lock's name (it would be truncated)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o644)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise OSError(errno.ELOOP, "not a plain file")
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+                raise
+            raise InputError(f"{what} {self.rundir!r}: its {LOCK} is not a plain file (a link "
+                             "or a device, which trajflow never writes through): remove it if "
+                             "the folder is yours, or choose another folder") from None
         holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -15,9 +15,10 @@ import html
 import logging
 import os
 
-from trajflow.tasks.plan import RunPlan
+from trajflow.tasks.mda_analyses import PickledNotLoaded
+from trajflow.tasks.plan import PlanError, RunPlan
 from trajflow.tasks.rundir import has_plan, PLAN, REPORT, read_outcome
-from trajflow.workflows.errors import RunFailed
+from trajflow.workflows.errors import InputError, RunFailed
 from trajflow.tasks import backend_part
 from trajflow.workflows.profile.inspection import (how_it_ended, inspect_runs, straggler_lines,
                                                    summary_text)
@@ -36,6 +37,11 @@ class Run:
         the run's folder (RUNDIR).
     plan : RunPlan
         what was asked: inputs, analysis, io, mode, blocks (``plan.to_dict()``).
+    trust : bool
+        whether results stored with pickle are loaded (unpickling runs code of whoever
+        wrote the folder): True for the runs this process made, else as opened.
+    not_loaded : list of str
+        the results left unread for want of `trust` (after ``results`` was read).
 
     Examples
     --------
@@ -46,13 +52,18 @@ class Run:
     (9800, 3)
     """
 
-    def __init__(self, path):
+    def __init__(self, path, trust=False):
         self.path = os.path.abspath(path)
         if not os.path.exists(os.path.join(self.path, PLAN)):
             raise FileNotFoundError(f"{self.path!r} is not a trajflow run (no {PLAN}): "
                                     "give the folder a run wrote (its --out / out=)")
-        self.plan = RunPlan.load(os.path.join(self.path, PLAN))
+        try:
+            self.plan = RunPlan.load(os.path.join(self.path, PLAN))
+        except PlanError as exc:
+            raise InputError(str(exc)) from None
         self.plan.workdir = self.path  # a folder moved or copied elsewhere reads from where it is
+        self.trust = trust
+        self.not_loaded = []
         self._results = None
 
     def __repr__(self):
@@ -81,8 +92,11 @@ class Run:
 
     def _first_plot(self):
         """The first result that is one number per frame, against time (rmsd: its
-        third column), as a PNG; None if there is none."""
-        results = self.results
+        third column), as a PNG; None if there is none (or none may be read)."""
+        try:
+            results = self.results
+        except InputError:  # a Backend run opened without trust
+            return None
         for key, value in results.items():
             if key in ("frame", "time"):
                 continue
@@ -134,13 +148,24 @@ class Run:
                                 f"{': ' + outcome['error'] if outcome.get('error') else ''}); "
                                 "see run.outcome", run=self)
             self._results = self._backend_results() if self.plan.backend else \
-                open_result(self.result_path)
+                open_result(self.result_path, self.trust)
+            self.not_loaded = sorted(_not_loaded(self._results))
+            if self.not_loaded:
+                log.warning("%s: %d object(s) stored with pickle, not loaded (%s): "
+                            "open_run(%r, trust=True) if you trust who wrote it",
+                            self.path, len(self.not_loaded), ", ".join(self.not_loaded),
+                            self.path)
         return self._results
 
     def _backend_results(self):
         """An MDAnalysis run() through trajflow.Backend: the analysis' results as its
         run() concluded them, with `frame` and `time`."""
         from MDAnalysis.analysis.results import Results
+        if not self.trust:
+            raise InputError(f"run {self.path} was made by trajflow.Backend: its results are "
+                             "stored with pickle (MDAnalysis' own analysis object), and "
+                             "unpickling runs whatever code the folder's writer put there; "
+                             f"open_run({self.path!r}, trust=True) if you trust who wrote it")
         analysis = backend_part.concluded(self.plan)
         return Results(analysis.results, frame=analysis.frames, time=analysis.times)
 
@@ -163,7 +188,9 @@ class Run:
         """RUNDIR/report.html (timeline, phases, stragglers, how it ended); its path, or
         None when it could not be written (a report never hides a result)."""
         try:
-            return self.profile.to_html(self.plan.path(REPORT), f"trajflow run {self.path}")
+            path = self.plan.path(REPORT)
+            write_html(self.profile.report, path, f"trajflow run {self.path}", user_target=False)
+            return path
         except Exception as exc:  # noqa: a full disk, a damaged profile
             log.warning("%s: no report.html (%s)", self.path, exc)
             return None
@@ -251,6 +278,15 @@ class Profile:
         return summary_text(self.report)
 
 
+def _not_loaded(results, prefix=""):
+    """The keys (nested ones as a.b) of results left unread for want of trust."""
+    for key, value in results.items():
+        if isinstance(value, PickledNotLoaded):
+            yield prefix + key
+        elif isinstance(value, dict):
+            yield from _not_loaded(value, f"{prefix}{key}.")
+
+
 def find_runs(folder, depth=4):
     """The runs in `folder` and below it (`depth` levels: a campaign's runs/RES/EXP), by
     path; a run's own folders are not searched."""
@@ -266,12 +302,17 @@ def find_runs(folder, depth=4):
     return found
 
 
-def open_run(path):
+def open_run(path, trust=False):
     """Reopen a run from its folder (made by the CLI, a script, or another machine).
+
+    Opening a run never runs code from it: results stored with pickle (your own
+    analysis' objects, a trajflow.Backend run's results) are loaded only with
+    ``trust=True``, since unpickling runs whatever code the folder's writer put there.
 
     Examples
     --------
     >>> run = trajflow.open_run("runs/adk-rmsd")
     >>> run.results.rmsd
+    >>> trajflow.open_run("runs/mine", trust=True).results.contacts   # a pickled object
     """
-    return Run(path)
+    return Run(path, trust)

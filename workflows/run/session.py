@@ -18,7 +18,7 @@ from resource import RUSAGE_SELF, getrusage
 from trajflow.tasks.client_guard import CLIENT_CONFIGS
 from trajflow.tasks.placement import (node_cpus, pin_to, RADICAL_TIMER_SLACK_NS, set_timer_slack,
                                       split_cpus)
-from trajflow.tasks.rundir import record_outcome
+from trajflow.tasks.rundir import open_in_run, record_outcome
 from trajflow.workflows.run import resources
 from trajflow.workflows.run.batch import BATCH_JOB, lost_nodes_of_job
 from trajflow.workflows.run.entk_client import (new_appmanager, reap_local_tasks,
@@ -187,7 +187,7 @@ class _Session:
         if self.beat is not None:
             self.beat.stop()
             try:
-                with open(os.path.join(self.dir, CLOSED), "w") as fh:
+                with open_in_run(os.path.join(self.dir, CLOSED), "w") as fh:
                     fh.write(f"the client cancelled its pilot ({how})\n")
             except OSError:  # a full disk: the guard then ends the pilot by the heartbeat
                 pass
