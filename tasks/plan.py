@@ -14,7 +14,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from .rundir import PLAN, RESULT, SELECTION, replaced_whole, write_text
+from .rundir import BACKEND_RESULT, PLAN, RESULT, SELECTION, replaced_whole, write_text
 
 
 
@@ -191,7 +191,7 @@ class RunPlan:
 
     def result_path(self) -> str:
         """The file whose presence means the run is complete."""
-        return self.path("backend", "results.pickle") if self.backend else self.path(RESULT)
+        return self.path(BACKEND_RESULT) if self.backend else self.path(RESULT)
 
     def progress_path(self, block: int) -> str:
         """An analyze rank's frames done so far (one number), for the progress bar."""

@@ -35,6 +35,7 @@ RESERVE = ".trajflow-reserve"
 RESERVE_BYTES = 256 << 10  # an outcome with its earlier attempts is a few kB
 OUTCOME_BEFORE = "outcome.before.json"  # a failed outcome set aside while a resume runs
 RESULT = "result.h5"
+BACKEND_RESULT = os.path.join("backend", "results.pickle")  # a trajflow.Backend run's result
 REPORT = "report.html"
 SESSIONS = "radical_session"
 MANIFEST = os.path.join("split", "manifest.json")
@@ -49,6 +50,18 @@ KEPT_TASK_FILES = "radical"   # each task's RADICAL profile, stdout and stderr
 # what a fetch brings back from a remote run (its own small files; never split/ or parts/)
 FETCHED = (RESULT, PLAN, OUTCOME, REPORT, CLIENT_LOG, CLIENT_EXIT, "profile/", "radical/",
            "backend/")
+
+
+# every name a run keeps in its folder: none may be a link (a write there would land
+# wherever the link points; the folder may be in shared project space)
+OWN_NAMES = (PLAN, SELECTION, MARKER, LOCK, OUTCOME, RESERVE, OUTCOME_BEFORE, RESULT, REPORT,
+             SESSIONS, CLIENT, CLIENT_LOG, CLIENT_EXIT, BATCH_SCRIPT, CLAIMS, REMOTE, *FOLDERS,
+             KEPT_TASK_FILES, "progress", "analysis", "backend")
+
+
+def links_in(rundir):
+    """The names of OWN_NAMES that are symbolic links in `rundir` (resume refuses them)."""
+    return [n for n in OWN_NAMES if os.path.islink(os.path.join(rundir, n))]
 
 
 def path(rundir, *parts):
@@ -157,8 +170,9 @@ def record_outcome(rundir, status, error=None, stopped_at=None, failed_tasks=(),
               "retried_tasks": list(retried_tasks)}
     if note:
         record["note"] = note
-    # a resumed run keeps how its earlier attempts ended
-    before = read_outcome(rundir) or read_record(path(rundir, OUTCOME_BEFORE)) or {}
+    # a resumed run keeps how its earlier attempts ended (not the provisional record)
+    before = (outcome_said(rundir) and read_outcome(rundir)) or \
+        _typed_record(read_record(path(rundir, OUTCOME_BEFORE))) or {}
     earlier = list(before.get("earlier", []))
     if before.get("status") == "failed":
         earlier.append({k: before.get(k) for k in ("ended", "stopped_at", "error", "failed_tasks")})
@@ -241,12 +255,62 @@ def add_to_failure(rundir, why):
 
 
 def begin_attempt(rundir):
-    """A failed run about to be resumed: its outcome set aside (record_outcome keeps it
-    in `earlier`), so that until this attempt ends the folder says it has not ended,
-    and a failure of this attempt is recorded as its own."""
-    outcome = read_outcome(rundir)
-    if outcome is not None and outcome.get("status") != "done":
+    """A failed (or interrupted) run about to be resumed: its outcome set aside
+    (record_outcome keeps it in `earlier`), so that until this attempt ends the folder
+    says it has not ended, and a failure of this attempt is recorded as its own."""
+    raw = read_record(path(rundir, OUTCOME))
+    if os.path.lexists(path(rundir, OUTCOME)) and not (isinstance(raw, dict)
+                                                       and raw.get("status") == "done"
+                                                       and not raw.get("provisional")):
         os.replace(path(rundir, OUTCOME), path(rundir, OUTCOME_BEFORE))
+
+
+INTERRUPTED = ("interrupted: the process running it ended before it could say how the run "
+               "ended (killed, or its machine lost)")
+
+
+def record_handed_over(rundir):
+    """outcome.json saying "failed: interrupted" from the moment a run is handed to its
+    pilot, until how it ended replaces it: a client killed at any moment leaves a folder
+    that says so (a Ctrl-C right after the pilot was requested once left none). While
+    the process holding the run's lock lives, read_outcome reads it as not ended."""
+    record = {"run": os.path.basename(rundir), "status": "failed", "ended": time.time(),
+              "stopped_at": None, "error": INTERRUPTED, "failed_tasks": [],
+              "retried_tasks": [], "provisional": True}
+    try:
+        write_text(path(rundir, OUTCOME), json.dumps(record, indent=1))
+    except OSError:  # a full disk: the space check said so; the run goes on
+        pass
+
+
+def outcome_said(rundir) -> bool:
+    """Whether outcome.json says how the run ended (not the provisional record)."""
+    raw = read_record(path(rundir, OUTCOME))
+    return isinstance(raw, dict) and not raw.get("provisional")
+
+
+def _lock_holder_lives(rundir) -> bool:
+    """Whether the process named in RUNDIR's lock lives (one of another host: taken to)."""
+    import socket
+    try:
+        fd = os.open(path(rundir, LOCK), os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return False  # released: its run said how it ended, or never began
+    with os.fdopen(fd, "rb") as fh:
+        words = fh.read(4096).decode(errors="replace").split()
+    try:
+        host, pid = words[words.index("host") + 1], int(words[words.index("pid") + 1])
+    except (ValueError, IndexError):
+        return False
+    if host != socket.gethostname():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return pid > 0
+    return True
 
 
 def read_outcome(rundir):
@@ -257,6 +321,17 @@ def read_outcome(rundir):
     if record is None:
         return None if not os.path.lexists(path(rundir, OUTCOME)) else \
             _not_ours("it is not a whole JSON record of a plain file")
+    if isinstance(record, dict) and record.get("provisional") is True and (
+            _lock_holder_lives(rundir) or os.path.exists(path(rundir, RESULT))
+            or os.path.exists(path(rundir, BACKEND_RESULT))):
+        return None  # handed over and still going, or its result whole before it could say
+    return _typed_record(record)
+
+
+def _typed_record(record):
+    """An outcome record as read_outcome gives it (None stays None)."""
+    if record is None:
+        return None
     if not isinstance(record, dict) or record.get("status") not in ("done", "failed"):
         return _not_ours("it has no status done or failed")
     return _typed_outcome(record)

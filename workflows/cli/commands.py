@@ -205,6 +205,7 @@ def cmd_inspect(args):
         if not has_plan(d):
             raise InputError(f"{d!r} is not a trajflow run (no plan.json): give a --out folder of "
                              "trajflow run")
+    _check_targets(args)
     report = inspect_runs(args.rundirs, args.table)
     print(summary_text(report))
     if args.trace:
@@ -223,7 +224,20 @@ def cmd_inspect(args):
     return EXIT_OK if all(e["ok"] for e in report["endings"].values()) else EXIT_FAILED
 
 
+def _check_targets(args):
+    """Each file to write (--html, --json, --csv, --trace) can be: its folder exists."""
+    for flag in ("html", "json", "csv", "trace"):
+        target = getattr(args, flag, None)
+        if target is None:
+            continue
+        folder = os.path.dirname(os.path.abspath(target))
+        if not os.path.isdir(folder):
+            raise InputError(f"--{flag} {target!r}: the folder {folder!r} does not exist: "
+                             "create it, or name a file in a folder that exists")
+
+
 def _inspect_campaign(args):
+    _check_targets(args)
     cdir = os.path.abspath(args.rundirs[0])
     rows = experiment_rows(cdir)
     for line in summary_lines(rows):
@@ -285,18 +299,27 @@ def cmd_bench(args):
 
 def cmd_runs(args):
     """The runs under a folder, a line each."""
-    found = find_runs(args.folder)
-    if not found:
+    unreadable = []
+    found = find_runs(args.folder, unreadable=unreadable)
+    if not found and not unreadable:
         print(f"no trajflow run in {os.path.abspath(args.folder)} (nor 4 levels below)")
         return EXIT_OK
     names = [os.path.relpath(run.path, args.folder) for run in found]
     width = max(len(n) for n in names + ["run"])
     print(f"{'run':{width}s} {'analysis':24s} {'state':9s} {'frames':>7s} {'wall s':>8s}  io/mode")
     for name, run in zip(names, found):
-        analysis = os.path.basename(str(run.plan.analysis))
-        wall = "-" if run.wall_s is None else f"{run.wall_s:.1f}"
-        print(f"{name:{width}s} {analysis[:24]:24s} {run.state:9s} {run.plan.n_frames:7d} "
-              f"{wall:>8s}  {run.plan.io}/{run.plan.mode}, {run.plan.n_blocks} blocks")
+        try:
+            analysis = os.path.basename(str(run.plan.analysis))
+            wall = "-" if run.wall_s is None else f"{run.wall_s:.1f}"
+            line = (f"{name:{width}s} {analysis[:24]:24s} {run.state:9s} "
+                    f"{run.plan.n_frames:7d} {wall:>8s}  {run.plan.io}/{run.plan.mode}, "
+                    f"{run.plan.n_blocks} blocks")
+        except Exception as exc:  # noqa: one damaged folder never hides the others
+            unreadable.append((run.path, f"{type(exc).__name__}: {exc}"))
+            continue
+        print(line)
+    for path, why in unreadable:
+        print(f"{os.path.relpath(path, args.folder)}: UNREADABLE: {why.splitlines()[0]}")
     return EXIT_OK
 
 

@@ -16,7 +16,7 @@ import threading
 import time
 
 from trajflow.tasks.client_guard import ENDED
-from trajflow.tasks.rundir import OUTCOME, record_outcome
+from trajflow.tasks.rundir import OUTCOME, outcome_said, record_outcome
 from trajflow.workflows.errors import Interrupted
 from trajflow.workflows.run import resources, signals
 from trajflow.workflows.run.entk_client import reap_local_tasks
@@ -311,7 +311,7 @@ class PilotProcess:
             remove_partial_files(plan)
             outcome = plan.path(OUTCOME)
             if os.path.exists(plan.result_path()) or (
-                    os.path.exists(outcome) and os.path.getmtime(outcome) >= self._batch_t0):
+                    outcome_said(plan.workdir) and os.path.getmtime(outcome) >= self._batch_t0):
                 continue  # it ended, and said so, before the child was killed
             try:
                 record_outcome(plan.workdir, "failed", f"{why}; the process holding the pilot "

@@ -16,6 +16,7 @@ Pilot 1.103 no longer notices a dead client. Three pieces live here:
 import glob
 import json
 import os
+import stat
 import shlex
 import threading
 import time
@@ -102,6 +103,8 @@ def live_guards(rundir, fresh_s=30.0):
         pass
     live = []
     for session in sorted(candidates):
+        if not _own_folder(session):  # a line planted in the record names someone's pilot
+            continue
         started = os.path.join(session, STARTED)
         if (not os.path.exists(started) or os.path.exists(os.path.join(session, ENDED))
                 or os.path.exists(os.path.join(session, CLOSED))):
@@ -109,6 +112,15 @@ def live_guards(rundir, fresh_s=30.0):
         if time.time() - os.stat(started).st_mtime < fresh_s:
             live.append(session)
     return live
+
+
+def _own_folder(folder):
+    """An absolute path of a real folder (not a link) this user owns."""
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return False
+    return os.path.isabs(folder) and stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
 
 
 def client_alive(session, stale_s=12.0):
@@ -135,7 +147,7 @@ def cancel_orphans(rundir, say, patience_s=60.0):
     wait (at most `patience_s`) until each has recorded that it did."""
     orphans = [s for s in live_guards(rundir) if not client_alive(s)]
     for session in orphans:
-        with open(os.path.join(session, CANCEL), "w", encoding="utf-8") as fh:
+        with open_in_run(os.path.join(session, CANCEL), "w") as fh:
             fh.write(f"an orphaned pilot of {rundir}, cancelled by trajflow --resume")
         say(f"{rundir}: an earlier pilot of this run is still running without its client "
             f"(session {session}); cancelling it")

@@ -27,7 +27,8 @@ import os
 import threading
 import time
 
-from trajflow.tasks.rundir import add_to_failure, begin_attempt, PLAN, record_outcome
+from trajflow.tasks.rundir import (add_to_failure, begin_attempt, PLAN, record_handed_over,
+                                   record_outcome)
 from trajflow.workflows.errors import InputError, Interrupted, RunFailed
 from trajflow.workflows.run import resources
 from trajflow.workflows.run.execute import PilotProcess, RunRequest
@@ -246,6 +247,7 @@ class Pilot:
                                       spec.env, spec.progress))
         lock = plan.lock  # one run per RUNDIR, until this one has ended
         if lock is not None:
+            record_handed_over(plan.workdir)  # "interrupted" until it says how it ended
             future.add_done_callback(lambda _: lock.release())
             if lock.taken_over:
                 self._say(f"{plan.workdir}: took over the lock of a run that is gone "

@@ -22,8 +22,8 @@ import numpy as np
 from trajflow.tasks import mda_analyses
 from trajflow.tasks.analyses import ANALYSES, ANALYSIS_CLASSES
 from trajflow.tasks.h5md import COLLECTIVE, missing_box
-from trajflow.tasks.plan import balanced_blocks, chosen_frames, RunPlan
-from trajflow.tasks.rundir import (FOLDERS, keep_room, LOCK, MARKER, open_in_run, PLAN,
+from trajflow.tasks.plan import balanced_blocks, chosen_frames, PlanError, RunPlan
+from trajflow.tasks.rundir import (FOLDERS, keep_room, links_in, LOCK, MARKER, open_in_run, PLAN,
                                    replaced_whole, RESERVE_BYTES)
 from trajflow.workflows.errors import InputError
 from trajflow.workflows.run import integrity, local_trial, user_code
@@ -521,9 +521,23 @@ def plan_for_resume(rundir) -> RunPlan:
     if not os.path.exists(os.path.join(rundir, MARKER)) or not os.path.exists(path):
         raise InputError(f"--resume {rundir!r} is not a trajflow run (no {PLAN}): give the "
                          "--out folder of an earlier trajflow run")
+    links = links_in(rundir)
+    if links:
+        raise InputError(f"--resume {rundir!r}: {', '.join(links)} in it is a symbolic link, "
+                         "which trajflow never writes through (the run's files would land "
+                         "elsewhere): replace it by the file or folder itself, or start a new run")
     lock = RunLock(rundir).acquire("--resume")  # refused while the run still goes
     try:
-        plan = _resumable(RunPlan.load(path), rundir)
+        try:
+            plan = RunPlan.load(path)
+        except PlanError as exc:
+            raise InputError(f"--resume: {exc}") from None
+        if os.path.realpath(plan.workdir) != os.path.realpath(rundir):
+            log.warning("--resume %s: its plan was made in %s; the run resumes where it is now "
+                        "(a moved or copied run), and writes nothing there", rundir, plan.workdir)
+            plan.workdir = rundir
+            plan.shared_h5md = None  # a campaign's copy beside the old place: its own now
+        plan = _resumable(plan, rundir)
         check_space(plan)
         keep_room(rundir)  # used up if the attempt before failed on a full disk
         plan.asked_at = time.time()  # this resume's time counts from now

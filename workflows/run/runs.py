@@ -287,13 +287,18 @@ def _not_loaded(results, prefix=""):
             yield from _not_loaded(value, f"{prefix}{key}.")
 
 
-def find_runs(folder, depth=4):
+def find_runs(folder, depth=4, unreadable=None):
     """The runs in `folder` and below it (`depth` levels: a campaign's runs/RES/EXP), by
-    path; a run's own folders are not searched."""
+    path; a run's own folders are not searched. A folder whose plan is not trajflow's is
+    left out, and (path, why) appended to `unreadable` if given."""
     found = []
     for root, dirs, _ in os.walk(os.path.abspath(folder)):
         if has_plan(root):
-            found.append(Run(root))
+            try:
+                found.append(Run(root))
+            except (InputError, OSError) as exc:
+                if unreadable is not None:
+                    unreadable.append((root, str(exc)))
             dirs[:] = []
         elif root.count(os.sep) - os.path.abspath(folder).count(os.sep) >= depth:
             dirs[:] = []

@@ -346,17 +346,34 @@ def option_choices(name):
 
 
 def _check_fields(spec):
-    """Choices and least values, with one message per kind of problem."""
+    """Choices, types and least values, with one message per kind of problem: the same
+    check for the API, the CLI, campaign files and remote runs, since all make a spec."""
     for f in dataclasses.fields(spec):
         value, meta = getattr(spec, f.name), f.metadata
         if meta["choices"] and value not in meta["choices"]:
             raise InputError(f"unknown {spelled(f.name, value)}: choose one of "
                              f"{', '.join(meta['choices'])}")
-        if meta["minimum"] is not None and value is not None:
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise InputError(f"{spelled(f.name, value)}: give a number")
-            if value < meta["minimum"]:
-                raise InputError(f"{spelled(f.name, value)}: give {meta['minimum']} or more")
+        kind = value_type(f)
+        if value is not None and kind in (int, float):
+            _check_number(f.name, value, kind)
+        elif value is not None and kind is str and not isinstance(value, str):
+            raise InputError(f"{spelled(f.name, value)}: give a string")
+        elif value is not None and kind is bool and not isinstance(value, bool):
+            raise InputError(f"{spelled(f.name, value)}: give True or False")
+        if meta["minimum"] is not None and value is not None and value < meta["minimum"]:
+            raise InputError(f"{spelled(f.name, value)}: give {meta['minimum']} or more")
+
+
+def _check_number(name, value, kind):
+    """A finite number, whole where the option counts things (NaN would pass every
+    comparison and so disable a bound)."""
+    import math
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(f"{spelled(name, value)}: give a number")
+    if not math.isfinite(value):
+        raise InputError(f"{spelled(name, value)}: give a finite number")
+    if kind is int and not isinstance(value, int):
+        raise InputError(f"{spelled(name, value)}: give a whole number")
 
 
 def split_options(options: dict, *specs):

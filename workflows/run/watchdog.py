@@ -94,8 +94,9 @@ def parse_limits(text):
             seconds = float(value)
         except ValueError:
             seconds = -1.0
-        if seconds < 0:
-            raise ValueError(f"--limits {item!r}: the bound is seconds, 0 or more (0: none)")
+        if not 0 <= seconds < float("inf"):  # NaN would disable the guard silently
+            raise ValueError(f"--limits {item!r}: the bound is a finite number of seconds, 0 "
+                             "or more (0: none)")
         limits[name.strip()] = seconds
     return limits
 
