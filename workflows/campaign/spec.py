@@ -30,6 +30,7 @@ its largest experiment unless `cpus` says otherwise.
 """
 import dataclasses
 import itertools
+import math
 import os
 import tomllib
 from typing import Dict, List
@@ -144,15 +145,16 @@ class CampaignSpec:
         return self.option("args") or {}
 
     @classmethod
-    def load(cls, path) -> "CampaignSpec":
+    def load(cls, path, yes=False) -> "CampaignSpec":
         """Read and check a campaign file (TOML); InputError naming the problem and the fix.
+        `yes`: take a campaign of more than MAX_EXPERIMENTS experiments.
 
         Examples
         --------
         >>> campaign = trajflow.Campaign.load("scaling.toml")
         >>> len(campaign.experiments), list(campaign.resources)
         """
-        return load_campaign(path, cls)
+        return load_campaign(path, cls, yes)
 
     def _folder(self, out):
         return os.path.abspath(out or os.path.join(os.getcwd(), self.name))
@@ -236,16 +238,28 @@ def _check_choice(value, key, where):
         raise InputError(f"{where}: {key} = {value} must be at least 1")
 
 
-def load_campaign(path, cls=None) -> "CampaignSpec":
+MAX_EXPERIMENTS = 10_000      # more is a typo far more often than a plan: --yes takes it
+MAX_CAMPAIGN_BYTES = 1 << 20  # a campaign file is a page of factors
+
+
+def load_campaign(path, cls=None, yes=False) -> "CampaignSpec":
     """Read and check a campaign file; InputError naming the problem and the fix."""
     path = os.path.abspath(path)
     if not os.path.isfile(path):
         raise InputError(f"campaign file {path!r} does not exist: check the path")
+    if os.path.getsize(path) > MAX_CAMPAIGN_BYTES:
+        raise InputError(f"campaign file {path!r} is {os.path.getsize(path)} bytes, more than "
+                         f"a campaign file ({MAX_CAMPAIGN_BYTES}): check the path")
     try:
         with open(path, "rb") as fh:
             data = tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"campaign file {path!r} is not valid TOML: {exc}")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"campaign file {path!r} is not UTF-8 text (byte {exc.start}): save it "
+                         "as UTF-8")
+    except RecursionError:
+        raise InputError(f"campaign file {path!r} is nested too deeply to be a campaign file")
     for key in data:
         if key not in TOP_LEVEL:
             raise InputError(f"{path}: unknown table {key!r}; allowed: {', '.join(TOP_LEVEL)}")
@@ -283,8 +297,11 @@ def load_campaign(path, cls=None) -> "CampaignSpec":
         if "experiments" in data:
             raise InputError("[[experiments]] is given but [campaign] design is 'factorial': "
                              "set design = \"list\" to run just those, or remove them")
+        count = len(resources) * math.prod(len(v) for v in factors.values())
+        _check_count(count * c.get("repeats", 1), yes)
         points = [dict(zip(("resource",) + tuple(factors), combo))
                   for combo in itertools.product(resources, *factors.values())]
+    _check_count(len(points) * c.get("repeats", 1), yes)
     experiments = _expand(points, c.get("repeats", 1))
     for label, spec in resources.items():
         largest = max((e.ranks for e in experiments if e.resource == label), default=0)
@@ -304,6 +321,15 @@ def load_campaign(path, cls=None) -> "CampaignSpec":
                                  concurrent=c.get("concurrent", False), input=inputs,
                                  resources=resources, experiments=experiments,
                                  run_options=run_options)
+
+
+def _check_count(count, yes):
+    """InputError for more than MAX_EXPERIMENTS experiments unless `yes` (said before they
+    are made: a million took minutes of silence)."""
+    if count > MAX_EXPERIMENTS and not yes:
+        raise InputError(f"the campaign has {count:,} experiments, more than "
+                         f"{MAX_EXPERIMENTS:,}: check its factors and repeats, or give --yes "
+                         "(Campaign.load(path, yes=True)) if you mean it")
 
 
 def _analysis(analysis, base):

@@ -144,7 +144,7 @@ def cmd_demo(args):
 
 
 def cmd_campaign(args):
-    campaign = Campaign.load(args.file)
+    campaign = Campaign.load(args.file, yes=args.yes)
     if args.only_resource:
         if args.only_resource not in campaign.resources:
             raise InputError(f"--only-resource {args.only_resource!r}: the file's resources are "

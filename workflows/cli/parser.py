@@ -3,6 +3,7 @@ import argparse
 
 from trajflow import __version__
 
+from trajflow.workflows.campaign.spec import MAX_EXPERIMENTS
 from trajflow.workflows.cli.options import RESUMED_OPTIONS, add_spec_options
 from trajflow.workflows.remote.client import add_remote_commands, add_remote_options
 from trajflow.workflows.run.spec import PilotSpec, RunSpec
@@ -72,6 +73,9 @@ def build_parser():
     camp.add_argument("--dry-run", action="store_true",
                       help="print the experiments and each resource's pilot; submit and write "
                            "nothing")
+    camp.add_argument("--yes", action="store_true",
+                      help=f"take a campaign of more than {MAX_EXPERIMENTS:,} experiments "
+                           "(refused without it)")
     camp.add_argument("--resume", action="store_true",
                       help="keep the experiments of CAMPAIGN_DIR that completed, run the rest")
     camp.add_argument("--only-resource", default=None, metavar="LABEL",

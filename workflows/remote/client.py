@@ -19,16 +19,19 @@ import json
 import os
 import re
 import shlex
+import stat
 import subprocess
 import sys
 import tempfile
 import time
 
 from trajflow.tasks.client_guard import alive
-from trajflow.tasks.rundir import FETCHED, PLAN, REMOTE
+from trajflow.tasks.plan import load_json_record
+from trajflow.tasks.rundir import FETCHED, PLAN, REMOTE, write_text
 from trajflow.workflows.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InputError, RunFailed
 from trajflow.workflows.run.runs import Run
-from trajflow.workflows.run.spec import PilotSpec, RunSpec, split_options, takes_options
+from trajflow.workflows.run.spec import (check_no_control, PilotSpec, RunSpec, split_options,
+                                         takes_options)
 
 import trajflow
 
@@ -44,17 +47,13 @@ class Connection:
     """SSH to one cluster account through one ControlMaster connection."""
 
     def __init__(self, target, python):
-        m = re.fullmatch(r"(?:([^@\s]+)@)?([^:@\s]+)(?::(\d+))?", target or "")
-        if not m:
-            raise InputError(f"--remote {target!r}: give [user@]host[:port]")
         self.target, self.python = target, python
-        user, host, self.port = m.groups()
+        user, host, self.port = parse_destination(target)
         self.destination = f"{user}@{host}" if user else host
-        control_dir = os.path.join(tempfile.gettempdir(), f"trajflow-ssh-{os.getuid()}")
-        os.makedirs(control_dir, mode=0o700, exist_ok=True)
-        self.control_path = os.path.join(control_dir, "%C")  # a hash: short enough for a socket
+        self.control_path = os.path.join(control_folder(), "%C")  # a hash: short for a socket
 
     def ssh_command(self):
+        """ssh and its options; the destination follows a `--` (see run)."""
         return ["ssh", "-o", "ControlMaster=auto", "-o", f"ControlPath={self.control_path}",
                 "-o", "ControlPersist=300", "-o", "ServerAliveInterval=15",
                 "-o", "ServerAliveCountMax=4"] + (["-p", self.port] if self.port else [])
@@ -62,7 +61,7 @@ class Connection:
     def run(self, argv, timeout=None):
         """Run `argv` on the cluster (its words quoted for the remote shell)."""
         try:
-            proc = subprocess.run(self.ssh_command() + [self.destination, shlex.join(argv)],
+            proc = subprocess.run(self.ssh_command() + ["--", self.destination, shlex.join(argv)],
                                   stdin=subprocess.DEVNULL, capture_output=True, text=True,
                                   timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -75,13 +74,13 @@ class Connection:
         return self.run([self.python, "-m", "trajflow.workflows.remote.side", *args], timeout)
 
     def master_pid(self):
-        proc = subprocess.run(self.ssh_command() + ["-O", "check", self.destination],
+        proc = subprocess.run(self.ssh_command() + ["-O", "check", "--", self.destination],
                               capture_output=True, text=True)
         m = re.search(r"pid=(\d+)", proc.stderr)
         return int(m.group(1)) if proc.returncode == 0 and m else None
 
     def close(self):
-        subprocess.run(self.ssh_command() + ["-O", "exit", self.destination],
+        subprocess.run(self.ssh_command() + ["-O", "exit", "--", self.destination],
                        capture_output=True)
 
     def fetch(self, remote_dir, local_dir, depth=0):
@@ -104,6 +103,40 @@ class Connection:
                             f"{proc.stderr.strip()[-500:]}")
         return sum(int(line.split()[1]) for line in proc.stdout.splitlines()
                    if line.startswith(">f") and len(line.split()) > 1)
+
+
+# [user@]host[:port]: names as ssh and DNS spell them; none may begin with "-", which
+# ssh would take as an option (-oProxyCommand=... runs a command), wherever it came from
+_DESTINATION = re.compile(r"(?:([A-Za-z0-9_.][A-Za-z0-9_.+-]*)@)?"
+                          r"([A-Za-z0-9_.][A-Za-z0-9_.-]*|\[[0-9A-Fa-f:.]+\])(?::(\d{1,5}))?")
+
+
+def parse_destination(target):
+    """(user or None, host, port or None) of `target`; InputError for anything else."""
+    m = _DESTINATION.fullmatch(target if isinstance(target, str) else "")
+    if not m:
+        raise InputError(f"remote {target!r}: give [user@]host[:port] (letters, digits, '.', "
+                         "'_' and '-', not first): it is handed to ssh")
+    return m.groups()
+
+
+def control_folder():
+    """The folder of ssh's ControlMaster sockets: this user's own, entered by no one else
+    (a socket there is a logged-in connection to the cluster). Made 0700; refused when it
+    is a link, another user's, or others may write to or enter it."""
+    folder = os.path.join(tempfile.gettempdir(), f"trajflow-ssh-{os.getuid()}")
+    try:
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise InputError(f"{folder} (trajflow's ssh connections) is "
+                         f"{'not a folder' if not stat.S_ISDIR(st.st_mode) else 'not yours alone'}"
+                         f" (owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): someone "
+                         "could reach the cluster through it; remove it (or chmod 700 it, if it "
+                         "is yours) and run again")
+    return folder
 
 
 def _answer(proc):
@@ -171,6 +204,39 @@ def _checked(conn, target, python):
     return conn
 
 
+# remote.json: each key, what it holds, and whether it must be there
+REMOTE_FIELDS = {"target": (str, True), "python": (str, True), "remote_dir": (str, True),
+                 "host": (str, False), "client_pid": (int, False), "batch_job": ((str, int), False),
+                 "started": (float, False)}
+
+
+def read_remote_record(path):
+    """remote.json, checked: its target is a destination ssh cannot take for an option,
+    its python and remote_dir absolute paths without a newline (both reach the cluster's
+    shell); InputError with one line naming the file and the key otherwise."""
+    record = load_json_record(path, InputError, 1 << 20)
+    for key in record:
+        if key not in REMOTE_FIELDS:
+            raise InputError(f"{path}: unknown key {key!r}: not a record trajflow wrote")
+    for key, (kind, needed) in REMOTE_FIELDS.items():
+        value = record.get(key)
+        if value is None:
+            if needed:
+                raise InputError(f"{path}: key {key!r} is missing: not a record trajflow wrote")
+            continue
+        kinds = (int, float) if kind is float else kind
+        if not isinstance(value, kinds) or isinstance(value, bool):
+            raise InputError(f"{path}: key {key!r} has the wrong type: not a record "
+                             "trajflow wrote")
+    parse_destination(record["target"])
+    for key in ("python", "remote_dir"):
+        check_no_control(f"{path}: {key}", record[key])
+    if not record["remote_dir"].startswith("/") or record["python"].startswith("-"):
+        raise InputError(f"{path}: its remote_dir is not an absolute path, or its python "
+                         "begins with '-': not a record trajflow wrote")
+    return record
+
+
 class RemoteRun:
     """A run living on a cluster, seen from its local folder (remote.json).
 
@@ -181,12 +247,10 @@ class RemoteRun:
 
     def __init__(self, local_dir, conn=None):
         self.local = os.path.abspath(local_dir)
-        try:
-            with open(os.path.join(self.local, REMOTE), encoding="utf-8") as fh:
-                self.where = json.load(fh)
-        except FileNotFoundError:
+        if not os.path.lexists(os.path.join(self.local, REMOTE)):
             raise InputError(f"{local_dir!r} is not a remote run (no {REMOTE}): give the "
                              "folder `trajflow run --remote` made (its --local)")
+        self.where = read_remote_record(os.path.join(self.local, REMOTE))
         self.target, self.remote_dir = self.where["target"], self.where["remote_dir"]
         self._conn = conn
 
@@ -227,8 +291,7 @@ class RemoteRun:
         where = {"target": target, "python": python or conn.python, "remote_dir": started["rundir"],
                  "host": started["host"], "client_pid": started["pid"],
                  "batch_job": started.get("batch_job"), "started": time.time()}
-        with open(os.path.join(local_dir, REMOTE), "w", encoding="utf-8") as fh:
-            json.dump(where, fh, indent=1)
+        write_text(os.path.join(local_dir, REMOTE), json.dumps(where, indent=1))
         return cls(local_dir, conn)
 
     def status(self, log_offset=0):

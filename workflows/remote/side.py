@@ -35,7 +35,7 @@ import time
 
 from trajflow.tasks.client_guard import alive, start_time
 from trajflow.tasks.plan import RunPlan
-from trajflow.tasks.rundir import (BATCH_SCRIPT, CLIENT, CLIENT_EXIT, CLIENT_LOG,
+from trajflow.tasks.rundir import (BATCH_SCRIPT, CLIENT, CLIENT_EXIT, CLIENT_LOG, open_in_run,
                                    PLAN, read_outcome, read_record, write_record)
 from trajflow.workflows.campaign.folders import is_campaign_dir
 from trajflow.workflows.campaign.run import Campaign
@@ -47,7 +47,7 @@ from trajflow.workflows.run import resources
 from trajflow.workflows.run.api import plan_of
 from trajflow.workflows.run.planning import write_plan
 from trajflow.workflows.run.progress import frames_done
-from trajflow.workflows.run.spec import command_line, PilotSpec, RunSpec
+from trajflow.workflows.run.spec import check_no_control, command_line, PilotSpec, RunSpec
 import trajflow
 
 JOB_MARGIN_MIN = 5  # the client's job outlives its pilot by this: start-up, teardown, report
@@ -134,6 +134,8 @@ def batch_job(plan, pilot_spec, request, cores_per_node=None, system=BATCH_SYSTE
         job_name=f"trajflow-{os.path.basename(plan.workdir)}")
     command = [sys.executable, "-m", "trajflow.workflows.remote.side", "job", plan.workdir,
                request]
+    for word in options + command:  # a newline would end the comment line: a command of its own
+        check_no_control("a word of the client's batch script", word)
     script = ["#!/bin/bash", f"# the run's client, submitted by trajflow to {system.name} with:",
               "#   " + shlex.join(options) + " " + BATCH_SCRIPT, "exec " + shlex.join(command)]
     return options, "\n".join(script) + "\n"
@@ -146,7 +148,7 @@ def submit_client_job(plan, pilot_spec, request, system):
     write_plan(plan)
     options, script = batch_job(plan, pilot_spec, request, cfg.get("cores_per_node"), system)
     path = os.path.join(plan.workdir, BATCH_SCRIPT)
-    with open(path, "w", encoding="utf-8") as fh:
+    with open_in_run(path, "w") as fh:
         fh.write(script)
     plan.lock.release()  # the job's client takes it
     try:
@@ -286,7 +288,7 @@ def campaign_start(out, label, text, resume=False):
         fh.write(text)
     resume = resume and is_campaign_dir(out)  # resumed here, or never started here
     try:
-        campaign = Campaign.load(path)
+        campaign = Campaign.load(path, yes=True)  # its size was taken where it was started
         if label not in campaign.resources:
             raise InputError(f"the campaign file has no resource {label!r}")
         campaign.only(label).dry_run(out, resume)

@@ -132,6 +132,9 @@ def check_outdir(out):
         if not os.path.isdir(out):
             raise InputError(f"{spelled('out', out)} exists and is not a folder: choose a new folder name")
         entries = [e for e in os.listdir(out) if e != LOCK]  # a lock: see RunLock
+        if not entries and not os.access(out, os.W_OK | os.X_OK):
+            raise InputError(f"{spelled('out', out)} exists and is not writable: choose a folder "
+                             "you can write to")
         if entries and not os.path.exists(os.path.join(out, MARKER)):
             raise InputError(f"{spelled('out', out)} exists, is not empty and is not a trajflow run: "
                              "choose a new folder (trajflow never writes into other files)")
@@ -217,6 +220,10 @@ def check_factory(u, spec, analysis, analysis_args):
     if kind == "file":
         source = os.path.abspath(source)
         _check_readable(source, "factory file")
+        if not source.endswith(".py"):
+            raise InputError(f"{spelled('analysis', analysis)}: {source!r} is not a Python file "
+                             "(its name does not end in .py): give FILE.py:NAME, a function "
+                             "NAME(universe, **args) in that file")
     path = list(sys.path)  # loading a factory file puts its folder on the path: for it only
     try:
         return _check_factory(u, kind, source, name, analysis, analysis_args)

@@ -56,6 +56,9 @@ class RunLock:
                 os.close(fd)
                 raise OSError(errno.ELOOP, "not a plain file")
         except OSError as exc:
+            if exc.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
+                raise InputError(f"{what} {self.rundir!r} is not writable ({exc.strerror}): "
+                                 "choose a folder you can write to") from None
             if exc.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
                 raise
             raise InputError(f"{what} {self.rundir!r}: its {LOCK} is not a plain file (a link "

@@ -354,6 +354,10 @@ def _check_fields(spec):
             raise InputError(f"unknown {spelled(f.name, value)}: choose one of "
                              f"{', '.join(meta['choices'])}")
         kind = value_type(f)
+        if f.name not in FREE_TEXT:
+            for text in (value if isinstance(value, list) else [value]):
+                if isinstance(text, str):
+                    check_no_control(spelled(f.name), text)
         if value is not None and kind in (int, float):
             _check_number(f.name, value, kind)
         elif value is not None and kind is str and not isinstance(value, str):
@@ -362,6 +366,20 @@ def _check_fields(spec):
             raise InputError(f"{spelled(f.name, value)}: give True or False")
         if meta["minimum"] is not None and value is not None and value < meta["minimum"]:
             raise InputError(f"{spelled(f.name, value)}: give {meta['minimum']} or more")
+
+
+FREE_TEXT = ("select",)  # options never written into a script or a command line
+CONTROL_CHARACTERS = ("\n", "\r", "\0")
+
+
+def check_no_control(what, text):
+    """InputError if `text` (a path or a name) holds a newline, carriage return or NUL:
+    in a batch script or a task's shell line it would end the line and start a command
+    of its own."""
+    found = [repr(c) for c in CONTROL_CHARACTERS if c in text]
+    if found:
+        raise InputError(f"{what} {text!r} holds {' and '.join(found)}: paths and names that "
+                         "reach a script or a shell line may not (rename the file or folder)")
 
 
 def _check_number(name, value, kind):
