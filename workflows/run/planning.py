@@ -43,6 +43,12 @@ def _check_readable(path, what):
         raise InputError(f"{what} {path!r} is not a file: give the file itself")
     if not os.access(path, os.R_OK):
         raise InputError(f"{what} {path!r} is not readable: fix its permissions (chmod u+r)")
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(f"{what} {path!r}: its name is not UTF-8, and MDAnalysis' readers open "
+                         "files by UTF-8 names only (MDAnalysis itself fails on it): rename it, "
+                         "or link it under a UTF-8 name (ln -s)") from None
 
 
 def open_inputs(topology, trajectories, damages=None):
