@@ -228,7 +228,10 @@ def read_remote_record(path):
         if not isinstance(value, kinds) or isinstance(value, bool):
             raise InputError(f"{path}: key {key!r} has the wrong type: not a record "
                              "trajflow wrote")
-    parse_destination(record["target"])
+    try:
+        parse_destination(record["target"])
+    except InputError as exc:
+        raise InputError(f"{path}: key 'target': {exc}") from None
     for key in ("python", "remote_dir"):
         check_no_control(f"{path}: {key}", record[key])
     if not record["remote_dir"].startswith("/") or record["python"].startswith("-"):
