@@ -206,7 +206,7 @@ def cmd_inspect(args):
             raise InputError(f"{d!r} is not a trajflow run (no plan.json): give a --out folder of "
                              "trajflow run")
     _check_targets(args)
-    report = inspect_runs(args.rundirs, args.table)
+    report = inspect_runs(args.rundirs, args.table, trust=args.trust)
     print(summary_text(report))
     if args.trace:
         write_trace(report, args.trace)

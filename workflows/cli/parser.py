@@ -54,6 +54,11 @@ def build_parser():
     insp.add_argument("--trace", default=None, metavar="FILE.json",
                       help="write the timeline as a Chrome Trace Event file for Perfetto or "
                            "chrome://tracing (default: none)")
+    insp.add_argument("--trust", action="store_true",
+                      help="the HTML report may load results stored with pickle (your own "
+                           "analysis' objects): unpickling runs code of whoever wrote the run "
+                           "folder, so only for folders you trust (without it, nothing in a "
+                           "folder is run)")
     insp.add_argument("--html", default=None, metavar="FILE",
                       help="write a self-contained offline HTML report (default: none)")
     insp.add_argument("--json", default=None, metavar="FILE",

@@ -345,8 +345,9 @@ def pickled_results(plan):
     return found
 
 
-def inspect_runs(rundirs, tables=()):
-    """The report of trajflow runs and of timing tables of any tool (timing_tables.py)."""
+def inspect_runs(rundirs, tables=(), trust=False):
+    """The report of trajflow runs and of timing tables of any tool (timing_tables.py).
+    `trust`: the HTML report may unpickle results stored with pickle (runs their code)."""
     folder_notes = []
     runs = [load_run(d, folder_notes) for d in rundirs]
     table_records, notes = read_tables(tables)
@@ -359,7 +360,7 @@ def inspect_runs(rundirs, tables=()):
     return {"runs": [p.to_dict() for p, _ in runs], "tables": [os.path.abspath(t) for t in tables],
             "endings": {os.path.basename(p.workdir): how_it_ended(p.workdir, p) for p, _ in runs},
             "notes": notes, "records": records, "stragglers": flags, "advice": advices,
-            "comparisons": compare_strategies(runs), "scaling": scaling(runs)}
+            "comparisons": compare_strategies(runs), "scaling": scaling(runs), "trust": trust}
 
 
 def summary_text(report):

@@ -230,7 +230,7 @@ def render_body(report):
                               if paths) + "</p>"]
     parts += [f"<p>{html.escape(note)}</p>" for note in report.get("notes", [])]
     for run in report.get("runs", []):
-        figures = result_figures(run["workdir"])
+        figures = result_figures(run["workdir"], trust=report.get("trust", False))
         if figures:
             parts.append(f"<h2>Result: {html.escape(os.path.basename(run['workdir']))}</h2>"
                          + "".join(f'<img alt="result" src="{f}">' for f in figures))
@@ -281,15 +281,16 @@ def render_body(report):
     return "".join(parts)
 
 
-def result_figures(rundir, most=2):
+def result_figures(rundir, most=2, trust=False):
     """Up to `most` figures of a complete run's result (PNG data URIs): each per-frame
-    series against time (rmsd: its rmsd column), and a curve over `bins` (an RDF's)."""
+    series against time (rmsd: its rmsd column), and a curve over `bins` (an RDF's).
+    Results stored with pickle are drawn only with `trust` (unpickling runs code)."""
     import numpy as np
     from trajflow.workflows.run.results import open_result
     if not os.path.exists(os.path.join(rundir, RESULT)):
         return []
     try:
-        results = open_result(rundir)
+        results = open_result(rundir, trust)
     except Exception:  # noqa: a damaged result shows no figure; the report says the rest
         return []
     figures = []
