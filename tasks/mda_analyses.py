@@ -425,21 +425,37 @@ def conclude(plan, arrays):
 PICKLE_SUFFIX = ".pickle"
 
 
+TEXT_DTYPE = "numpy_dtype"  # attribute of a dataset of text: the numpy dtype it came from
+
+
 def write_results(group, results):
-    """Arrays and numbers as datasets, nested Results/dicts as groups, anything
-    else (objects, ragged lists) as a pickled blob `<name>.pickle`."""
+    """Arrays, numbers and text as datasets, nested Results/dicts as groups, anything
+    else (objects, ragged lists) as a pickled blob `<name>.pickle` (read back only
+    where the reader trusts the file's writer: see read_results)."""
     for key, value in results.items():
         key = str(key)
         if isinstance(value, Mapping):  # MDAnalysis' Results is a UserDict
             write_results(group.create_group(key), value)
             continue
         array = _as_plain_array(value)
+        text = None if array is not None else _as_text_array(value)
         if array is not None:
             group.create_dataset(key, data=array)
+        elif text is not None:  # DSSP's letters, names: UTF-8 bytes, the dtype kept
+            ds = group.create_dataset(key, data=np.char.encode(text, "utf-8"))
+            ds.attrs[TEXT_DTYPE] = "str" if isinstance(value, str) else text.dtype.str
         else:
             ds = group.create_dataset(key + PICKLE_SUFFIX,
                                       data=np.void(pickle.dumps(value, protocol=4)))
             ds.attrs["encoding"] = f"python pickle of a {type(value).__module__}.{type(value).__name__}"
+
+
+def _as_text_array(value):
+    """A numpy array of str for a str or a numpy array of str (a list stays a list, so
+    it is pickled); None otherwise."""
+    if isinstance(value, np.ndarray):
+        return value if value.dtype.kind == "U" else None
+    return np.asarray(value) if isinstance(value, str) else None
 
 
 def _as_plain_array(value):
@@ -484,6 +500,10 @@ def read_results(group, trust=False):
             name = key[:-len(PICKLE_SUFFIX)]
             out[name] = pickle.load(io.BytesIO(item[()].tobytes())) if trust else \
                 PickledNotLoaded(name, str(item.attrs.get("encoding", "a python pickle")))
+        elif TEXT_DTYPE in item.attrs:
+            text = np.char.decode(np.asarray(item[()]), "utf-8")
+            kind = str(item.attrs[TEXT_DTYPE])
+            out[key] = str(text) if kind == "str" else text.astype(np.dtype(kind))
         else:
             value = item[()]
             out[key] = value.item() if item.shape == () else value

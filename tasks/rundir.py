@@ -59,9 +59,18 @@ OWN_NAMES = (PLAN, SELECTION, MARKER, LOCK, OUTCOME, RESERVE, OUTCOME_BEFORE, RE
              KEPT_TASK_FILES, "progress", "analysis", "backend")
 
 
-def links_in(rundir):
-    """The names of OWN_NAMES that are symbolic links in `rundir` (resume refuses them)."""
-    return [n for n in OWN_NAMES if os.path.islink(os.path.join(rundir, n))]
+def foreign_entries(rundir):
+    """The names of OWN_NAMES in `rundir` that are symbolic links, or neither a plain file
+    nor a folder (a FIFO would hang a read): `--resume` refuses them."""
+    found = []
+    for name in OWN_NAMES:
+        try:
+            mode = os.lstat(os.path.join(rundir, name)).st_mode
+        except OSError:
+            continue
+        if stat.S_ISLNK(mode) or not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            found.append(name)
+    return found
 
 
 def path(rundir, *parts):
@@ -143,6 +152,21 @@ def write_text(file, text, mode="w", *, user_target=False):
 def write_record(file, **fields):
     """A small JSON record with the time it was written, replaced whole (never half)."""
     write_text(file, json.dumps({"time": time.time(), **fields}))
+
+
+def read_lines(file, most=64 << 20):
+    """The lines of a small text file of a run, at most `most` bytes read, bytes that are
+    not UTF-8 replaced; none where it is not a plain file (a FIFO would hang the read)
+    or cannot be read."""
+    try:
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+                     | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return []
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            return []
+        return fh.read(most).decode("utf-8", errors="replace").splitlines()
 
 
 def read_record(file, most=16 << 20):

@@ -149,6 +149,28 @@ def test_resume_refuses_a_link_among_the_runs_own_names(copy, tmp_path, name):
     assert victim.read_text() == "keep me\n"
 
 
+def test_resume_refuses_a_fifo_among_the_runs_own_names(copy):
+    """A FIFO at selection.npz would hang the resume's read of it."""
+    os.remove(os.path.join(copy, rundir.RESULT))
+    os.remove(os.path.join(copy, rundir.SELECTION))
+    os.mkfifo(os.path.join(copy, rundir.SELECTION))
+    proc = trajflow_cli("run", "--resume", copy)
+    assert proc.returncode == 2 and rundir.SELECTION in one_line_error(proc)
+
+
+def test_text_results_are_hdf5_not_pickle(tmp_path):
+    """DSSP's letters and plain strings are read without trust (before: pickled)."""
+    from trajflow.tasks.mda_analyses import read_results, write_results
+    values = {"dssp": np.array([["-", "E"], ["H", "H"]]), "label": "héllo", "n": 3}
+    with h5py.File(tmp_path / "r.h5", "w") as f:
+        write_results(f.create_group("results"), values)
+    with h5py.File(tmp_path / "r.h5") as f:
+        assert not [name for name in f["results"] if name.endswith(".pickle")]
+        got = read_results(f["results"])
+    np.testing.assert_array_equal(got["dssp"], values["dssp"])
+    assert got["dssp"].dtype == values["dssp"].dtype and got["label"] == "héllo"
+
+
 def test_a_new_run_refuses_a_lock_planted_as_a_link(adk, tmp_path):
     victim = tmp_path / "victim"
     victim.write_text("keep me\n")
@@ -331,3 +353,52 @@ def test_a_factory_that_is_not_a_python_file_is_named(adk, tmp_path):
     proc = trajflow_cli("run", "--topology", adk[0], "--trajectory", adk[1], "--analysis",
                         "/etc/passwd:f", "--out", str(tmp_path / "o"))
     assert proc.returncode == 2 and "not a Python file" in one_line_error(proc)
+
+
+CAMPAIGN_KEYS = st.sampled_from(["analysis", "repeats", "design", "name", "io", "mode", "blocks",
+                                 "chunk", "concurrent", "walltime", "cpus", "ranks", "remote"])
+TOML_VALUES = st.recursive(st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
+                           lambda inner: st.lists(inner, max_size=3), max_leaves=8)
+
+
+def _toml(value):
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return {"nan": "nan", "inf": "inf", "-inf": "-inf"}.get(repr(value), repr(value))
+    return json.dumps(value)
+
+
+def _base_campaign():
+    return {"campaign": {"analysis": "rmsd"},
+            "input": {"topology": sys.executable, "trajectory": [sys.executable]},
+            'resources."local.localhost"': {"cpus": 2, "walltime": 10},
+            "factors": {"ranks": [1, 2]}}
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.dictionaries(st.sampled_from(["campaign", "factors", 'resources."local.localhost"']),
+                       st.dictionaries(CAMPAIGN_KEYS, TOML_VALUES, max_size=3), max_size=2)
+       | st.binary(max_size=200))
+def test_any_campaign_file_is_refused_in_one_line_or_read(tmp_path_factory, content):
+    """A valid campaign file with arbitrary values put into its tables (or arbitrary
+    bytes): InputError with one line, or a campaign; never a traceback, nothing written."""
+    from trajflow.workflows.campaign.spec import load_campaign
+    folder = tmp_path_factory.mktemp("campaign")
+    path = folder / "c.toml"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        tables = _base_campaign()
+        for table, keys in content.items():
+            tables[table].update(keys)
+        path.write_text("\n".join(f"[{table}]\n" + "".join(f"{k} = {_toml(v)}\n"
+                                                          for k, v in keys.items())
+                                  for table, keys in tables.items()))
+    try:
+        load_campaign(str(path))
+    except InputError as exc:
+        assert str(exc).strip() and "Traceback" not in str(exc)
+    assert os.listdir(folder) == ["c.toml"]

@@ -15,7 +15,7 @@ import os
 import socket
 
 from trajflow.tasks.io_strategies import GUIDELINES
-from trajflow.tasks.rundir import SESSIONS
+from trajflow.tasks.rundir import read_lines, SESSIONS
 from trajflow.workflows.profile.schedule_effects import schedule_advice
 from trajflow.workflows.profile.stragglers import phase_times, rank_list
 
@@ -52,21 +52,20 @@ def pilot_span(rundir):
     """(start, stop) of the pilot that ran this run (its last session's: a resumed run or
     a replaced pilot has several): the first and last lines of its bootstrapper's
     profile, kept in the session folder; None where it is not known."""
-    try:
-        with open(os.path.join(rundir, SESSIONS), encoding="utf-8") as fh:
-            sessions = [line for line in fh.read().split("\n") if line.strip()]
-    except OSError:
-        return None
+    sessions = [line for line in read_lines(os.path.join(rundir, SESSIONS)) if line.strip()]
     if not sessions:
         return None
     session = sessions[-1]
     times = []
     for prof in glob.glob(os.path.join(session, "pilot.*", "bootstrap_0.prof")):
-        with open(prof, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                head = line.split(",", 1)[0]
-                if head[:1].isdigit():
-                    times.append(float(head))
+        for line in read_lines(prof):
+            head = line.split(",", 1)[0]
+            try:
+                when = float(head) if head[:1].isdigit() else None
+            except ValueError:  # not RADICAL's: a folder may come from anyone
+                continue
+            if when is not None and math.isfinite(when):
+                times.append(when)
     return (min(times), max(times)) if times else None
 
 

@@ -17,7 +17,7 @@ import os
 import re
 from trajflow.tasks.exit_codes import ANALYSIS_RAISED
 from trajflow.tasks.plan import PlanError, RunPlan
-from trajflow.tasks.rundir import OUTCOME, PLAN, read_outcome, write_text
+from trajflow.tasks.rundir import OUTCOME, PLAN, read_lines, read_outcome, write_text
 from trajflow.workflows.profile.advice import advice, compare_strategies, slow_host_advice
 from trajflow.workflows.profile.schedule_effects import schedule_lines
 from trajflow.workflows.profile.stragglers import (critical_path, describe, judge, judged_groups,
@@ -102,19 +102,8 @@ def plain_files(pattern, notes):
     return found
 
 
-def read_lines(path, most=64 << 20):
-    """The lines of a text file, at most `most` bytes read (a record is small), bytes
-    that are not UTF-8 replaced; none where it cannot be read."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-    except OSError:
-        return []
-    with os.fdopen(fd, "rb") as fh:
-        return fh.read(most).decode("utf-8", errors="replace").splitlines()
-
-
 # the keys every timing record has, as numbers (tasks/timing.py writes them)
-RECORD_NUMBERS = ("t_start", "t_total")
+RECORD_NUMBERS = ("t_start", "t_stop", "t_total")
 
 
 def _record(line):
@@ -132,8 +121,13 @@ def _record(line):
             return None
     if not all(rec.get(k) is not None for k in RECORD_NUMBERS):
         return None
-    if not isinstance(rec.get("intervals", []), list) or not isinstance(rec.get("task", ""), str):
+    if not isinstance(rec.get("task"), str) or not isinstance(rec.get("intervals", []), list):
         return None
+    for interval in rec.get("intervals", []):
+        if not (isinstance(interval, list) and len(interval) == 3 and isinstance(interval[0], str)
+                and all(isinstance(t, (int, float)) and not isinstance(t, bool)
+                        and math.isfinite(t) for t in interval[1:])):
+            return None
     return rec
 
 

@@ -22,7 +22,7 @@ import threading
 import time
 
 from trajflow.tasks.client_guard import CANCEL, CLOSED, ENDED, HEARTBEAT, STARTED
-from trajflow.tasks.rundir import open_in_run, SESSIONS
+from trajflow.tasks.rundir import open_in_run, read_lines, SESSIONS
 from trajflow.workflows.run.resources import pre_bootstrap_entry
 
 DEFAULT_CLIENT_TIMEOUT_S = 300
@@ -82,11 +82,7 @@ def heartbeat_period(timeout_s):
 def record_session(rundir, session_dir):
     """Note in RUNDIR that `session_dir` ran this run (resume looks there for orphans)."""
     path = os.path.join(rundir, SESSIONS)
-    try:
-        with open(path, encoding="utf-8") as fh:
-            known = fh.read().split("\n")
-    except OSError:
-        known = []
+    known = read_lines(path)
     if session_dir not in known:
         with open_in_run(path, "a") as fh:
             fh.write(session_dir + "\n")
@@ -96,11 +92,7 @@ def live_guards(rundir, fresh_s=30.0):
     """Session folders of this run whose guard is running (its record fresh, no end
     recorded, the client not closed): the pilots of clients that died."""
     candidates = set(os.path.dirname(p) for p in glob.glob(os.path.join(rundir, "*", STARTED)))
-    try:
-        with open(os.path.join(rundir, SESSIONS), encoding="utf-8") as fh:
-            candidates.update(line for line in fh.read().split("\n") if line)
-    except OSError:
-        pass
+    candidates.update(line for line in read_lines(os.path.join(rundir, SESSIONS)) if line)
     live = []
     for session in sorted(candidates):
         if not _own_folder(session):  # a line planted in the record names someone's pilot

@@ -23,7 +23,7 @@ from trajflow.tasks import mda_analyses
 from trajflow.tasks.analyses import ANALYSES, ANALYSIS_CLASSES
 from trajflow.tasks.h5md import COLLECTIVE, missing_box
 from trajflow.tasks.plan import balanced_blocks, chosen_frames, PlanError, RunPlan
-from trajflow.tasks.rundir import (FOLDERS, keep_room, links_in, LOCK, MARKER, open_in_run, PLAN,
+from trajflow.tasks.rundir import (FOLDERS, foreign_entries, keep_room, LOCK, MARKER, open_in_run, PLAN,
                                    replaced_whole, RESERVE_BYTES)
 from trajflow.workflows.errors import InputError
 from trajflow.workflows.run import integrity, local_trial, user_code
@@ -534,11 +534,12 @@ def plan_for_resume(rundir) -> RunPlan:
     if not os.path.exists(os.path.join(rundir, MARKER)) or not os.path.exists(path):
         raise InputError(f"--resume {rundir!r} is not a trajflow run (no {PLAN}): give the "
                          "--out folder of an earlier trajflow run")
-    links = links_in(rundir)
-    if links:
-        raise InputError(f"--resume {rundir!r}: {', '.join(links)} in it is a symbolic link, "
-                         "which trajflow never writes through (the run's files would land "
-                         "elsewhere): replace it by the file or folder itself, or start a new run")
+    foreign = foreign_entries(rundir)
+    if foreign:
+        raise InputError(f"--resume {rundir!r}: {', '.join(foreign)} in it is a symbolic link "
+                         "or not a plain file, which trajflow never writes through or reads "
+                         "(the run's files would land elsewhere): replace it by the file or "
+                         "folder itself, or start a new run")
     lock = RunLock(rundir).acquire("--resume")  # refused while the run still goes
     try:
         try:
