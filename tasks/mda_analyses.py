@@ -451,11 +451,16 @@ def write_results(group, results):
 
 
 def _as_text_array(value):
-    """A numpy array of str for a str or a numpy array of str (a list stays a list, so
-    it is pickled); None otherwise."""
-    if isinstance(value, np.ndarray):
-        return value if value.dtype.kind == "U" else None
-    return np.asarray(value) if isinstance(value, str) else None
+    """A numpy array of str for a str or a numpy array of str that UTF-8 can encode (a
+    list stays a list, and text with lone surrogates is pickled); None otherwise."""
+    if isinstance(value, np.ndarray) and value.dtype.kind == "U" or isinstance(value, str):
+        array = np.asarray(value)
+        try:
+            np.char.encode(array, "utf-8")
+        except UnicodeEncodeError:
+            return None
+        return array
+    return None
 
 
 def _as_plain_array(value):

@@ -95,7 +95,10 @@ def read_part(path):
 
 
 def is_whole(path):
-    """True if the part exists and reads back with its checksum."""
+    """True if the part exists and reads back with its checksum (a FIFO or a link planted
+    in a run folder is not a part: it is never opened)."""
+    if os.path.islink(path) or not os.path.isfile(path):
+        return False
     try:
         read_part(path)
     except (DamagedPart, FileNotFoundError):

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import re
+import typing
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -237,6 +238,10 @@ class RunPlan:
 
 
 WORKSTATION_ONLY = ("selected", "lock", "factory_pickle")  # fields never written to plan.json
+MODES = ("mpi", "tasks")
+GATHERS = ("gatherv", "rma")
+MPI_READS = ("independent", "collective")  # h5md.COLLECTIVE: every rank in each read
+FACTORY_KINDS = ("file", "module", "pickle")
 MAX_PLAN_BYTES = 256 << 20  # a run(frames=) of tens of millions of frames; beyond: not ours
 MAX_BLOCKS = 1 << 20        # a million blocks: beyond any machine's cores
 
@@ -278,7 +283,6 @@ def load_json_record(path, error, max_bytes):
 
 def check_plan_dict(d: dict, path: str = PLAN) -> None:
     """Every key known, of its field's type, within sane bounds (PlanError otherwise)."""
-    import typing
     fields = {f.name: f for f in dataclasses.fields(RunPlan) if f.name not in WORKSTATION_ONLY}
     hint = "it is not a plan trajflow wrote, or was edited or damaged"
     unknown = sorted(set(d) - set(fields))
@@ -297,21 +301,57 @@ def check_plan_dict(d: dict, path: str = PLAN) -> None:
     if not 1 <= len(blocks) <= MAX_BLOCKS or n_frames < 0 or d["n_atoms"] < 1:
         raise PlanError(f"{path}: {len(blocks)} blocks of {n_frames} frames, {d['n_atoms']} "
                         f"atoms: {hint}")
-    if any(not 0 <= a < b <= n_frames for a, b in blocks):
+    # a Backend run's blocks are MDAnalysis' groups, by frame number (any order, or empty)
+    if not d.get("backend") and any(not 0 <= a < b <= n_frames for a, b in blocks):
         raise PlanError(f"{path}: key 'blocks': a block outside the {n_frames} frames: {hint}")
+    from .io_strategies import IO_STRATEGIES
+    from .schedules import SCHEDULES
+    for key, choices in (("io", IO_STRATEGIES), ("mode", MODES), ("gather", GATHERS),
+                         ("schedule", SCHEDULES), ("mpi_reads", MPI_READS)):
+        if key in d and d[key] not in choices:
+            raise PlanError(f"{path}: key {key!r}: {d[key]!r:.40} is not one of "
+                            f"{', '.join(choices)}: {hint}")
+    truncated = d.get("truncated")
+    if truncated is not None and _type_problem(truncated, typing.Dict[str, typing.Any]) is None \
+            and [k for k, kind in (("file", str), ("analysed", int), ("frames_in_files", int),
+                                   ("where", str)) if not isinstance(truncated.get(k), kind)]:
+        raise PlanError(f"{path}: key 'truncated' lacks its file, analysed, frames_in_files or "
+                        f"where: {hint}")
     if not os.path.isabs(d["workdir"]):
         raise PlanError(f"{path}: key 'workdir' is not an absolute path: {hint}")
-    copy = (d.get("factory") or {}).get("copy")
+    factory = d.get("factory")
+    if factory is not None:
+        _check_factory(factory, path, hint)
+
+
+def _check_factory(factory, path, hint):
+    """A user analysis' record: its kind, name, and for a file or a pickle the copy
+    inside the run folder and its checksum."""
+    kind, copy = factory.get("kind"), factory.get("copy")
+    needed = ("name",) + (("copy", "checksum") if kind in ("file", "pickle") else ("source",))
+    if kind not in FACTORY_KINDS or any(not isinstance(factory.get(k), str) for k in needed) \
+            or not isinstance(factory.get("source"), (str, type(None))):
+        raise PlanError(f"{path}: key 'factory': not a record of a {'/'.join(FACTORY_KINDS)} "
+                        f"analysis with its name, source, copy and checksum: {hint}")
     if copy is not None and (not isinstance(copy, str) or os.path.isabs(copy)
                              or ".." in copy.split(os.sep)):
         raise PlanError(f"{path}: key 'factory': its copy {copy!r} is not a name inside the run "
                         f"folder: {hint}")
 
 
+def is_finite_number(value) -> bool:
+    """An int or float (not a bool) that is finite as a float (a 400-digit int is not)."""
+    import math
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def _type_problem(value, kind):
     """Why `value` is not of the annotated `kind`, or None."""
-    import math
-    import typing
     origin, args = typing.get_origin(kind), typing.get_args(kind)
     if origin is typing.Union:
         if value is None:
@@ -324,8 +364,7 @@ def _type_problem(value, kind):
         return None if isinstance(value, int) and not isinstance(value, bool) else \
             f"{value!r:.40} is not a whole number"
     if kind is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        return None if ok else f"{value!r:.40} is not a finite number"
+        return None if is_finite_number(value) else f"{value!r:.40} is not a finite number"
     if kind is str:
         return None if isinstance(value, str) else f"{value!r:.40} is not a string"
     if kind is dict or origin is dict:

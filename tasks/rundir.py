@@ -54,22 +54,24 @@ FETCHED = (RESULT, PLAN, OUTCOME, REPORT, CLIENT_LOG, CLIENT_EXIT, "profile/", "
 
 # every name a run keeps in its folder: none may be a link (a write there would land
 # wherever the link points; the folder may be in shared project space)
-OWN_NAMES = (PLAN, SELECTION, MARKER, LOCK, OUTCOME, RESERVE, OUTCOME_BEFORE, RESULT, REPORT,
-             SESSIONS, CLIENT, CLIENT_LOG, CLIENT_EXIT, BATCH_SCRIPT, CLAIMS, REMOTE, *FOLDERS,
-             KEPT_TASK_FILES, "progress", "analysis", "backend")
+OWN_FILES = (PLAN, SELECTION, MARKER, LOCK, OUTCOME, RESERVE, OUTCOME_BEFORE, RESULT, REPORT,
+             SESSIONS, CLIENT, CLIENT_LOG, CLIENT_EXIT, BATCH_SCRIPT, REMOTE)
+OWN_FOLDERS = (*FOLDERS, CLAIMS, KEPT_TASK_FILES, "progress", "analysis", "backend")
 
 
 def foreign_entries(rundir):
-    """The names of OWN_NAMES in `rundir` that are symbolic links, or neither a plain file
-    nor a folder (a FIFO would hang a read): `--resume` refuses them."""
+    """The names of the run's own files and folders in `rundir` that are symbolic links,
+    or not of their kind (a FIFO would hang a read, a folder at outcome.json fail its
+    write): `--resume` refuses them."""
     found = []
-    for name in OWN_NAMES:
-        try:
-            mode = os.lstat(os.path.join(rundir, name)).st_mode
-        except OSError:
-            continue
-        if stat.S_ISLNK(mode) or not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-            found.append(name)
+    for names, kind in ((OWN_FILES, stat.S_ISREG), (OWN_FOLDERS, stat.S_ISDIR)):
+        for name in names:
+            try:
+                mode = os.lstat(os.path.join(rundir, name)).st_mode
+            except OSError:
+                continue
+            if not kind(mode):  # S_ISREG and S_ISDIR are False for a link (lstat)
+                found.append(name)
     return found
 
 
@@ -98,7 +100,7 @@ def temporary_name(final):
     while True:
         tmp = f"{final}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         try:
-            os.close(os.open(tmp, _NEW_FILE, 0o644))
+            os.close(os.open(tmp, _NEW_FILE, 0o666))  # the umask applies, as with open()
             return tmp
         except FileExistsError:
             continue
@@ -109,7 +111,7 @@ def open_in_run(file, mode="w"):
     at its name, never blocking on a FIFO planted there (OSError for both)."""
     flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode[0] == "a" else os.O_TRUNC)
     fd = os.open(file, flags | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
-                 | getattr(os, "O_CLOEXEC", 0), 0o644)
+                 | getattr(os, "O_CLOEXEC", 0), 0o666)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise OSError(errno.EINVAL, "not a plain file", file)
@@ -197,9 +199,7 @@ def record_outcome(rundir, status, error=None, stopped_at=None, failed_tasks=(),
     # a resumed run keeps how its earlier attempts ended (not the provisional record)
     before = (outcome_said(rundir) and read_outcome(rundir)) or \
         _typed_record(read_record(path(rundir, OUTCOME_BEFORE))) or {}
-    earlier = list(before.get("earlier", []))
-    if before.get("status") == "failed":
-        earlier.append({k: before.get(k) for k in ("ended", "stopped_at", "error", "failed_tasks")})
+    earlier = _history(before)
     if earlier:
         record["earlier"] = earlier
     _write_outcome_record(rundir, record)
@@ -242,7 +242,7 @@ def _write_into_room(rundir, text) -> bool:
     data = text.encode("utf-8")
     room = path(rundir, RESERVE)
     try:
-        fd = os.open(room, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(room, os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except OSError:  # gone, or a link: never written through
         return False
     try:
@@ -278,15 +278,32 @@ def add_to_failure(rundir, why):
     _write_outcome_record(rundir, record)
 
 
+def _history(record):
+    """The attempts a record tells of, oldest first: its `earlier` ones and, if it
+    failed, itself."""
+    earlier = list(record.get("earlier", []))
+    if record.get("status") == "failed":
+        earlier.append({k: record.get(k) for k in ("ended", "stopped_at", "error", "failed_tasks")})
+    return earlier
+
+
 def begin_attempt(rundir):
     """A failed (or interrupted) run about to be resumed: its outcome set aside
     (record_outcome keeps it in `earlier`), so that until this attempt ends the folder
-    says it has not ended, and a failure of this attempt is recorded as its own."""
+    says it has not ended, and a failure of this attempt is recorded as its own. An
+    attempt killed before it said how it ended (its record provisional) is added to the
+    history set aside before it, never in its place."""
     raw = read_record(path(rundir, OUTCOME))
-    if os.path.lexists(path(rundir, OUTCOME)) and not (isinstance(raw, dict)
-                                                       and raw.get("status") == "done"
-                                                       and not raw.get("provisional")):
-        os.replace(path(rundir, OUTCOME), path(rundir, OUTCOME_BEFORE))
+    if not os.path.lexists(path(rundir, OUTCOME)) or (
+            isinstance(raw, dict) and raw.get("status") == "done" and not _provisional(raw)):
+        return
+    before = _typed_record(read_record(path(rundir, OUTCOME_BEFORE)))
+    if _provisional(raw) and before:
+        record = {**_typed_record(raw), "earlier": _history(before)}
+        write_text(path(rundir, OUTCOME_BEFORE), json.dumps(record, indent=1))
+        os.remove(path(rundir, OUTCOME))
+        return
+    os.replace(path(rundir, OUTCOME), path(rundir, OUTCOME_BEFORE))
 
 
 INTERRUPTED = ("interrupted: the process running it ended before it could say how the run "
@@ -307,27 +324,63 @@ def record_handed_over(rundir):
         pass
 
 
+def withdraw_handover(rundir):
+    """A run cancelled before it began: its provisional record taken back (and the
+    failure set aside for it, if it was a resume, put back)."""
+    if not _provisional(read_record(path(rundir, OUTCOME))):
+        return
+    with contextlib.suppress(OSError):
+        if os.path.exists(path(rundir, OUTCOME_BEFORE)):
+            os.replace(path(rundir, OUTCOME_BEFORE), path(rundir, OUTCOME))
+        else:
+            os.remove(path(rundir, OUTCOME))
+
+
+def _provisional(record) -> bool:
+    return isinstance(record, dict) and record.get("provisional") is True
+
+
 def outcome_said(rundir) -> bool:
     """Whether outcome.json says how the run ended (not the provisional record)."""
     raw = read_record(path(rundir, OUTCOME))
-    return isinstance(raw, dict) and not raw.get("provisional")
+    return isinstance(raw, dict) and not _provisional(raw)
 
 
-def _lock_holder_lives(rundir) -> bool:
-    """Whether the process named in RUNDIR's lock lives (one of another host: taken to)."""
-    import socket
+def _lock_held(rundir) -> bool:
+    """Whether a process holds RUNDIR's lock (flock(2), as workflows/run/rundir_lock.py
+    takes it: whichever process has inherited it, on whichever node where the file
+    system's flock reaches across nodes). Where the file system has no flock, the pid
+    the lock file names is asked instead."""
+    import fcntl
     try:
-        fd = os.open(path(rundir, LOCK), os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(path(rundir, LOCK), os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+                     | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return False  # released: its run said how it ended, or never began
-    with os.fdopen(fd, "rb") as fh:
-        words = fh.read(4096).decode(errors="replace").split()
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return _holder_pid_lives(fd)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _holder_pid_lives(fd) -> bool:
+    import socket
+    words = os.pread(fd, 4096, 0).decode(errors="replace").split()
     try:
         host, pid = words[words.index("host") + 1], int(words[words.index("pid") + 1])
     except (ValueError, IndexError):
         return False
     if host != socket.gethostname():
-        return True
+        return True  # cannot be asked from here
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -345,10 +398,15 @@ def read_outcome(rundir):
     if record is None:
         return None if not os.path.lexists(path(rundir, OUTCOME)) else \
             _not_ours("it is not a whole JSON record of a plain file")
-    if isinstance(record, dict) and record.get("provisional") is True and (
-            _lock_holder_lives(rundir) or os.path.exists(path(rundir, RESULT))
-            or os.path.exists(path(rundir, BACKEND_RESULT))):
-        return None  # handed over and still going, or its result whole before it could say
+    if _provisional(record):
+        if (os.path.exists(path(rundir, REMOTE)) or os.path.exists(path(rundir, RESULT))
+                or os.path.exists(path(rundir, BACKEND_RESULT)) or _lock_held(rundir)):
+            # still going (a fetched remote run: its state is the cluster's to say), or
+            # its result whole before it could say
+            return None
+        record = read_record(path(rundir, OUTCOME))  # it may have said so meanwhile
+        if record is None:
+            return None
     return _typed_record(record)
 
 
@@ -402,9 +460,11 @@ def mark_started(workdir, stage):
     path = started_marker(workdir, stage)
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK
+                     | getattr(os, "O_NOFOLLOW", 0), 0o666)
         try:
-            os.utime(fd)
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                os.utime(fd)
         finally:
             os.close(fd)
     except OSError:

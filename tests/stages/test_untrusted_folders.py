@@ -211,7 +211,8 @@ GARBAGE_PLANS = {
     "empty": b"", "not JSON": b"{plan", "truncated": None, "a list": b"[1, 2]",
     "not UTF-8": b'{"workdir": "\xff\xfe"}', "unknown key": None, "wrong type": None,
     "missing key": None, "a million blocks": None, "deep": b"[" * 100_000 + b"]" * 100_000,
-    "absolute factory copy": None,
+    "absolute factory copy": None, "unknown io": None, "a 400-digit number": None,
+    "truncated without its file": None, "factory without checksum": None,
 }
 
 
@@ -232,6 +233,15 @@ def garbage_plan(kind, good):
         plan["blocks"] = [[0, 1]] * (2 << 20)
     elif kind == "absolute factory copy":
         plan["factory"] = {"kind": "file", "copy": "/etc/passwd", "source": None}
+    elif kind == "unknown io":
+        plan["io"] = "bogus"
+    elif kind == "a 400-digit number":
+        plan["asked_at"] = 10 ** 400
+    elif kind == "truncated without its file":
+        plan["truncated"] = {"analysed": 3}
+    elif kind == "factory without checksum":
+        plan["factory"] = {"kind": "file", "copy": "analysis/f.py", "source": "/x/f.py",
+                           "name": "f"}
     return json.dumps(plan).encode()
 
 
@@ -254,6 +264,41 @@ def test_a_plan_that_is_not_trajflows_is_one_line_everywhere(finished, tmp_path,
     listing = trajflow_cli("runs", str(tmp_path))
     assert listing.returncode == 0, listing.stderr
     assert "bad: UNREADABLE" in listing.stdout and "\ngood " in listing.stdout
+
+
+def test_a_backend_plan_with_groups_by_frame_number_is_valid(finished, tmp_path):
+    """A Backend run's blocks are MDAnalysis' groups by frame number (start/stop/step give
+    blocks beyond n_frames, an empty group gives (0, 0)): the schema takes them."""
+    from trajflow.tasks.plan import check_plan_dict
+    plan = json.loads((open(os.path.join(finished, rundir.PLAN)).read()))
+    plan.update(backend=True, n_frames=30, blocks=[[2, 45], [47, 90], [0, 0]])
+    check_plan_dict(plan)
+
+
+def test_records_that_are_not_trajflows_are_skipped(copy):
+    with open(os.path.join(copy, "profile", "odd.jsonl"), "w") as fh:
+        for rec in ({"task": "analyze", "t_start": 1, "t_stop": 2, "t_total": 1, "rank": "0"},
+                    {"task": "analyze", "t_start": 1, "t_stop": 2, "t_total": 1e999},
+                    {"task": "analyze", "t_start": 1, "t_stop": 2, "t_total": 1,
+                     "intervals": [["io", 1]]}):
+            fh.write(json.dumps(rec) + "\n")
+    proc = trajflow_cli("inspect", copy)
+    assert proc.returncode == 0 and "3 line(s) that are not timing records" in proc.stdout
+    os.mkfifo(os.path.join(copy, "parts", "block_00000.h5"))  # a part that never ends
+    os.remove(os.path.join(copy, rundir.RESULT))
+    proc = trajflow_cli("inspect", copy)
+    assert proc.returncode == 1 and "--resume" in proc.stdout
+
+
+def test_a_campaign_folder_whose_experiments_are_not_trajflows(tmp_path):
+    (tmp_path / ".trajflow-campaign").write_text("x")
+    for content in ('{"analysis": "rmsd", "experiments": [{"id": "a"}]}', "[]",
+                    '{"analysis": "rmsd", "experiments": [{"id": "a", "resource": "r", '
+                    '"ranks": 1, "io": "shared", "mode": "mpi", "gather": "-", '
+                    '"rundir": "../../etc"}]}'):
+        (tmp_path / "experiments.json").write_text(content)
+        proc = trajflow_cli("inspect", str(tmp_path))
+        assert proc.returncode == 2 and "experiments.json" in one_line_error(proc)
 
 
 def test_a_fifo_in_profile_is_skipped_not_waited_on(copy):

@@ -128,23 +128,46 @@ def test_a_run_handed_over_says_interrupted_once_its_holder_is_gone(tmp_path):
     """Interrupted at any moment, a run folder says so: the provisional outcome is 'not
     ended' while the lock's holder lives, a failure once it is gone, and a whole result
     still counts."""
+    from trajflow.workflows.run.rundir_lock import RunLock
     d = str(tmp_path)
-    lock = tmp_path / rundir.LOCK
-    lock.write_text(f"host {os.uname().nodename} pid {os.getpid()} since now\n")
+    rundir.record_outcome(d, "failed", "the first attempt failed")
+    rundir.begin_attempt(d)
+    lock = RunLock(d).acquire()
     rundir.record_handed_over(d)
-    assert rundir.read_outcome(d) is None
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()
-    lock.write_text(f"host {os.uname().nodename} pid {gone.pid} since now\n")
+    assert rundir.read_outcome(d) is None  # the lock is held: the run goes on
+    lock.release()
+    (tmp_path / rundir.LOCK).write_text("host elsewhere pid 1\n")  # the pid names no one here
+    held_elsewhere = subprocess.Popen(  # the run's process that inherited the lock holds it
+        [sys.executable, "-c", "import fcntl, os, sys, time; "
+         "fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX); "
+         "print('held', flush=True); time.sleep(30)", os.path.join(d, rundir.LOCK)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert held_elsewhere.stdout.readline().strip() == "held"
+        assert rundir.read_outcome(d) is None
+    finally:
+        held_elsewhere.kill()
+        held_elsewhere.wait()
     outcome = rundir.read_outcome(d)
     assert outcome["status"] == "failed" and outcome["error"] == rundir.INTERRUPTED
     assert not rundir.outcome_said(d)
     rundir.begin_attempt(d)  # resumed: the interruption is kept as an earlier attempt
     rundir.record_outcome(d, "done")
-    assert rundir.read_outcome(d)["earlier"][0]["error"] == rundir.INTERRUPTED
+    assert [e["error"] for e in rundir.read_outcome(d)["earlier"]] == [
+        "the first attempt failed", rundir.INTERRUPTED]  # the failure before it kept too
+    other = tmp_path / "cancelled"
+    other.mkdir()
+    rundir.record_outcome(str(other), "failed", "it failed")
+    rundir.begin_attempt(str(other))
+    rundir.record_handed_over(str(other))
+    rundir.withdraw_handover(str(other))  # cancelled before it began: the failure comes back
+    assert rundir.read_outcome(str(other))["error"] == "it failed"
     rundir.record_handed_over(d)
     (tmp_path / rundir.RESULT).write_bytes(b"")
     assert rundir.read_outcome(d) is None  # the result was whole before it could say
+    os.remove(tmp_path / rundir.RESULT)
+    (tmp_path / rundir.REMOTE).write_text("{}")
+    assert rundir.read_outcome(d) is None  # a fetched remote run: the cluster says
 
 
 def test_a_temporary_name_is_new_and_never_a_link(tmp_path):

@@ -25,7 +25,8 @@ import signal
 import time
 
 from trajflow.tasks.plan import RunPlan
-from trajflow.tasks.rundir import MARKER, PLAN, read_outcome, record_outcome
+from trajflow.tasks.rundir import (MARKER, PLAN, read_outcome, record_outcome, replaced_whole,
+                                   write_text)
 from trajflow.workflows.campaign.folders import (CAMPAIGN_MARKER, EXPERIMENTS_FILE,
                                                  is_campaign_dir, resource_log, rundir)
 from trajflow.workflows.campaign.remote import run_remote_resource
@@ -155,13 +156,14 @@ def describe(campaign: CampaignSpec, cdir: str, kept=()) -> str:
 def write_campaign_files(campaign: CampaignSpec, cdir: str, todo: dict):
     """The campaign's folder, the file as run, experiments.json, and each plan."""
     os.makedirs(cdir, exist_ok=True)
-    with open(os.path.join(cdir, CAMPAIGN_MARKER), "w", encoding="utf-8") as fh:
-        fh.write("This folder is a trajflow campaign.\n")
-    shutil.copyfile(campaign.path, os.path.join(cdir, "campaign.toml"))
-    with open(os.path.join(cdir, EXPERIMENTS_FILE), "w", encoding="utf-8") as fh:
-        json.dump({"name": campaign.name, "analysis": campaign.analysis,
-                   "experiments": [dict(e.as_dict(), rundir=os.path.relpath(rundir(cdir, e), cdir))
-                                   for e in campaign.experiments]}, fh, indent=1)
+    # written whole under new names: a link planted in a reused folder is replaced
+    write_text(os.path.join(cdir, CAMPAIGN_MARKER), "This folder is a trajflow campaign.\n")
+    with replaced_whole(os.path.join(cdir, "campaign.toml")) as tmp:
+        shutil.copyfile(campaign.path, tmp)
+    write_text(os.path.join(cdir, EXPERIMENTS_FILE), json.dumps(
+        {"name": campaign.name, "analysis": campaign.analysis,
+         "experiments": [dict(e.as_dict(), rundir=os.path.relpath(rundir(cdir, e), cdir))
+                         for e in campaign.experiments]}, indent=1))
     plans = {}
     for e, plan in todo.items():
         if os.path.exists(os.path.join(plan.workdir, MARKER)):
@@ -255,7 +257,8 @@ def run_campaign(campaign: CampaignSpec, out: str, resume=False, progress=True) 
         procs[label].start()
     interrupted = _follow(campaign, cdir, procs, kept, progress)
     rows = experiment_rows(cdir)
-    write_table(rows, os.path.join(cdir, TABLE_FILE))
+    with replaced_whole(os.path.join(cdir, TABLE_FILE)) as tmp:  # never through a link
+        write_table(rows, tmp)
     result = CampaignResult(cdir, rows, interrupted)
     if interrupted:
         exc = Interrupted(f"{signals.describe_stop()}; every resource's pilot was cancelled")

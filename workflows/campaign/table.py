@@ -10,11 +10,13 @@ workload repeat), only where a strategy ran at two or more rank counts;
 strategies are compared with each other at the same rank count.
 """
 import csv
-import json
 import os
 import statistics
 
+from trajflow.tasks.plan import load_json_record
 from trajflow.tasks.rundir import read_outcome
+from trajflow.workflows.campaign.folders import EXPERIMENTS_FILE
+from trajflow.workflows.errors import InputError
 from trajflow.workflows.profile.advice import comparison_line, prepare_seconds, strategy_flags
 from trajflow.workflows.profile.inspection import (find_stragglers, fmt_or_na, load_run,
                                                    slowest_rank_phases, speedup)
@@ -33,10 +35,34 @@ def strategy(row) -> tuple:
             row.get("schedule", "static"))
 
 
+# what experiments.json holds for each experiment (campaign/run.py writes it)
+EXPERIMENT_KEYS = {"id": str, "resource": str, "ranks": int, "io": str, "mode": str,
+                   "gather": str, "rundir": str}
+
+
+def read_experiments(cdir):
+    """CAMPAIGN_DIR/experiments.json, checked: a campaign folder may come from anyone
+    (InputError with one line, never a traceback; no run folder outside the campaign's)."""
+    path = os.path.join(cdir, EXPERIMENTS_FILE)
+    meta = load_json_record(path, InputError, 64 << 20)
+    experiments = meta.get("experiments")
+    if not isinstance(experiments, list) or not isinstance(meta.get("analysis"), str):
+        raise InputError(f"{path}: no list of experiments and analysis: not a file trajflow "
+                         "wrote")
+    for e in experiments:
+        if not isinstance(e, dict) or any(not isinstance(e.get(k), kind) or isinstance(e.get(k), bool)
+                                          for k, kind in EXPERIMENT_KEYS.items()):
+            raise InputError(f"{path}: an experiment without its {', '.join(EXPERIMENT_KEYS)}: "
+                             "not a file trajflow wrote")
+        if os.path.isabs(e["rundir"]) or ".." in e["rundir"].split(os.sep):
+            raise InputError(f"{path}: experiment {e['id']!r:.40}: its folder {e['rundir']!r:.60} "
+                             "is not inside the campaign's folder: not a file trajflow wrote")
+    return meta
+
+
 def experiment_rows(cdir):
     """Every experiment of the campaign in CAMPAIGN_DIR, done or not, as a dict."""
-    with open(os.path.join(cdir, "experiments.json"), encoding="utf-8") as fh:
-        meta = json.load(fh)
+    meta = read_experiments(cdir)
     rows = []
     for e in meta["experiments"]:
         d = os.path.join(cdir, e["rundir"])

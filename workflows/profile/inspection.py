@@ -16,7 +16,8 @@ import math
 import os
 import re
 from trajflow.tasks.exit_codes import ANALYSIS_RAISED
-from trajflow.tasks.plan import PlanError, RunPlan
+from trajflow.tasks.plan import is_finite_number, PlanError, RunPlan
+from trajflow.tasks.timing import PHASES
 from trajflow.tasks.rundir import OUTCOME, PLAN, read_lines, read_outcome, write_text
 from trajflow.workflows.profile.advice import advice, compare_strategies, slow_host_advice
 from trajflow.workflows.profile.schedule_effects import schedule_lines
@@ -82,7 +83,7 @@ def radical_task_events(rundir, notes=None):
                     when = float(parts[0])
                 except ValueError:
                     continue
-                if not math.isfinite(when):
+                if not is_finite_number(when):
                     continue
                 task = events.setdefault(parts[4], {})
                 pick = max if parts[1] in ("rank_stop", "launch_stop") else min
@@ -115,18 +116,20 @@ def _record(line):
     if not isinstance(rec, dict):
         return None
     for key, value in rec.items():
-        if key.startswith("t_") and value is not None and not (isinstance(value, (int, float))
-                                         and not isinstance(value, bool)
-                                         and math.isfinite(value)):
+        if key.startswith("t_") and value is not None and not is_finite_number(value):
             return None
     if not all(rec.get(k) is not None for k in RECORD_NUMBERS):
         return None
+    for key in ("rank", "block", "frames", "size"):
+        if rec.get(key) is not None and (isinstance(rec[key], bool) or not isinstance(rec[key], int)):
+            return None
+    for phase in PHASES:  # a record of an older trajflow may lack a phase added since
+        rec.setdefault(f"t_{phase}", 0.0)
     if not isinstance(rec.get("task"), str) or not isinstance(rec.get("intervals", []), list):
         return None
     for interval in rec.get("intervals", []):
         if not (isinstance(interval, list) and len(interval) == 3 and isinstance(interval[0], str)
-                and all(isinstance(t, (int, float)) and not isinstance(t, bool)
-                        and math.isfinite(t) for t in interval[1:])):
+                and all(is_finite_number(t) for t in interval[1:])):
             return None
     return rec
 

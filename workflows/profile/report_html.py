@@ -287,7 +287,8 @@ def result_figures(rundir, most=2, trust=False):
     Results stored with pickle are drawn only with `trust` (unpickling runs code)."""
     import numpy as np
     from trajflow.workflows.run.results import open_result
-    if not os.path.exists(os.path.join(rundir, RESULT)):
+    result = os.path.join(rundir, RESULT)
+    if os.path.islink(result) or not os.path.isfile(result):  # a FIFO would hang h5py
         return []
     try:
         results = open_result(rundir, trust)
@@ -431,7 +432,8 @@ def write_campaign_html(rows, cdir, path):
         parts.append("<p>No experiment has completed: nothing to plot.</p>")
     parts.append("<h2>Every experiment</h2>")
     parts.append(html_table(COLUMNS, [[_fmt_cell(r.get(c)) for c in COLUMNS] for r in rows]))
-    write_text(path, _page(f"trajflow campaign {os.path.basename(cdir)}", "".join(parts)))
+    write_text(path, _page(f"trajflow campaign {os.path.basename(cdir)}", "".join(parts)),
+               user_target=True)
 
 
 def _fmt_cell(v):

@@ -26,7 +26,7 @@ import tempfile
 import time
 
 from trajflow.tasks.client_guard import alive
-from trajflow.tasks.plan import load_json_record
+from trajflow.tasks.plan import load_json_record, PlanError, RunPlan
 from trajflow.tasks.rundir import FETCHED, PLAN, REMOTE, write_text
 from trajflow.workflows.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InputError, RunFailed
 from trajflow.workflows.run.runs import Run
@@ -240,6 +240,14 @@ def read_remote_record(path):
     return record
 
 
+def _own_file(path):
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()
+
+
 class RemoteRun:
     """A run living on a cluster, seen from its local folder (remote.json).
 
@@ -344,7 +352,9 @@ class RemoteRun:
         """Bring the run's own files here; the Run, and the bytes fetched."""
         fetched = self.conn.fetch(self.remote_dir, self.local)
         localise_plan(self.local)
-        return Run(self.local, trust=True), fetched  # the user's own run, fetched
+        # the user's own run, fetched, where its record is theirs (it may be a folder of
+        # someone else's remote run: then nothing pickled is loaded from it)
+        return Run(self.local, trust=_own_file(os.path.join(self.local, REMOTE))), fetched
 
     def cancel(self):
         """End the run there: its client cancels the pilot and its batch job."""
@@ -357,12 +367,13 @@ def localise_plan(local_dir):
     plan_file = os.path.join(local_dir, PLAN)
     if not os.path.exists(plan_file):
         return
-    with open(plan_file, encoding="utf-8") as fh:
-        plan = json.load(fh)
-    if plan["workdir"] != local_dir:
-        plan["workdir"] = local_dir
-        with open(plan_file, "w", encoding="utf-8") as fh:
-            json.dump(plan, fh, indent=1)
+    try:
+        plan = RunPlan.load(plan_file)  # checked: the cluster's folder may be anyone's
+    except PlanError as exc:
+        raise RunFailed(f"the fetched {exc}") from None
+    if plan.workdir != local_dir:
+        plan.workdir = local_dir
+        plan.save(plan_file)  # whole, under a new name: a fetched link is replaced
 
 
 @takes_options(RunSpec, PilotSpec, skip=("path", "progress", "env"))

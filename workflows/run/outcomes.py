@@ -16,7 +16,7 @@ import time
 from typing import List
 
 from trajflow.tasks.rundir import (CLAIMS, FOLDERS, KEPT_TASK_FILES, OUTCOME, record_outcome,
-                                   release_room)
+                                   release_room, replaced_whole, write_text)
 
 log = logging.getLogger(__name__)
 
@@ -111,11 +111,13 @@ def keep_task_files(outcome, dest_root):
     dest = os.path.join(dest_root, f"{outcome.stage}.{outcome.name}.attempt{outcome.attempt}")
     try:
         os.makedirs(dest, exist_ok=True)
+        if os.path.islink(dest) or os.path.islink(dest_root):  # never written through
+            raise OSError(f"{dest} is a symbolic link")
         for path in glob.glob(os.path.join(outcome.sandbox, "*")):
             if path.endswith((".prof", ".out", ".err")) and os.path.isfile(path):
-                shutil.copy2(path, dest)
-        with open(os.path.join(dest, OUTCOME), "w", encoding="utf-8") as fh:
-            json.dump(dataclasses.asdict(outcome), fh, indent=1)
+                with replaced_whole(os.path.join(dest, os.path.basename(path))) as tmp:
+                    shutil.copy2(path, tmp)
+        write_text(os.path.join(dest, OUTCOME), json.dumps(dataclasses.asdict(outcome), indent=1))
         outcome.kept = dest
     except OSError as exc:  # a full disk: the run's own outcome still has to be written
         log.warning("could not keep the files of task %s: %s", outcome.name, exc)

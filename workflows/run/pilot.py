@@ -28,7 +28,7 @@ import threading
 import time
 
 from trajflow.tasks.rundir import (add_to_failure, begin_attempt, PLAN, record_handed_over,
-                                   record_outcome)
+                                   record_outcome, withdraw_handover)
 from trajflow.workflows.errors import InputError, Interrupted, RunFailed
 from trajflow.workflows.run import resources
 from trajflow.workflows.run.execute import PilotProcess, RunRequest
@@ -248,7 +248,12 @@ class Pilot:
         lock = plan.lock  # one run per RUNDIR, until this one has ended
         if lock is not None:
             record_handed_over(plan.workdir)  # "interrupted" until it says how it ended
-            future.add_done_callback(lambda _: lock.release())
+
+            def release(done, workdir=plan.workdir):
+                if done.cancelled():  # it never began: nothing was interrupted
+                    withdraw_handover(workdir)
+                lock.release()
+            future.add_done_callback(release)
             if lock.taken_over:
                 self._say(f"{plan.workdir}: took over the lock of a run that is gone "
                           f"({lock.taken_over})")

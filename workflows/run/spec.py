@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Optional
 from trajflow.tasks.analyses import ANALYSIS_CLASSES
 from trajflow.tasks.h5md import COLLECTIVE, parse_compression
 from trajflow.tasks.placement import node_cpus, split_cpus
+from trajflow.tasks.plan import GATHERS, is_finite_number, MODES, MPI_READS
 from trajflow.tasks.io_strategies import IO_STRATEGIES
 from trajflow.tasks.schedules import SCHEDULES
 from trajflow.workflows.errors import InputError
@@ -32,10 +33,7 @@ from trajflow.workflows.run import resources
 from trajflow.workflows.run.heartbeat import DEFAULT_CLIENT_TIMEOUT_S
 from trajflow.workflows.run.watchdog import parse_limits, PHASES
 
-MODES = ("mpi", "tasks")
 AUTO = "auto"  # the schedule chosen by the run's mode and analysis (resolved_schedule)
-GATHERS = ("gatherv", "rma")
-MPI_READS = ("independent", COLLECTIVE)
 
 _ON_COMMAND_LINE = contextvars.ContextVar("trajflow_on_command_line", default=False)
 
@@ -192,6 +190,12 @@ class RunSpec:
             if getattr(self, name) is not None and not isinstance(getattr(self, name), dict):
                 raise InputError(f"{spelled(name)} must be a dict of names and values, not "
                                  f"{type(getattr(self, name)).__name__}")
+        for key, value in (self.env or {}).items():  # they reach the task's launch script
+            for text in (key, value):
+                if not isinstance(text, str):
+                    raise InputError(f"{spelled('env')}: names and values are strings, not "
+                                     f"{text!r:.40}")
+                check_no_control(spelled("env"), text)
 
     def missing(self) -> List[str]:
         """The options a new run must have and this one lacks, spelled for the caller."""
@@ -385,11 +389,10 @@ def check_no_control(what, text):
 def _check_number(name, value, kind):
     """A finite number, whole where the option counts things (NaN would pass every
     comparison and so disable a bound)."""
-    import math
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InputError(f"{spelled(name, value)}: give a number")
-    if not math.isfinite(value):
-        raise InputError(f"{spelled(name, value)}: give a finite number")
+    if not is_finite_number(value):
+        raise InputError(f"{spelled(name, value):.80}: give a finite number")
     if kind is int and not isinstance(value, int):
         raise InputError(f"{spelled(name, value)}: give a whole number")
 
