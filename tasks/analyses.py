@@ -167,3 +167,12 @@ class Dihedrals(BlockAnalysis):
 
 ANALYSIS_CLASSES = {cls.name: cls for cls in (RMSD, Dihedrals)}
 ANALYSES = tuple(ANALYSIS_CLASSES)  # the built-in analyses' names, in the order to show them
+
+# built-in names of MDAnalysis analyses that trajflow merges over blocks itself (MDAnalysis
+# runs them serially only): factories NAME(universe, select=..., ...) in MERGED_MODULE
+MERGED_MODULE = "trajflow.tasks.parallel_analyses"
+MERGED_ANALYSES = {
+    "rmsf": "MDAnalysis' RMSF of --select (default name CA; no superposition: align the "
+            "trajectory first), merged over blocks",
+    "pca": "MDAnalysis' PCA of --select (default backbone; aligned onto the first frame "
+           "unless --analysis-args '{\"align\": false}'), merged over blocks"}

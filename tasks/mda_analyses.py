@@ -45,10 +45,14 @@ def file_checksum(path):
 
 
 def parse_spec(spec):
-    """'FILE.py:NAME' or 'package.module:NAME' -> (kind, source, name); ValueError if neither."""
+    """'FILE.py:NAME' or 'package.module:NAME' -> (kind, source, name), and a name of
+    MERGED_ANALYSES as trajflow's own module; ValueError if neither."""
+    from .analyses import MERGED_ANALYSES, MERGED_MODULE
+    if spec in MERGED_ANALYSES:
+        return "module", MERGED_MODULE, spec
     source, sep, name = spec.rpartition(":")
     if not sep or not source or not name.isidentifier():
-        raise ValueError(f"{spec!r} is neither rmsd, dihedrals, FILE.py:NAME nor module:NAME")
+        raise ValueError(f"{spec!r} is neither rmsd, dihedrals, rmsf, pca, FILE.py:NAME nor module:NAME")
     if source.endswith(".py") or os.sep in source:
         return "file", source, name
     if not all(part.isidentifier() for part in source.split(".")):
@@ -133,12 +137,16 @@ def build_analysis(factory, universe, args):
     itself raises passes through), else the analysis object.
     """
     from MDAnalysis.analysis.base import AnalysisBase
+    from .parallel_analyses import parallel_version
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         analysis = factory(universe, **args)
     if not isinstance(analysis, AnalysisBase):
-        raise AnalysisRefused(f"it returned a {type(analysis).__name__}, not an MDAnalysis analysis "
-                         "(an AnalysisBase instance); return the analysis object, unrun")
+        name = type(analysis).__name__
+        raise AnalysisRefused(f"it returned {'an' if name[:1] in 'AEIOU' else 'a'} {name}, not an "
+                              "MDAnalysis analysis (an AnalysisBase instance); return the "
+                              "analysis object, unrun")
+    analysis = parallel_version(analysis)  # MDAnalysis' RMSF and PCA, merged over blocks
     if getattr(analysis, "_trajectory", None) is not universe.trajectory:
         raise AnalysisRefused("the analysis it returned is not built on the Universe it was given; "
                          "select the atoms from the `universe` argument")

@@ -210,3 +210,15 @@ class FailsEarly(CentreOfMassDrift):
 
 def fails_early(u):
     return FailsEarly(u.select_atoms("protein"))
+
+
+def mda_rmsf(u):
+    """MDAnalysis' own RMSF class, serial-only there: trajflow runs it merged over blocks."""
+    from MDAnalysis.analysis.rms import RMSF
+    return RMSF(u.select_atoms("name CA"))
+
+
+def mda_pca(u, align=True):
+    """MDAnalysis' own PCA class, serial-only there: trajflow runs it merged over blocks."""
+    from MDAnalysis.analysis.pca import PCA
+    return PCA(u, select="backbone and resid 10:40", align=align)

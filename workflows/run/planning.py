@@ -20,7 +20,7 @@ from typing import List, Optional
 import numpy as np
 
 from trajflow.tasks import mda_analyses
-from trajflow.tasks.analyses import ANALYSES, ANALYSIS_CLASSES
+from trajflow.tasks.analyses import ANALYSES, ANALYSIS_CLASSES, MERGED_ANALYSES
 from trajflow.tasks.h5md import COLLECTIVE, missing_box
 from trajflow.tasks.plan import balanced_blocks, chosen_frames, PlanError, RunPlan
 from trajflow.tasks.rundir import (FOLDERS, foreign_entries, keep_room, LOCK, MARKER, open_in_run, PLAN,
@@ -178,7 +178,7 @@ class Inputs:
     trial: Optional[dict] = None  # a user analysis tried here: frames, seconds (local_trial.py)
 
 
-ANALYSIS_FORMS = ("rmsd, dihedrals, FILE.py:NAME (a function NAME(universe, **args) in that "
+ANALYSIS_FORMS = ("rmsd, dihedrals, rmsf, pca, FILE.py:NAME (a function NAME(universe, **args) in that "
                   "file returning an MDAnalysis analysis) or package.module:NAME")
 
 
@@ -306,6 +306,8 @@ def read_inputs(topology, trajectories, analysis, selection=None, analysis_args=
     build the user's analysis and try it on the run's first frames in a fresh Python:
     `trial` False, only load it there); InputError if not. `frames`: what chooses the
     run's frames (a RunSpec's start, stop, step, frames), for the trial."""
+    if analysis in MERGED_ANALYSES and selection:  # its factory's own keyword
+        analysis_args, selection = {**(analysis_args or {}), "select": selection}, None
     spec = check_analysis_spec(analysis, analysis_args)
     if spec is not None and selection:
         raise InputError(f"{spelled('select')} applies to the built-in analyses; your own "

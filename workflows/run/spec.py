@@ -22,7 +22,7 @@ import os
 import typing
 from typing import Any, Dict, List, Optional
 
-from trajflow.tasks.analyses import ANALYSIS_CLASSES
+from trajflow.tasks.analyses import ANALYSIS_CLASSES, MERGED_ANALYSES
 from trajflow.tasks.h5md import COLLECTIVE, parse_compression
 from trajflow.tasks.placement import node_cpus, split_cpus
 from trajflow.tasks.plan import GATHERS, is_finite_number, MODES, MPI_READS
@@ -74,7 +74,8 @@ def option(default, help, *, flag=None, flag_help=None, metavar=None, choices=No
 
 
 def _analysis_help():
-    builtin = "; ".join(f"{name}: {cls.help}" for name, cls in ANALYSIS_CLASSES.items())
+    builtin = "; ".join([f"{name}: {cls.help}" for name, cls in ANALYSIS_CLASSES.items()]
+                        + [f"{name}: {text}" for name, text in MERGED_ANALYSES.items()])
     return (f"{builtin}; FILE.py:NAME or package.module:NAME: your own, a function "
             "NAME(universe, **args) returning a parallelisable MDAnalysis analysis; in Python "
             "also such a function itself (sent to the tasks by value with cloudpickle)")
@@ -100,7 +101,8 @@ class RunSpec:
     select: Optional[str] = option(
         None, "MDAnalysis selection, built-in analyses only (your own selects in its factory); "
               "none: " + ", ".join(f"{c.default_selection!r} for {n}"
-                                   for n, c in ANALYSIS_CLASSES.items()), metavar="SEL")
+                                   for n, c in ANALYSIS_CLASSES.items())
+        + ", 'name CA' for rmsf, 'backbone' for pca", metavar="SEL")
     io: str = option("shared", _io_help(), choices=tuple(IO_STRATEGIES))
     mode: str = option("mpi", "mpi: one analyze task with one rank per block; tasks: one "
                               "single-core task per block", choices=MODES)
