@@ -18,7 +18,7 @@ these (`parallel_version`).
     >>> ParallelRMSF(u.select_atoms("name CA")).run(backend="multiprocessing", n_workers=2)
 """
 import numpy as np
-from MDAnalysis.analysis.base import ResultsGroup
+from MDAnalysis.analysis.base import Results, ResultsGroup
 from MDAnalysis.analysis.pca import PCA
 from MDAnalysis.analysis.rms import RMSF
 
@@ -68,6 +68,11 @@ class ParallelRMSF(_Moments, RMSF):
     """MDAnalysis' RMSF (no superposition: align the trajectory first, as for RMSF),
     merged over pieces of frames; `results.rmsf` as the serial class gives it."""
 
+    def _prepare(self):
+        super()._prepare()
+        self.results = Results()  # a second run() starts from nothing, as a piece must
+        self.results[MOMENTS] = (0, self.mean, self.sumsquares)  # a piece with no frame
+
     def _single_frame(self):
         super()._single_frame()  # the serial class' own update (Welford), per piece
         self.results[MOMENTS] = (self._frame_index + 1, self.mean, self.sumsquares)
@@ -106,6 +111,8 @@ class ParallelPCA(_Moments, PCA):
         self._ref_atom_positions -= self._ref_cog
         n_dim = self._n_atoms * 3
         self._count, self._xmean, self.cov = 0, np.zeros(n_dim), np.zeros((n_dim, n_dim))
+        self.results = Results()
+        self.results[MOMENTS] = (0, self._xmean, self.cov)  # a piece with no frame
 
     def _single_frame(self):
         if self.align:
@@ -122,6 +129,9 @@ class ParallelPCA(_Moments, PCA):
 
     def _conclude(self):
         n, self._xmean, comoment = self._merged_moments()
+        # what transform() needs, on this object (its pieces ran on copies of it)
+        self._atoms = self._reference = self._u.select_atoms(self._select)
+        self._n_atoms = self._atoms.n_atoms
         self.mean = self._xmean.reshape(-1, 3)
         self.cov = (comoment + comoment.T) / (2 * (n - 1))  # symmetric, as x x^T sums are
         # eigh, for a symmetric matrix: real, where the serial class' eig gives complex
@@ -142,6 +152,9 @@ def parallel_version(analysis):
     """`analysis` itself, or, for MDAnalysis' serial-only RMSF and PCA, the same object
     as its parallel class here (its arguments and state are the serial class')."""
     parallel = PARALLEL_VERSIONS.get(type(analysis))
+    if parallel is ParallelPCA and analysis._mean is not None:
+        raise ValueError("PCA with mean= cannot be merged over blocks (trajflow computes the "
+                         "mean of the frames): drop mean=, or run it serially with MDAnalysis")
     if parallel is not None:
         analysis.__class__ = parallel
     return analysis

@@ -298,11 +298,9 @@ def begin_attempt(rundir):
             isinstance(raw, dict) and raw.get("status") == "done" and not _provisional(raw)):
         return
     before = _typed_record(read_record(path(rundir, OUTCOME_BEFORE)))
-    if _provisional(raw) and before:
+    if _provisional(raw) and before:  # whole over outcome.json, then set aside: one step each
         record = {**_typed_record(raw), "earlier": _history(before)}
-        write_text(path(rundir, OUTCOME_BEFORE), json.dumps(record, indent=1))
-        os.remove(path(rundir, OUTCOME))
-        return
+        write_text(path(rundir, OUTCOME), json.dumps(record, indent=1))
     os.replace(path(rundir, OUTCOME), path(rundir, OUTCOME_BEFORE))
 
 
@@ -367,19 +365,33 @@ def _lock_held(rundir) -> bool:
         except OSError:
             return _holder_pid_lives(fd)
         fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
+        # free here; but a holder on another node is not seen where flock is node-local
+        # (BeeGFS, Lustre with localflock, NFS with local_lock): then its pid's word
+        return _holder_pid_lives(fd) and _holder_host(fd) != _this_host()
     finally:
         os.close(fd)
 
 
-def _holder_pid_lives(fd) -> bool:
+def _this_host():
     import socket
+    return socket.gethostname()
+
+
+def _holder_host(fd):
+    words = os.pread(fd, 4096, 0).decode(errors="replace").split()
+    try:
+        return words[words.index("host") + 1]
+    except (ValueError, IndexError):
+        return None
+
+
+def _holder_pid_lives(fd) -> bool:
     words = os.pread(fd, 4096, 0).decode(errors="replace").split()
     try:
         host, pid = words[words.index("host") + 1], int(words[words.index("pid") + 1])
     except (ValueError, IndexError):
         return False
-    if host != socket.gethostname():
+    if host != _this_host():
         return True  # cannot be asked from here
     try:
         os.kill(pid, 0)
@@ -399,10 +411,12 @@ def read_outcome(rundir):
         return None if not os.path.lexists(path(rundir, OUTCOME)) else \
             _not_ours("it is not a whole JSON record of a plain file")
     if _provisional(record):
-        if (os.path.exists(path(rundir, REMOTE)) or os.path.exists(path(rundir, RESULT))
+        remote_going = os.path.exists(path(rundir, REMOTE)) and \
+            not os.path.exists(path(rundir, CLIENT_EXIT))
+        if (remote_going or os.path.exists(path(rundir, RESULT))
                 or os.path.exists(path(rundir, BACKEND_RESULT)) or _lock_held(rundir)):
-            # still going (a fetched remote run: its state is the cluster's to say), or
-            # its result whole before it could say
+            # still going (a fetched remote run whose client has not ended: its state is
+            # the cluster's to say), or its result whole before it could say
             return None
         record = read_record(path(rundir, OUTCOME))  # it may have said so meanwhile
         if record is None:

@@ -136,7 +136,10 @@ def test_a_run_handed_over_says_interrupted_once_its_holder_is_gone(tmp_path):
     rundir.record_handed_over(d)
     assert rundir.read_outcome(d) is None  # the lock is held: the run goes on
     lock.release()
-    (tmp_path / rundir.LOCK).write_text("host elsewhere pid 1\n")  # the pid names no one here
+    # a pid of this host that is gone: the lock's own word says nothing of a live run
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (tmp_path / rundir.LOCK).write_text(f"host {os.uname().nodename} pid {gone.pid}\n")
     held_elsewhere = subprocess.Popen(  # the run's process that inherited the lock holds it
         [sys.executable, "-c", "import fcntl, os, sys, time; "
          "fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX); "
@@ -148,6 +151,9 @@ def test_a_run_handed_over_says_interrupted_once_its_holder_is_gone(tmp_path):
     finally:
         held_elsewhere.kill()
         held_elsewhere.wait()
+    (tmp_path / rundir.LOCK).write_text("host a-login-node pid 7\n")
+    assert rundir.read_outcome(d) is None  # another node's: flock may not reach across
+    (tmp_path / rundir.LOCK).write_text(f"host {os.uname().nodename} pid {gone.pid}\n")
     outcome = rundir.read_outcome(d)
     assert outcome["status"] == "failed" and outcome["error"] == rundir.INTERRUPTED
     assert not rundir.outcome_said(d)

@@ -89,7 +89,7 @@ def plan_experiments(campaign: CampaignSpec, cdir: str, resume: bool):
             old = RunPlan.load(os.path.join(d, PLAN))
             if outcome and outcome["status"] == "done" and os.path.exists(old.result_path()):
                 if (old.input_checksum != inputs.checksum or old.analysis != campaign.analysis
-                        or old.analysis_args != campaign.analysis_args):
+                        or old.analysis_args != inputs.analysis_args):
                     raise InputError(f"--resume: experiment {e.id} was run on other inputs or "
                                      "another analysis than the campaign file now names; start "
                                      "a new campaign folder (--out) instead of mixing the two")

@@ -66,7 +66,7 @@ class RunLock:
                              "the folder is yours, or choose another folder") from None
         holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _take(fd)
         except BlockingIOError:
             os.close(fd)
             if _ours(holder):  # this very process planned it: a script's own second call
@@ -104,6 +104,18 @@ class RunLock:
                 os.rmdir(self.rundir)
             except OSError:
                 pass
+
+
+def _take(fd, tries=10, pause_s=0.05):
+    """flock(LOCK_EX) without waiting for a run that holds it, but past a reader's
+    instant: `trajflow runs` asks whether a run goes by taking the lock shared for a
+    moment (tasks/rundir.py _lock_held)."""
+    for _ in range(tries - 1):
+        try:
+            return fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            time.sleep(pause_s)
+    return fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 def _fields(holder):
