@@ -135,14 +135,16 @@ def serial_only(u):
     return SerialOnly(u.trajectory)
 
 
-def rmsf(u):
-    from MDAnalysis.analysis.rms import RMSF
-    return RMSF(u.select_atoms("name CA"))
+def einstein_msd(u):
+    """Serial-only in MDAnalysis (its MSD needs every frame at once): refused."""
+    from MDAnalysis.analysis.msd import EinsteinMSD
+    return EinsteinMSD(u, select="name CA")
 
 
-def pca(u):
-    from MDAnalysis.analysis.pca import PCA
-    return PCA(u, select="name CA")
+def helanal(u):
+    """Serial-only in MDAnalysis: refused."""
+    from MDAnalysis.analysis.helix_analysis import HELANAL
+    return HELANAL(u, select="name CA and resnum 161-187")
 
 
 def raises(u):

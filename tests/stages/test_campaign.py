@@ -106,7 +106,7 @@ resource = "local.localhost"
     (("ranks = [1, 2]", "ranks = [1, true]"), ["ranks", "expected int", "got bool"]),
     (("ranks = [1, 2]", "ranks = [0, 2]"), ["ranks = 0", "at least 1"]),
     (('io = ["shared", "split", "h5md"]', 'io = ["nfs"]'), ["io = 'nfs'", "shared, split, h5md"]),
-    (('analysis = "rmsd"', 'analysis = "rmsf"'), ["analysis = 'rmsf'", "rmsd, dihedrals"]),
+    (('analysis = "rmsd"', 'analysis = "rmsx"'), ["analysis = 'rmsx'", "rmsd, dihedrals"]),
     (("walltime = 10", "walltime = 0"), ["walltime = 0"]),
     (("walltime = 15", "walltime = 15\ncpus = 1"), ["cpus = 1", "2-rank MPI"]),
     (('dataset = "adk"', 'dataset = "lysozyme"'), ["dataset = 'lysozyme'", "adk"]),

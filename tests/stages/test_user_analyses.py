@@ -164,8 +164,8 @@ def trajflow_run(adk, tmp_path, analysis, *extra):
 
 
 @pytest.mark.parametrize("analysis,extra,message", [
-    (f"{FACTORIES}:rmsf", [], "RMSF does not declare itself parallelisable"),
-    (f"{FACTORIES}:pca", [], "PCA does not declare itself parallelisable"),
+    (f"{FACTORIES}:einstein_msd", [], "EinsteinMSD does not declare itself parallelisable"),
+    (f"{FACTORIES}:helanal", [], "HELANAL does not declare itself parallelisable"),
     (f"{FACTORIES}:serial_only", [], "_get_aggregator()"),
     (f"{FACTORIES}:raises", [], "the factory failed on your inputs (RuntimeError: this factory is broken"),
     (f"{FACTORIES}:empty_selection", [], "ValueError: AtomGroup is empty."),
