@@ -251,7 +251,10 @@ def test_an_mdanalysis_run_on_the_backend_equals_its_serial_run(pilot, adk, solv
     np.testing.assert_allclose(ours.results.rdf, ref.results.rdf, rtol=1e-6)
     np.testing.assert_array_equal(ours.results.count, ref.results.count)
     run = backend.last_run
-    reopened = trajflow.open_run(run.path).results  # concluded again from RUNDIR alone
+    with pytest.raises(trajflow.InputError, match="trust=True"):  # pickled: not by default
+        trajflow.open_run(run.path).results
+    # concluded again from RUNDIR alone, by the one who wrote it
+    reopened = trajflow.open_run(run.path, trust=True).results
     np.testing.assert_allclose(reopened.rdf, ref.results.rdf, rtol=1e-6)
     np.testing.assert_array_equal(reopened.frame, np.arange(u.trajectory.n_frames))
     assert run.ok and run.plan.analysis == "mdanalysis:MDAnalysis.analysis.rdf.InterRDF"

@@ -64,7 +64,8 @@ def test_a_disk_filled_during_the_run_fails_it_clearly_and_resume_completes(smal
         while not analyze_tasks(str(out)) and time.time() < deadline:
             assert proc.poll() is None, proc.stdout.read()
             time.sleep(0.5)
-        with open(ballast, "wb") as fh:  # another job fills the disk
+        with open(ballast, "wb", buffering=0) as fh:  # another job fills the disk (unbuffered:
+            # a partial last write left bytes that close() could not flush, and raised)
             try:
                 while True:
                     fh.write(b"\0" * (1 << 16))
