@@ -174,5 +174,6 @@ MERGED_MODULE = "trajflow.tasks.parallel_analyses"
 MERGED_ANALYSES = {
     "rmsf": "MDAnalysis' RMSF of --select (default name CA; no superposition: align the "
             "trajectory first), merged over blocks",
-    "pca": "MDAnalysis' PCA of --select (default backbone; aligned onto the first frame "
-           "unless --analysis-args '{\"align\": false}'), merged over blocks"}
+    "pca": "MDAnalysis' PCA of --select (default backbone; not aligned, as MDAnalysis' "
+           "default: --analysis-args '{\"align\": true}' aligns onto the first frame), merged "
+           "over blocks"}

@@ -166,7 +166,7 @@ def rmsf(universe, select="name CA"):
     return ParallelRMSF(universe.select_atoms(select))
 
 
-def pca(universe, select="backbone", align=True, n_components=None):
+def pca(universe, select="backbone", align=False, n_components=None):
     """PCA of `select`'s positions (aligned onto the first frame when `align`), as
-    MDAnalysis' PCA."""
+    MDAnalysis' PCA, with its defaults (align False)."""
     return ParallelPCA(universe, select=select, align=align, n_components=n_components)

@@ -59,6 +59,15 @@ OWN_FILES = (PLAN, SELECTION, MARKER, LOCK, OUTCOME, RESERVE, OUTCOME_BEFORE, RE
 OWN_FOLDERS = (*FOLDERS, CLAIMS, KEPT_TASK_FILES, "progress", "analysis", "backend")
 
 
+def owned_by_user(path, kind=stat.S_ISREG) -> bool:
+    """`path` is itself (not a link) of `kind` (stat.S_ISREG, S_ISDIR) and this user's."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return kind(st.st_mode) and st.st_uid == os.getuid()
+
+
 def foreign_entries(rundir):
     """The names of the run's own files and folders in `rundir` that are symbolic links,
     or not of their kind (a FIFO would hang a read, a folder at outcome.json fail its
@@ -377,19 +386,23 @@ def _this_host():
     return socket.gethostname()
 
 
-def _holder_host(fd):
-    words = os.pread(fd, 4096, 0).decode(errors="replace").split()
+def lock_holder(text):
+    """(host, pid) of the holder a lock file names ("host H pid P since ..."), or
+    (None, None)."""
+    words = text.split()
     try:
-        return words[words.index("host") + 1]
+        return words[words.index("host") + 1], int(words[words.index("pid") + 1])
     except (ValueError, IndexError):
-        return None
+        return None, None
+
+
+def _holder_host(fd):
+    return lock_holder(os.pread(fd, 4096, 0).decode(errors="replace"))[0]
 
 
 def _holder_pid_lives(fd) -> bool:
-    words = os.pread(fd, 4096, 0).decode(errors="replace").split()
-    try:
-        host, pid = words[words.index("host") + 1], int(words[words.index("pid") + 1])
-    except (ValueError, IndexError):
+    host, pid = lock_holder(os.pread(fd, 4096, 0).decode(errors="replace"))
+    if pid is None:
         return False
     if host != _this_host():
         return True  # cannot be asked from here

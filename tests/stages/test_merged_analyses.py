@@ -125,3 +125,20 @@ def test_moments_merge_exactly_whatever_the_split():
         assert n == n_all
         np.testing.assert_allclose(mean, mean_all, rtol=1e-13)
         np.testing.assert_allclose(m, m_all, rtol=1e-9)
+
+
+@pytest.mark.parametrize("name", ["rmsf", "pca"])
+def test_merged_analyses_on_the_periodic_solvated_xtc(tmp_path, solvated, name):
+    """A file nobody here wrote: MDAnalysisTests' solvated AdK (GRO/XTC, periodic, its own
+    XTC precision), protein atoms only, through H5MD and tasks mode."""
+    top, traj = solvated
+    select = "name CA" if name == "rmsf" else "backbone and resid 20:40"
+    _, plan = plan_and_run(tmp_path / "run", top, [traj], name, io="h5md", mode="tasks",
+                           blocks=3, cpus=3, select=select, side_by_side=True)
+    got = open_result(plan.workdir)
+    u = mda.Universe(top, traj)
+    if name == "rmsf":
+        ref = serial(RMSF, u, {}, atomgroup=u.select_atoms(select))
+        np.testing.assert_allclose(got["rmsf"], ref.rmsf, rtol=1e-6)
+    else:
+        assert_pca_equal(got, serial(PCA, u, {}, universe=u, select=select), plan.n_frames)

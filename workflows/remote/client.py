@@ -27,7 +27,7 @@ import time
 
 from trajflow.tasks.client_guard import alive
 from trajflow.tasks.plan import load_json_record, PlanError, RunPlan
-from trajflow.tasks.rundir import FETCHED, PLAN, REMOTE, write_text
+from trajflow.tasks.rundir import FETCHED, owned_by_user, PLAN, REMOTE, write_text
 from trajflow.workflows.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InputError, RunFailed
 from trajflow.workflows.run.runs import Run
 from trajflow.workflows.run.spec import (check_no_control, PilotSpec, RunSpec, split_options,
@@ -240,14 +240,6 @@ def read_remote_record(path):
     return record
 
 
-def _own_file(path):
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()
-
-
 class RemoteRun:
     """A run living on a cluster, seen from its local folder (remote.json).
 
@@ -354,7 +346,7 @@ class RemoteRun:
         localise_plan(self.local)
         # the user's own run, fetched, where its record is theirs (it may be a folder of
         # someone else's remote run: then nothing pickled is loaded from it)
-        return Run(self.local, trust=_own_file(os.path.join(self.local, REMOTE))), fetched
+        return Run(self.local, trust=owned_by_user(os.path.join(self.local, REMOTE))), fetched
 
     def cancel(self):
         """End the run there: its client cancels the pilot and its batch job."""

@@ -22,7 +22,7 @@ import threading
 import time
 
 from trajflow.tasks.client_guard import CANCEL, CLOSED, ENDED, HEARTBEAT, STARTED
-from trajflow.tasks.rundir import open_in_run, read_lines, SESSIONS
+from trajflow.tasks.rundir import open_in_run, owned_by_user, read_lines, SESSIONS
 from trajflow.workflows.run.resources import pre_bootstrap_entry
 
 DEFAULT_CLIENT_TIMEOUT_S = 300
@@ -95,7 +95,8 @@ def live_guards(rundir, fresh_s=30.0):
     candidates.update(line for line in read_lines(os.path.join(rundir, SESSIONS)) if line)
     live = []
     for session in sorted(candidates):
-        if not _own_folder(session):  # a line planted in the record names someone's pilot
+        # a line planted in the record may name someone else's pilot
+        if not (os.path.isabs(session) and owned_by_user(session, stat.S_ISDIR)):
             continue
         started = os.path.join(session, STARTED)
         if (not os.path.exists(started) or os.path.exists(os.path.join(session, ENDED))
@@ -104,15 +105,6 @@ def live_guards(rundir, fresh_s=30.0):
         if time.time() - os.stat(started).st_mtime < fresh_s:
             live.append(session)
     return live
-
-
-def _own_folder(folder):
-    """An absolute path of a real folder (not a link) this user owns."""
-    try:
-        st = os.lstat(folder)
-    except OSError:
-        return False
-    return os.path.isabs(folder) and stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
 
 
 def client_alive(session, stale_s=12.0):

@@ -18,7 +18,7 @@ import stat
 import socket
 import time
 
-from trajflow.tasks.rundir import LOCK
+from trajflow.tasks.rundir import lock_holder, LOCK
 from trajflow.workflows.errors import InputError
 
 _HELD = set()  # this process's lock file descriptors
@@ -118,22 +118,14 @@ def _take(fd, tries=10, pause_s=0.05):
     return fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
-def _fields(holder):
-    parts = holder.split()
-    try:
-        return parts[parts.index("host") + 1], int(parts[parts.index("pid") + 1])
-    except (ValueError, IndexError):
-        return None, None
-
-
 def _ours(holder):
-    host, pid = _fields(holder)
+    host, pid = lock_holder(holder)
     return host == socket.gethostname() and pid == os.getpid()
 
 
 def _stale(holder):
     """A holder on this host whose process is gone."""
-    host, pid = _fields(holder)
+    host, pid = lock_holder(holder)
     if host != socket.gethostname() or pid is None:
         return False
     try:
