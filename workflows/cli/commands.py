@@ -24,7 +24,7 @@ from trajflow.workflows.profile.inspection import inspect_runs, summary_text, wr
 from trajflow.workflows.profile.report_html import write_campaign_html, write_html
 from trajflow.workflows.profile.trace import write_trace
 from trajflow.workflows.remote import client as remote
-from trajflow.workflows.run import resources
+from trajflow.workflows.run import held_client, resources
 from trajflow.workflows.run.api import plan_of
 from trajflow.workflows.run.pilot import Pilot
 from trajflow.workflows.run.planning import make_plan
@@ -32,10 +32,10 @@ from trajflow.workflows.run.runs import find_runs
 from trajflow.workflows.run.spec import PilotSpec, RunSpec
 
 
-def _run_and_report(plans, spec, pilot_spec, path, resume=False):
-    """Run the plans on one pilot (the API's Pilot), each run's summary and HTML
-    report written as soon as it has ended (while the pilot is shut down), then
-    printed; the exit code."""
+def _run_and_report(plans, spec, pilot_spec, path, resume=False, held=None):
+    """Run the plans on one pilot (the API's Pilot, or the held pilot named `held`),
+    each run's summary and HTML report written as soon as it has ended (while the
+    pilot is shut down), then printed; the exit code."""
     import concurrent.futures
     t0 = time.time()
     runs, futures, errors = {}, {}, {}
@@ -47,9 +47,13 @@ def _run_and_report(plans, spec, pilot_spec, path, resume=False):
             runs[future] = exc.run
             errors[future] = str(exc)  # said below if outcome.json could not say it
     try:
-        cpus = pilot_spec.cpus or max(pilot_spec.cores_for(plan) for plan in plans)
-        own = dataclasses.replace(pilot_spec, cpus=cpus, path=path)
-        with Pilot(progress=spec.progress, **dataclasses.asdict(own)) as pilot:
+        if held:
+            chosen = held_client.HeldPilot(held, progress=spec.progress)
+        else:
+            cpus = pilot_spec.cpus or max(pilot_spec.cores_for(plan) for plan in plans)
+            own = dataclasses.replace(pilot_spec, cpus=cpus, path=path)
+            chosen = Pilot(progress=spec.progress, **dataclasses.asdict(own))
+        with chosen as pilot:
             futures = {pilot.submit_plan(plan, spec, resume=resume): plan for plan in plans}
             pilot.close(wait=False)  # no more runs: the pilot ends with the last one
             for future in concurrent.futures.as_completed(futures):
@@ -73,7 +77,7 @@ def _run_and_report(plans, spec, pilot_spec, path, resume=False):
             print("retried (failed, then run again): " + text.splitlines()[0], file=sys.stderr)
         for text in outcome.get("failed_tasks", []):
             print(text, file=sys.stderr)
-        name = future.request.name
+        name = future.name
         if outcome.get("error"):
             print(f"{name}: {outcome['error']}", file=sys.stderr)
         elif future in errors:
@@ -102,10 +106,12 @@ def specs_from_args(args):
     return spec_from_args(RunSpec, args), spec_from_args(PilotSpec, args)
 
 
-def plan_from_args(args):
+def plan_from_args(args, pilot_spec=None):
     """The run `trajflow run` asks for, planned (InputError for bad input, nothing written),
-    with its specs: (plan, RunSpec, PilotSpec)."""
-    spec, pilot_spec = specs_from_args(args)
+    with its specs: (plan, RunSpec, PilotSpec); `pilot_spec`: a held pilot's, instead of
+    the flags'."""
+    spec, flags_pilot_spec = specs_from_args(args)
+    pilot_spec = pilot_spec or flags_pilot_spec
     if args.resume:
         given = flags_said(args, RunSpec, [f for f in RUN_FIELDS if f not in RESUMED_OPTIONS])
         if given:
@@ -119,6 +125,8 @@ def run_planned(plan, spec, pilot_spec, resume=False):
 
 
 def cmd_run(args):
+    if args.pilot:
+        return _run_on_held(args)
     if args.remote_batch and not args.remote:
         raise InputError("--remote-batch needs --remote HOST: it submits the run's client as a "
                          "batch job there (here, run trajflow inside your own job with "
@@ -126,6 +134,55 @@ def cmd_run(args):
     if args.remote:
         return remote.cmd_run_remote(args, *specs_from_args(args))
     return run_planned(*plan_from_args(args), resume=bool(args.resume))
+
+
+def _run_on_held(args):
+    """`trajflow run --pilot NAME`: planned here for the held pilot's cores, run there."""
+    given = flags_said(args, PilotSpec)
+    if given:
+        raise InputError(f"{', '.join(given)}: options of a pilot, and --pilot {args.pilot} "
+                         "is held with its own: drop them (or leave out --pilot)")
+    if args.remote:
+        raise InputError("--pilot with --remote: a held pilot of this machine cannot take a "
+                         "remote run; leave out one of them")
+    status = held_client.held_status(args.pilot)
+    plan, spec, pilot_spec = plan_from_args(
+        args, PilotSpec(resource=status["resource"], cpus=status["cpus"]))
+    return _run_and_report([plan], spec, pilot_spec, plan.workdir, resume=bool(args.resume),
+                           held=args.pilot)
+
+
+def cmd_pilot(args):
+    """`trajflow pilot start|status|stop|list`."""
+    if args.pilot_command == "start":
+        pilot_spec = spec_from_args(PilotSpec, args)
+        held_client.start_held(args.name, pilot_spec, args.idle_timeout)
+        return EXIT_OK
+    if args.pilot_command == "stop":
+        status = held_client.stop_held(args.name)
+        print(f"pilot {args.name} stopped ({status['running']} run(s) were running, "
+              f"{status['queued']} queued)")
+        return EXIT_OK
+    held = ([held_client.held_status(args.name)] if getattr(args, "name", None)
+            else held_client.list_held())
+    if not held:
+        print("no held pilot (trajflow pilot start --name NAME holds one)")
+        return EXIT_OK
+    for status in held:
+        print(_held_line(status))
+    return EXIT_OK
+
+
+def _held_line(status):
+    if status.get("state") != "active" or "running" not in status:
+        return f"{status['name']}: {status['state']} ({status['resource']}, {status['cpus']} cores)"
+    left_min = max(0.0, status["walltime_left_s"] / 60)
+    idle = f", idle {status['idle_s'] / 60:.1f} min of {status['idle_timeout_s'] / 60:g}" \
+        if status["idle_timeout_s"] else ", no idle limit"
+    return (f"{status['name']}: active on {status['resource']}, {status['busy_cores']} of "
+            f"{status['cpus']} cores busy, {status['running']} run(s) running, "
+            f"{status['queued']} queued, {left_min:.1f} min of walltime left{idle}; "
+            f"session {status['session_dir']}")
 
 
 def cmd_demo(args):

@@ -14,7 +14,8 @@ from trajflow.workflows.run import progress, signals
 from trajflow.workflows.run.signals import stop_on_signals
 from trajflow.workflows.run.spec import command_line
 from trajflow.workflows.cli.commands import (cmd_analyses, cmd_bench, cmd_campaign, cmd_demo,
-                                             cmd_inspect, cmd_resources, cmd_run, cmd_runs)
+                                             cmd_inspect, cmd_pilot, cmd_resources, cmd_run,
+                                             cmd_runs)
 from trajflow.workflows.cli.parser import build_parser
 
 
@@ -55,7 +56,7 @@ def _interrupted_code():
 def _command(args):
     return {"run": cmd_run, "demo": cmd_demo, "bench": cmd_bench, "campaign": cmd_campaign,
             "resources": cmd_resources, "inspect": cmd_inspect, "analyses": cmd_analyses,
-            "runs": cmd_runs,
+            "runs": cmd_runs, "pilot": cmd_pilot,
             "status": remote.cmd_status, "follow": remote.cmd_follow, "fetch": remote.cmd_fetch,
             "cancel": remote.cmd_cancel}[args.command](args)
 

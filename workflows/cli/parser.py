@@ -13,6 +13,10 @@ def add_run_options(p):
     """Every option of a run and of its pilot (RunSpec, PilotSpec), and --resume."""
     add_spec_options(p, RunSpec)
     add_spec_options(p, PilotSpec)
+    p.add_argument("--pilot", metavar="NAME", default=None,
+                   help="run on the held pilot NAME (`trajflow pilot start --name NAME`): no "
+                        "pilot of its own to wait for; the pilot's options are then its own "
+                        "(default: a pilot of the run's own, started and ended with it)")
     p.add_argument("--resume", metavar="RUNDIR", default=None,
                    help="instead of a new run: re-run only the blocks an interrupted run is "
                         "missing; refused if its inputs changed (default: a new run)")
@@ -161,5 +165,45 @@ def build_parser():
     bench.add_argument("--width-resource", default="local.vcluster", metavar="NAME",
                        help="--width: the resource (default: local.vcluster)")
     bench.add_argument("--json", default=None, metavar="FILE", help="also write the numbers as JSON")
+    add_pilot_commands(sub)
     add_remote_commands(sub)  # status, follow, fetch, cancel: remote runs
     return parser
+
+
+def add_pilot_commands(sub):
+    """`trajflow pilot start|status|stop|list`: a pilot held for many runs."""
+    pilot = sub.add_parser(
+        "pilot", help="hold a pilot for many runs: start, status, stop, list",
+        description="Hold a pilot that outlives the command, and send runs to it with "
+                    "`trajflow run ... --pilot NAME` (Python: trajflow.Pilot.attach(NAME), "
+                    "trajflow.Backend(pilot=NAME)): each run then starts in about a second, "
+                    "without a pilot of its own. Only you can reach your held pilots (a "
+                    "Unix socket in a private folder, $TRAJFLOW_PILOTS or "
+                    "~/.trajflow/pilots).")
+    commands = pilot.add_subparsers(dest="pilot_command", required=True)
+    start = commands.add_parser("start", help="start a held pilot and wait until it is active",
+                                description="Start a pilot held by a background process of "
+                                            "trajflow's, and return once it is active. It ends "
+                                            "at `trajflow pilot stop`, at its walltime, or "
+                                            "after --idle-timeout minutes without a run.")
+    start.add_argument("--name", default="default", metavar="NAME",
+                       help="the name runs give with --pilot (default: default)")
+    start.add_argument("--idle-timeout", type=float, default=30.0, metavar="MIN",
+                       help="minutes without a run after which the pilot ends; 0: never "
+                            "(default: 30)")
+    add_spec_options(start, PilotSpec)
+    status = commands.add_parser("status", help="a held pilot's cores, runs, walltime left",
+                                 description="Resource, cores busy and free, runs running and "
+                                             "queued, walltime left and idle time of one held "
+                                             "pilot, or of all.")
+    status.add_argument("name", nargs="?", default=None, metavar="NAME",
+                        help="the held pilot (default: every one)")
+    stop = commands.add_parser("stop", help="end a held pilot",
+                               description="End a held pilot: its runs in flight end as "
+                                           "interrupted (`trajflow run --resume RUNDIR` goes "
+                                           "on), the pilot is cancelled, nothing is left "
+                                           "running.")
+    stop.add_argument("name", metavar="NAME", help="the held pilot")
+    commands.add_parser("list", help="the held pilots, a line each",
+                        description="Every held pilot of yours, a line each; the folders of "
+                                    "pilots whose holder has died are removed.")

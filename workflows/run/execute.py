@@ -141,6 +141,18 @@ class PilotProcess:
     def alive(self):
         return self._child is not None and self._child.is_alive()
 
+    def warm_up(self):
+        """Request the pilot now and wait until it is active and has run one empty task
+        (a held pilot's start); its phases watched as a batch's are."""
+        self._conn.send(("warmup", None))
+        self._batch_t0 = time.time()
+        self.watchdog.pilot_event("batch")
+        try:
+            while self._receive()[0] != "warm":
+                pass
+        except KeyboardInterrupt:
+            self.interrupt()
+
     def run_batch(self, requests, one_at_a_time=False, close_after=False, on_run_ended=None):
         """Run the requests side by side (or `one_at_a_time`); a RunReport.
 

@@ -58,6 +58,8 @@ class RunFuture(concurrent.futures.Future):
         super().__init__()
         self.request = request
         self.path = request.plan.workdir
+        self.name = request.name
+        self.on_event = None  # also told each stage event (run, stage, kind, text)
 
     def __repr__(self):
         return f"<trajflow.RunFuture {self.request.plan.analysis} {self.path} " \
@@ -111,6 +113,13 @@ class Pilot:
         self._last_submit = 0.0
         self._broken = None         # why the pilot can take no more runs
         self._names = set()
+
+    @staticmethod
+    def attach(name, progress=True):
+        """The held pilot `name` (`trajflow pilot start --name NAME`): a HeldPilot, with
+        this class's submit/run API; leaving its `with` block leaves the pilot held."""
+        from trajflow.workflows.run.held_client import HeldPilot  # it builds on this module
+        return HeldPilot(name, progress=progress)
 
     def __repr__(self):
         return f"<trajflow.Pilot {self.resource} {self.cpus} cpus " \
@@ -184,7 +193,31 @@ class Pilot:
                 self._progress.close()
                 raise exc from None
 
-    def _start(self):
+    def start(self):
+        """Request the pilot now and wait until it is active and has run an empty task
+        (otherwise it is requested with the first run): what a held pilot does, so
+        that its first run finds it warm. RuntimeError or Interrupted if it fails."""
+        with self._cond:
+            if self._process is not None:
+                return
+            self._start(warm=True)
+
+    @property
+    def load(self):
+        """What the pilot has now: runs running and queued, and the cores the
+        running ones take."""
+        with self._cond:
+            running = list(dict(self._running).values())  # copied whole under the GIL
+            return {"running": len(running), "queued": len(self._pending),
+                    "busy_cores": min(self.cpus, sum(min(self.cpus, f.request.plan.n_workers)
+                                                     for f in running))}
+
+    @property
+    def alive(self):
+        """False once the pilot has ended (closed, cancelled, or lost)."""
+        return self._process is not None and self._process.alive and self._broken is None
+
+    def _start(self, warm=False):
         if self._process is not None:
             return
         os.makedirs(self.path, exist_ok=True)
@@ -194,6 +227,13 @@ class Pilot:
                                      client_timeout=self.client_timeout,
                                      keep_sandbox=self.keep_sandbox, limits=self.limits)
         self._process.start()
+        if warm:
+            self._cond.release()  # runs submitted meanwhile wait as pending
+            try:
+                self._process.warm_up()
+            finally:
+                self._cond.acquire()
+            self._say(f"pilot active on {self.resource} (session {self.session_dir})")
         self._thread = threading.Thread(target=self._dispatch, name="trajflow-pilot", daemon=True)
         self._thread.start()
 
@@ -232,31 +272,32 @@ class Pilot:
         """Hand a plan already made (and not yet written) to the pilot; `spec` gives
         the run's retries, env and progress (default: RunSpec's defaults)."""
         spec = spec or RunSpec()
+        self._check_open()
+        plan = fit_to_cores(plan, self.cpus)
+        path = prepare_run(plan, resume, self._say)
+        future = RunFuture(RunRequest(self._unique_name(plan), plan, path, spec.retries, resume,
+                                      spec.env, spec.progress))
+        hold_lock_until_done(plan, future, self._say)
+        return self._enqueue(future)
+
+    def submit_written(self, plan, path, spec, resume=False, on_event=None) -> RunFuture:
+        """A plan its client has written to `path` (prepare_run) and whose folder's lock
+        it holds: a held pilot's runs (held_holder.py). `on_event(run, stage, kind,
+        text)`: also told each of its stage events."""
+        self._check_open()
+        future = RunFuture(RunRequest(self._unique_name(plan), plan, path, spec.retries,
+                                      resume, spec.env, spec.progress))
+        future.on_event = on_event
+        return self._enqueue(future)
+
+    def _check_open(self):
         if self._closing:
             raise RuntimeError("this Pilot is closed (it takes no more runs): start a new one")
         if self._broken is not None:
             raise RuntimeError(f"this Pilot can take no more runs: {self._broken}")
-        plan = fit_to_cores(plan, self.cpus)
-        if resume:  # a pilot of this run whose client died must not run beside this one
-            cancel_orphans(plan.workdir, self._say)
-            remove_partial_files(plan)
-            forget_analyze_attempt(plan)
-            begin_attempt(plan.workdir)
-        path = plan.save(plan.path(PLAN)) if resume else write_plan(plan)
-        future = RunFuture(RunRequest(self._unique_name(plan), plan, path, spec.retries, resume,
-                                      spec.env, spec.progress))
-        lock = plan.lock  # one run per RUNDIR, until this one has ended
-        if lock is not None:
-            record_handed_over(plan.workdir)  # "interrupted" until it says how it ended
 
-            def release(done, workdir=plan.workdir):
-                if done.cancelled():  # it never began: nothing was interrupted
-                    withdraw_handover(workdir)
-                lock.release()
-            future.add_done_callback(release)
-            if lock.taken_over:
-                self._say(f"{plan.workdir}: took over the lock of a run that is gone "
-                          f"({lock.taken_over})")
+    def _enqueue(self, future):
+        plan = future.request.plan
         with self._cond:
             self._start()
             self._pending.append(future)
@@ -356,6 +397,8 @@ class Pilot:
     # --- progress --------------------------------------------------------------
     def _event(self, run_name, stage, kind, text):
         future = self._running.get(run_name)
+        if future is not None and future.on_event is not None:
+            future.on_event(run_name, stage, kind, text)
         if future is None or future.request.progress:
             self._progress.stage(run_name, future.request.plan if future else None, stage, kind,
                                  text)
@@ -367,3 +410,32 @@ class Pilot:
         """A line about one run: said unless that run was asked for progress=False."""
         if future.request.progress:
             self._say(text)
+
+
+def prepare_run(plan, resume, say):
+    """Write a new run's folder and plan, or set a resumed run's folder for its next
+    attempt; the plan's path."""
+    if resume:  # a pilot of this run whose client died must not run beside this one
+        cancel_orphans(plan.workdir, say)
+        remove_partial_files(plan)
+        forget_analyze_attempt(plan)
+        begin_attempt(plan.workdir)
+        return plan.save(plan.path(PLAN))
+    return write_plan(plan)
+
+
+def hold_lock_until_done(plan, future, say):
+    """The run's folder says "interrupted" from now until the run says how it ended, and
+    its lock (one run per RUNDIR) is released when `future` is done."""
+    lock = plan.lock
+    if lock is None:
+        return
+    record_handed_over(plan.workdir)
+
+    def release(done, workdir=plan.workdir):
+        if done.cancelled():  # it never began: nothing was interrupted
+            withdraw_handover(workdir)
+        lock.release()
+    future.add_done_callback(release)
+    if lock.taken_over:
+        say(f"{plan.workdir}: took over the lock of a run that is gone ({lock.taken_over})")

@@ -88,6 +88,10 @@ def serve(conn, pilot, session_root, parent_end, client_pid, client_timeout, kee
                 kind, batch = conn.recv()
                 if kind == "close":
                     break
+                if kind == "warmup":
+                    _warm_up(session)
+                    _send(conn, ("warm", None))
+                    continue
                 in_flight[:] = [r.plan for r in batch["requests"]]
                 report, lost = _run_batch(session, lost, conn, **batch)
                 in_flight.clear()
@@ -355,6 +359,25 @@ _SEND_LOCK = threading.Lock()  # the child's threads share one pipe to the paren
 def _send(conn, message):
     with _SEND_LOCK:
         conn.send(message)
+
+
+def _warm_up(session):
+    """Start the pilot now and run one empty task on it (`/bin/true`): a held pilot is
+    active, and its agent has launched a task, before its first run is sent."""
+    import radical.entk as re
+    task = re.Task()
+    task.name = "warmup"
+    task.executable = "/bin/true"
+    task.cpu_reqs = {"cpu_processes": 1, "cpu_process_type": None, "cpu_threads": 1,
+                     "cpu_thread_type": None}
+    stage = re.Stage()
+    stage.name = "warmup"
+    stage.add_tasks(task)
+    pipeline = re.Pipeline()
+    pipeline.name = "warmup"
+    pipeline.add_stages(stage)
+    session.appman.workflow = {pipeline}
+    session.appman.run()
 
 
 def _run_batch(session, lost, conn, requests, one_at_a_time, close_after):

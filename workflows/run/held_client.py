@@ -1,0 +1,358 @@
+"""Held pilots from the client's side: start, status, stop, list, and `HeldPilot`,
+which sends runs to one by name with the same submit/run API as `Pilot`.
+
+    $ trajflow pilot start --name adk --cpus 2
+    $ trajflow run PSF DCD --analysis rmsd --pilot adk        # warm: no pilot start
+
+    >>> with trajflow.Pilot.attach("adk") as pilot:
+    ...     run = pilot.run(PSF, DCD, "rmsd")
+
+A run is planned and its folder written here, as for any pilot (bad input is
+refused before the held pilot hears of it); the holder (held_holder.py) is
+sent the plan's path and answers with the run's stage events and its end.
+"""
+import concurrent.futures
+import dataclasses
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from trajflow.tasks.rundir import write_text
+from trajflow.workflows.errors import InputError, Interrupted, RunFailed
+from trajflow.workflows.run.held_holder import HeldRequest
+from trajflow.workflows.run.held_registry import (connect, held_names, holder_alive, is_refused,
+                                                  is_stale, LIST_HINT, LOG, Messages, pilot_folder,
+                                                  read_record, remove_folder,
+                                                  REQUEST, send)
+from trajflow.workflows.run.pilot import hold_lock_until_done, Pilot, prepare_run
+from trajflow.workflows.run.planning import fit_to_cores, make_plan
+from trajflow.workflows.run.progress import Progress
+from trajflow.workflows.run.runs import Run
+from trajflow.workflows.run.spec import RunSpec, split_options, takes_options
+
+log = logging.getLogger(__name__)
+
+DEFAULT_IDLE_MIN = 30.0
+STOP_WAIT_S = 120.0  # the longest `pilot stop` waits for the holder to have ended
+
+
+def _ask(name, message, timeout_s=10.0):
+    """One request to the holder of `name` and its one answer; InputError where no
+    pilot is held by that name (a stale folder is removed on the way)."""
+    folder = pilot_folder(name)
+    conn = _connect(name, folder, timeout_s)
+    try:
+        conn.settimeout(timeout_s)
+        send(conn, message)
+        return Messages(conn).receive()
+    except (OSError, EOFError, ValueError) as exc:
+        raise InputError(f"the held pilot {name!r} did not answer ({exc}); "
+                         f"{LIST_HINT}") from None
+    finally:
+        conn.close()
+
+
+def _connect(name, folder, timeout_s=10.0):
+    if not os.path.lexists(folder):
+        raise InputError(f"no pilot named {name!r} is held: {LIST_HINT}; "
+                         f"`trajflow pilot start --name {name}` holds one")
+    try:
+        return connect(folder, timeout_s)
+    except OSError as exc:
+        if is_refused(exc) and is_stale(folder):
+            remove_folder(folder)
+            raise InputError(f"the held pilot {name!r} has ended (its holder is gone; its "
+                             f"folder was removed): {LIST_HINT}") from None
+        raise InputError(f"the held pilot {name!r} cannot be reached ({exc}); "
+                         f"{LIST_HINT}") from None
+
+
+def held_status(name):
+    """The held pilot's state: resource, cpus, runs running and queued, busy cores,
+    walltime left, idle time."""
+    return _ask(name, {"op": "status"})
+
+
+def list_held():
+    """The status of every held pilot; stale folders found on the way are removed."""
+    found = []
+    for name in held_names():
+        try:
+            found.append(held_status(name))
+        except InputError as exc:
+            record = read_record(pilot_folder(name))
+            if record is not None and holder_alive(record["pid"]):
+                found.append({**record, "error": str(exc)})  # starting, or busy answering
+            else:
+                log.info("%s", exc)
+    return found
+
+
+def start_held(name, pilot_spec, idle_timeout_min=DEFAULT_IDLE_MIN, progress=True):
+    """Start a held pilot named `name` and wait until it is active; its status.
+    InputError for bad options or a name held already; RuntimeError if its pilot
+    does not start (the holder's log is quoted)."""
+    if idle_timeout_min < 0:
+        raise InputError(f"--idle-timeout {idle_timeout_min:g}: give minutes, 0 for none")
+    checked = Pilot(progress=False, **dataclasses.asdict(pilot_spec)).spec  # cpus, resource
+    if checked.path is None:
+        checked = dataclasses.replace(checked, path=os.path.abspath(
+            f"trajflow-pilot-{name}-{time.strftime('%Y%m%d-%H%M%S')}"))
+    folder = pilot_folder(name)
+    _claim(name, folder)
+    write_text(os.path.join(folder, REQUEST),
+               json.dumps(HeldRequest(name, checked, 60.0 * idle_timeout_min).to_dict()))
+    say = Progress(progress)
+    say.line(f"holding pilot {name}: {checked.cpus} cores on {checked.resource} for "
+             f"{checked.walltime} min (session in {checked.path}) ...")
+    with open(os.path.join(folder, LOG), "ab") as out:
+        holder = subprocess.Popen(
+            [sys.executable, "-m", "trajflow.workflows.run.held_holder", folder],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True, close_fds=True)
+    try:
+        status = _wait_active(name, folder, holder)
+    except BaseException:
+        _end_holder(holder)
+        remove_folder(folder)
+        raise
+    say.line(f"pilot {name} held ({status['cpus']} cores, {checked.resource}): "
+             f"trajflow run ... --pilot {name}; trajflow pilot stop {name} ends it")
+    say.close()
+    return status
+
+
+def _claim(name, folder):
+    try:
+        os.mkdir(folder, 0o700)
+        return
+    except FileExistsError:
+        pass
+    if not is_stale(folder):
+        raise InputError(f"a pilot named {name!r} is held already: `trajflow pilot status "
+                         f"{name}`; another name, or `trajflow pilot stop {name}` first")
+    remove_folder(folder)
+    os.mkdir(folder, 0o700)
+
+
+def _wait_active(name, folder, holder):
+    while True:
+        record = read_record(folder)
+        if record is not None and record["state"] == "active":
+            return held_status(name)
+        if record is not None and record["state"] == "failed":
+            raise RuntimeError(f"pilot {name}: {record['error']}{_log_tail(folder)}")
+        if holder.poll() is not None:
+            raise RuntimeError(f"pilot {name}: its holder ended (exit code {holder.returncode}) "
+                               f"before the pilot was active{_log_tail(folder)}")
+        time.sleep(0.2)
+
+
+def _end_holder(holder):
+    """A holder whose start was cut short (Ctrl-C, a failure): SIGTERM, then SIGKILL."""
+    if holder.poll() is None:
+        holder.send_signal(signal.SIGTERM)
+        try:
+            holder.wait(90)
+        except subprocess.TimeoutExpired:
+            holder.kill()
+            holder.wait()
+
+
+def _log_tail(folder, n=12):
+    try:
+        with open(os.path.join(folder, LOG), errors="replace") as fh:
+            lines = fh.read().splitlines()[-n:]
+    except OSError:
+        return ""
+    return "\n  " + "\n  ".join(lines) if lines else ""
+
+
+def stop_held(name, wait_s=STOP_WAIT_S):
+    """Stop the held pilot `name` (runs in flight end as interrupted and can be resumed)
+    and wait until its holder has ended; its last status."""
+    status = held_status(name)
+    _ask(name, {"op": "stop"})
+    deadline = time.time() + wait_s
+    folder = pilot_folder(name)
+    while holder_alive(status["pid"]) and time.time() < deadline:
+        time.sleep(0.2)
+    if holder_alive(status["pid"]):
+        raise RuntimeError(f"the held pilot {name!r} (holder pid {status['pid']}) did not end "
+                           f"within {wait_s:.0f} s; kill {status['pid']}")
+    remove_folder(folder)  # gone with its holder, or left by one that was killed
+    return status
+
+
+class HeldRunFuture(concurrent.futures.Future):
+    """A run sent to a held pilot: as RunFuture (`.result()`, `.path`)."""
+
+    def __init__(self, plan, conn):
+        super().__init__()
+        self.plan = plan
+        self.path = plan.workdir
+        self.name = os.path.basename(plan.workdir)
+        self.conn = conn
+
+    def hang_up(self):
+        """Leave the run: cancelled by the holder if it has not begun."""
+        try:
+            self.conn.shutdown(2)
+        except OSError:
+            pass
+
+
+class HeldPilot:
+    """A held pilot, attached by name (`trajflow pilot start --name NAME`): the same
+    submit/run API as Pilot. Leaving the `with` block waits for the runs sent;
+    the pilot stays held (`trajflow pilot stop NAME` ends it). Ctrl-C cancels
+    this client's runs that have not begun; a begun run goes on to its end."""
+
+    def __init__(self, name, progress=True):
+        self.name = name
+        status = held_status(name)
+        if status["state"] != "active":
+            raise InputError(f"the held pilot {name!r} is {status['state']}: {LIST_HINT}")
+        self.resource, self.cpus = status["resource"], status["cpus"]
+        self.walltime = status["walltime"]
+        self.session_dir = status["session_dir"]
+        self._progress = Progress(progress)
+        self._futures = []
+
+    def __repr__(self):
+        return f"<trajflow.HeldPilot {self.name} {self.resource} {self.cpus} cpus>"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            self.abort()
+        elif exc_type is not None:
+            self._hang_up()
+        else:
+            self.close()
+
+    @takes_options(RunSpec, skip=("topology", "trajectory", "analysis"))
+    def submit(self, topology, trajectory, analysis, **options) -> HeldRunFuture:
+        """Plan a run and send it to the held pilot; returns at once (as Pilot.submit)."""
+        spec = RunSpec(topology=topology, trajectory=trajectory, analysis=analysis,
+                       **split_options(options, RunSpec)[0])
+        return self.submit_plan(make_plan(spec, self.cpus), spec)
+
+    def run(self, topology, trajectory, analysis, **kwargs) -> Run:
+        """Run on the held pilot and wait: the Run, or RunFailed / Interrupted."""
+        return self.submit(topology, trajectory, analysis, **kwargs).result()
+
+    def submit_plan(self, plan, spec=None, resume=False) -> HeldRunFuture:
+        """Send a plan made (not yet written) to the held pilot (as Pilot.submit_plan)."""
+        spec = spec or RunSpec()
+        plan = fit_to_cores(plan, self.cpus)
+        conn = _connect(self.name, pilot_folder(self.name))  # before anything is written
+        try:
+            path = prepare_run(plan, resume, self._progress.line)
+            future = HeldRunFuture(plan, conn)
+            hold_lock_until_done(plan, future, self._progress.line)
+            send(conn, {"op": "run", "plan": path, "retries": spec.retries, "env": spec.env,
+                        "resume": resume})
+        except BaseException:
+            conn.close()
+            if plan.lock is not None:
+                plan.lock.release()
+            raise
+        self._futures.append(future)
+        threading.Thread(target=self._follow, args=(future, spec), daemon=True,
+                         name="trajflow-held-run").start()
+        return future
+
+    def _follow(self, future, spec):
+        """The holder's word on one run, until its end."""
+        messages = Messages(future.conn)
+        plan, say = future.plan, spec.progress
+        try:
+            while True:
+                message = messages.receive()
+                if "event" in message and say:
+                    self._progress.stage(future.name, plan, *message["event"][:3])
+                elif "submitted" in message:
+                    future.set_running_or_notify_cancel()
+                    if say:
+                        self._progress.line(f"{future.name}: sent to held pilot {self.name} "
+                                            f"({plan.analysis}, {plan.io}/{plan.mode}, "
+                                            f"{plan.n_blocks} blocks) -> {plan.workdir}")
+                elif "refused" in message:
+                    future.set_exception(InputError(f"the held pilot {self.name} refused the "
+                                                    f"run: {message['refused']}"))
+                    return
+                elif "done" in message:
+                    self._ended(future, message["done"])
+                    return
+        except (EOFError, OSError, ValueError) as exc:
+            if not future.done():
+                run = Run(plan.workdir, trust=True)
+                if run.ok:
+                    future.set_result(run)
+                else:
+                    future.set_exception(RunFailed(
+                        f"run {future.name}: the held pilot {self.name} ended before the run "
+                        f"did ({exc}); `trajflow run --resume {plan.workdir}` goes on", run=run))
+        finally:
+            messages.close()
+            future.conn.close()
+
+    def _ended(self, future, ended):
+        run = Run(future.plan.workdir, trust=True)
+        if ended.get("ok") and run.ok:
+            self._progress.line(f"{future.name}: done -> {run.result_path}")
+            future.set_result(run)
+        elif ended.get("interrupted"):
+            future.set_exception(Interrupted(str(ended.get("error"))))
+        else:
+            self._progress.line(f"{future.name}: FAILED")
+            future.set_exception(RunFailed(str(ended.get("error") or "the run did not complete"),
+                                           run=run))
+
+    def close(self, wait=True):
+        """Detach: with `wait`, after the runs sent have ended. The pilot stays held."""
+        if wait:
+            try:
+                for future in list(self._futures):
+                    while not future.done():
+                        concurrent.futures.wait([future], timeout=0.2)
+            except KeyboardInterrupt:
+                self.abort()
+            self._progress.close()
+
+    def abort(self, why="interrupted"):
+        """Leave every run sent: those not begun are cancelled; Interrupted is raised."""
+        begun = self._hang_up()
+        self._progress.close()
+        said = (f"; {len(begun)} run(s) had begun and go on in the held pilot {self.name} to "
+                f"their end: {', '.join(f.path for f in begun)}" if begun else "")
+        raise Interrupted(f"{why}{said}")
+
+    def _hang_up(self):
+        begun = [f for f in self._futures if f.running()]
+        for future in self._futures:
+            if not future.done():
+                future.hang_up()
+        return begun
+
+
+def as_pilot(pilot, progress=True):
+    """`pilot` as given to run(), resume() or Backend: a Pilot, a HeldPilot, or a held
+    pilot's name."""
+    if isinstance(pilot, str):
+        return HeldPilot(pilot, progress=progress)
+    return pilot
+
+
+def attach(name, progress=True) -> HeldPilot:
+    """The held pilot `name` (`trajflow pilot start --name NAME`), to send runs to."""
+    return HeldPilot(name, progress=progress)
+

@@ -1,0 +1,267 @@
+"""The process that holds a named pilot (`trajflow pilot start`), and serves its runs.
+
+It is started detached (a session of its own, its output in the pilot's
+holder.log), holds one `Pilot` (pilot.py), and answers on its Unix socket
+(held_registry.py): "status", "stop", and "run" (a plan its client wrote, whose
+folder's lock the client holds). Each run's stage events go back on the run's
+connection as they happen, then how it ended. A client that hangs up before
+its run began (Ctrl-C) has its run cancelled.
+
+It ends at `trajflow pilot stop`, at SIGTERM or SIGHUP, when its pilot ends
+(the walltime, a lost job), or after its idle time; then its runs still in
+flight end as interrupted (resumable), its pilot is cancelled, and its folder
+is removed. If it is killed, the pilot's guard ends the pilot (its client is
+gone) and the next `trajflow pilot` command finds the folder stale.
+
+    python -m trajflow.workflows.run.held_holder FOLDER
+"""
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+from trajflow.tasks.plan import PlanError, RunPlan
+from trajflow.tasks.rundir import read_record as read_plain
+from trajflow.workflows.errors import InputError, Interrupted, RunFailed
+from trajflow.workflows.run.held_registry import (check_private, listen, Messages, read_record,
+                                                  remove_folder, REQUEST, send, write_record)
+from trajflow.workflows.run.pilot import Pilot
+from trajflow.workflows.run.spec import PilotSpec, RunSpec
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.5
+
+
+@dataclasses.dataclass
+class HeldRequest:
+    """What `trajflow pilot start` asks its holder for (start.json)."""
+    name: str
+    pilot: PilotSpec
+    idle_timeout_s: float
+
+    def to_dict(self):
+        return {"name": self.name, "pilot": dataclasses.asdict(self.pilot),
+                "idle_timeout_s": self.idle_timeout_s}
+
+    @classmethod
+    def from_dict(cls, record):
+        if not isinstance(record, dict) or not isinstance(record.get("pilot"), dict) \
+                or not isinstance(record.get("name"), str) \
+                or not isinstance(record.get("idle_timeout_s"), (int, float)):
+            raise InputError("not a held pilot's start request")
+        return cls(record["name"], PilotSpec(**record["pilot"]), float(record["idle_timeout_s"]))
+
+
+class Holder:
+    """One held pilot and the connections of its clients."""
+
+    def __init__(self, folder, request: HeldRequest):
+        self.folder = folder
+        self.request = request
+        self.pilot = Pilot(progress=True, **dataclasses.asdict(request.pilot))
+        self.started = time.time()
+        self.last_busy = time.time()
+        self.stopping = threading.Event()
+        self.why = None
+        self.state = "starting"
+        self.error = None
+
+    # --- lifetime --------------------------------------------------------------
+    def serve(self):
+        """Hold the pilot until asked to stop; the exit code."""
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, lambda signum, _frame: self.stop(
+                f"the holder got {signal.Signals(signum).name}"))
+        server = listen(self.folder)
+        self._record()
+        threading.Thread(target=self._accept, args=(server,), daemon=True,
+                         name="trajflow-held-accept").start()
+        try:
+            self.pilot.start()
+        except (Exception, Interrupted) as exc:
+            self.state, self.error = "failed", f"the pilot did not start: {exc}"
+            log.error("%s", self.error)
+            self._record()
+            server.close()
+            return 1
+        self.state = "active"
+        self._record()
+        log.info("held pilot %s active: %s cores on %s", self.request.name, self.pilot.cpus,
+                 self.pilot.resource)
+        self._watch()
+        self.state = "stopping"
+        self._record()
+        log.info("held pilot %s stops: %s", self.request.name, self.why)
+        self._end_pilot()
+        server.close()
+        remove_folder(self.folder)
+        return 0
+
+    def _watch(self):
+        """Until a stop: end when the pilot has ended, or has been idle too long."""
+        idle_s = self.request.idle_timeout_s
+        while not self.stopping.wait(POLL_S):
+            if not self.pilot.alive:
+                self.why = "its pilot ended (its walltime, or its job was lost)"
+                return
+            load = self.pilot.load
+            if load["running"] or load["queued"]:
+                self.last_busy = time.time()
+            elif idle_s and time.time() - self.last_busy > idle_s:
+                self.why = f"idle for {idle_s / 60:g} min"
+                return
+
+    def _end_pilot(self):
+        load = self.pilot.load
+        try:
+            if load["running"] or load["queued"]:
+                self.pilot.abort(f"the held pilot {self.request.name} stopped ({self.why})")
+            else:
+                self.pilot.close()
+        except Interrupted:
+            pass
+        except Exception as exc:  # noqa: the folder must go all the same
+            log.error("the pilot's end: %s: %s", type(exc).__name__, exc)
+
+    def stop(self, why):
+        if not self.stopping.is_set():
+            self.why = why
+            self.stopping.set()
+
+    def status(self):
+        walltime_left = self.started + 60 * self.pilot.walltime - time.time()
+        load = self.pilot.load
+        return {"name": self.request.name, "state": self.state, "pid": os.getpid(),
+                "resource": self.pilot.resource, "cpus": self.pilot.cpus,
+                "walltime": self.pilot.walltime, "walltime_left_s": round(walltime_left, 1),
+                "idle_s": 0.0 if load["running"] or load["queued"]
+                else round(time.time() - self.last_busy, 1),
+                "idle_timeout_s": self.request.idle_timeout_s,
+                "session_dir": self.pilot.session_dir, "error": self.error, **load}
+
+    def _record(self):
+        write_record(self.folder, {
+            "name": self.request.name, "pid": os.getpid(), "state": self.state,
+            "started": self.started, "resource": self.pilot.resource, "cpus": self.pilot.cpus,
+            "walltime": self.pilot.walltime, "idle_timeout": self.request.idle_timeout_s,
+            "session_dir": self.pilot.session_dir, "error": self.error})
+
+    # --- clients ---------------------------------------------------------------
+    def _accept(self, server):
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:  # closed at the end
+                return
+            threading.Thread(target=self._client, args=(conn,), daemon=True,
+                             name="trajflow-held-client").start()
+
+    def _client(self, conn):
+        messages = Messages(conn)
+        try:
+            message = messages.receive()
+            op = message.get("op")
+            if op == "status":
+                send(conn, self.status())
+            elif op == "stop":
+                self.stop("stopped by `trajflow pilot stop`")
+                send(conn, {"stopping": True})
+            elif op == "run":
+                self._run(conn, messages, message)
+            else:
+                send(conn, {"refused": f"unknown request {op!r}"})
+        except (EOFError, OSError, ValueError) as exc:
+            log.debug("a client's connection: %s", exc)
+        finally:
+            messages.close()
+            conn.close()
+
+    def _run(self, conn, messages, message):
+        """A client's run: checked, handed to the pilot, its events and its end sent back."""
+        try:
+            run = _run_message(message)
+            plan = RunPlan.load(run["plan"])
+            if self.state != "active" or self.stopping.is_set():
+                raise InputError(f"the held pilot {self.request.name} is {self.state}"
+                                 + (f" ({self.why})" if self.why else ""))
+            left = self.started + 60 * self.pilot.walltime - time.time()
+            if left < 60:
+                raise InputError(f"the held pilot {self.request.name} has {left:.0f} s of its "
+                                 "walltime left: start another (trajflow pilot start)")
+            spec = RunSpec(retries=run["retries"], env=run["env"])
+        except (InputError, PlanError, OSError, ValueError, TypeError) as exc:
+            send(conn, {"refused": str(exc)})
+            return
+
+        def event(_run, stage, kind, text):
+            try:
+                send(conn, {"event": [stage, kind, text]})
+            except OSError:
+                pass  # the client is gone; the run's end is on disk all the same
+        future = self.pilot.submit_written(plan, run["plan"], spec, resume=run["resume"],
+                                           on_event=event)
+        self.last_busy = time.time()
+        send(conn, {"submitted": future.request.name})
+        threading.Thread(target=_cancel_on_hangup, args=(messages, future), daemon=True,
+                         name="trajflow-held-hangup").start()
+        try:
+            future.result()
+            ended = {"ok": True}
+        except RunFailed as exc:
+            ended = {"ok": False, "error": str(exc)}
+        except Interrupted as exc:
+            ended = {"ok": False, "interrupted": True, "error": str(exc)}
+        except BaseException as exc:  # cancelled (the client left), or the pilot failed
+            ended = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        self.last_busy = time.time()
+        try:
+            send(conn, {"done": ended})
+        except OSError:
+            pass
+
+
+def _run_message(message):
+    """A "run" request's fields, checked (plain JSON from the owner's socket)."""
+    plan, resume = message.get("plan"), message.get("resume", False)
+    retries, env = message.get("retries", 1), message.get("env")
+    if not isinstance(plan, str) or not os.path.isabs(plan):
+        raise InputError("a run request names its plan by an absolute path")
+    if not isinstance(resume, bool):
+        raise InputError("a run request's resume is true or false")
+    if env is not None and not isinstance(env, dict):
+        raise InputError("a run request's env is an object")
+    return {"plan": plan, "resume": resume, "retries": retries, "env": env}
+
+
+def _cancel_on_hangup(messages, future):
+    """The client hung up (Ctrl-C, or it died): its run is cancelled if it has not begun."""
+    try:
+        messages.receive()
+    except (EOFError, OSError, ValueError):
+        pass
+    if not future.done() and future.cancel():
+        log.info("%s: cancelled (its client left before it began)", future.request.name)
+    elif not future.done():
+        log.info("%s: its client left; it runs on to its end (a started run's tasks cannot "
+                 "be cancelled alone; its folder says how it ended)", future.request.name)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    folder = os.path.abspath(argv[0])
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(message)s")
+    check_private(folder)
+    request = HeldRequest.from_dict(read_plain(os.path.join(folder, REQUEST), 1 << 16) or {})
+    if read_record(folder) is not None:
+        log.error("%s is held already", folder)
+        return 2
+    return Holder(folder, request).serve()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
