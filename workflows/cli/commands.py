@@ -68,7 +68,8 @@ def _run_and_report(plans, spec, pilot_spec, path, resume=False, held=None):
             if future not in runs:
                 finished(future)
     # summarised once the pilot has ended: its profile (the pilot's start and end) is kept
-    summaries = {future: _summarise(runs[future]) for future in futures}
+    summaries = {future: _summarise(runs[future], getattr(future, "report", None))
+                 for future in futures}
     failed = False
     for future, plan in futures.items():
         run = runs[future]
@@ -91,10 +92,11 @@ def _run_and_report(plans, spec, pilot_spec, path, resume=False, held=None):
     return EXIT_FAILED if failed else EXIT_OK
 
 
-def _summarise(run):
-    """A finished run's summary (Run.summary) and its HTML report beside the result."""
+def _summarise(run, html_path=None):
+    """A finished run's summary (Run.summary) and its HTML report beside the result
+    (written here unless `html_path` says where it was written already)."""
     try:
-        html_path = run.write_report()
+        html_path = html_path or run.write_report()
         return (run.summary() + f"\n  timeline and phases: {html_path}  (trajflow inspect "
                 f"{run.path} for the table)")
     except Exception as exc:  # the report must never hide the result

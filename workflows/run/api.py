@@ -5,6 +5,7 @@ import dataclasses
 
 from trajflow.tasks.rundir import has_plan
 from trajflow.workflows.errors import InputError
+from trajflow.workflows.run.held_client import pilot_given
 from trajflow.workflows.run.pilot import Pilot
 from trajflow.workflows.run.planning import make_plan, plan_for_resume
 from trajflow.workflows.run.runs import Run
@@ -36,7 +37,8 @@ def run_plan(plan, spec, pilot_spec, pilot=None, resume=False) -> Run:
     """A planned run on `pilot`, or on a pilot of its own sized for it (its RADICAL
     session in RUNDIR), started and cancelled around it; the Run, or RunFailed."""
     if pilot is not None:
-        return pilot.submit_plan(plan, spec, resume=resume).result()
+        with pilot_given(pilot, spec.progress) as chosen:
+            return chosen.submit_plan(plan, spec, resume=resume).result()
     own_spec = dataclasses.replace(pilot_spec, cpus=pilot_spec.cores_for(plan),
                                    path=pilot_spec.path or plan.workdir)
     try:
@@ -56,7 +58,8 @@ def run(topology, trajectory, analysis, *, pilot=None, **options) -> Run:
     "module:NAME" (a function NAME(universe, **args) returning a parallelisable
     MDAnalysis analysis) or such a function itself (sent by value with
     cloudpickle). `pilot`: run on this Pilot; otherwise a pilot of its own is
-    started with the pilot's options below and cancelled at the end. Every
+    started with the pilot's options below and cancelled at the end; a held pilot's name
+    (`trajflow pilot start --name NAME`): run there, with no pilot start. Every
     other option is RunSpec's or PilotSpec's, listed below with its default
     (the same as `trajflow run --help`).
 
@@ -88,7 +91,8 @@ def run(topology, trajectory, analysis, *, pilot=None, **options) -> Run:
         if pilot_options:
             raise InputError(f"{', '.join(pilot_options)}: options of the pilot, which is given "
                              "(pilot=): set them when you make the Pilot")
-        return pilot.submit(topology, trajectory, analysis, **run_options).result()
+        with pilot_given(pilot, spec.progress) as chosen:
+            return chosen.submit(topology, trajectory, analysis, **run_options).result()
     pilot_spec = PilotSpec(**pilot_options)
     return run_plan(plan_of(spec, pilot_spec), spec, pilot_spec)
 

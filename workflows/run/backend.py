@@ -40,8 +40,9 @@ class Backend(BackendBase):
 
     Parameters
     ----------
-    pilot : Pilot, optional
-        run on this pilot (kept for the next run()); otherwise each run()
+    pilot : Pilot or str, optional
+        run on this pilot (kept for the next run()), or on the held pilot of
+        this name (`trajflow pilot start --name NAME`); otherwise each run()
         starts a pilot of its own on `resource` and cancels it at the end.
     resource, cpus, walltime, queue, project, client_timeout, limits
         that pilot's (cpus default: one per part, at most this machine's

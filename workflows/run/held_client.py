@@ -12,6 +12,7 @@ refused before the held pilot hears of it); the holder (held_holder.py) is
 sent the plan's path and answers with the run's stage events and its end.
 """
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import logging
@@ -25,7 +26,8 @@ import time
 from trajflow.tasks.rundir import write_text
 from trajflow.workflows.errors import InputError, Interrupted, RunFailed
 from trajflow.workflows.run.held_holder import HeldRequest
-from trajflow.workflows.run.held_registry import (connect, held_names, holder_alive, is_refused,
+from trajflow.workflows.run.held_registry import (connect, held_names, HOLDER_MODULE, holder_alive,
+                                                  is_refused,
                                                   is_stale, LIST_HINT, LOG, Messages, pilot_folder,
                                                   read_record, remove_folder,
                                                   REQUEST, send)
@@ -112,7 +114,7 @@ def start_held(name, pilot_spec, idle_timeout_min=DEFAULT_IDLE_MIN, progress=Tru
              f"{checked.walltime} min (session in {checked.path}) ...")
     with open(os.path.join(folder, LOG), "ab") as out:
         holder = subprocess.Popen(
-            [sys.executable, "-m", "trajflow.workflows.run.held_holder", folder],
+            [sys.executable, "-m", HOLDER_MODULE, folder],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True, close_fds=True)
     try:
@@ -198,6 +200,8 @@ class HeldRunFuture(concurrent.futures.Future):
         self.path = plan.workdir
         self.name = os.path.basename(plan.workdir)
         self.conn = conn
+        self.report = None     # report.html, once the holder has written it
+        self.followed = None   # the thread that hears the holder on this run
 
     def hang_up(self):
         """Leave the run: cancelled by the holder if it has not begun."""
@@ -258,16 +262,17 @@ class HeldPilot:
             path = prepare_run(plan, resume, self._progress.line)
             future = HeldRunFuture(plan, conn)
             hold_lock_until_done(plan, future, self._progress.line)
-            send(conn, {"op": "run", "plan": path, "retries": spec.retries, "env": spec.env,
-                        "resume": resume})
+            send(conn, {"op": "run", "plan": path, "retries": spec.retries,
+                        "env": {**testing_hooks(), **(spec.env or {})}, "resume": resume})
         except BaseException:
             conn.close()
             if plan.lock is not None:
                 plan.lock.release()
             raise
         self._futures.append(future)
-        threading.Thread(target=self._follow, args=(future, spec), daemon=True,
-                         name="trajflow-held-run").start()
+        future.followed = threading.Thread(target=self._follow, args=(future, spec),
+                                           daemon=True, name="trajflow-held-run")
+        future.followed.start()
         return future
 
     def _follow(self, future, spec):
@@ -291,6 +296,8 @@ class HeldPilot:
                     return
                 elif "done" in message:
                     self._ended(future, message["done"])
+                elif "report" in message:  # written by the holder once the result was given
+                    future.report = message["report"]
                     return
         except (EOFError, OSError, ValueError) as exc:
             if not future.done():
@@ -318,12 +325,13 @@ class HeldPilot:
                                            run=run))
 
     def close(self, wait=True):
-        """Detach: with `wait`, after the runs sent have ended. The pilot stays held."""
+        """Detach: with `wait`, after the runs sent have ended (and their reports are
+        written). The pilot stays held."""
         if wait:
             try:
                 for future in list(self._futures):
-                    while not future.done():
-                        concurrent.futures.wait([future], timeout=0.2)
+                    while future.followed.is_alive():  # polled: a Ctrl-C is seen
+                        future.followed.join(0.2)
             except KeyboardInterrupt:
                 self.abort()
             self._progress.close()
@@ -344,12 +352,21 @@ class HeldPilot:
         return begun
 
 
-def as_pilot(pilot, progress=True):
-    """`pilot` as given to run(), resume() or Backend: a Pilot, a HeldPilot, or a held
-    pilot's name."""
-    if isinstance(pilot, str):
-        return HeldPilot(pilot, progress=progress)
-    return pilot
+def testing_hooks():
+    """This process's documented testing hooks ($TRAJFLOW_TEST_*): a run's own, so they go
+    with it to the held pilot (whose tasks would otherwise see its holder's)."""
+    return {k: v for k, v in os.environ.items() if k.startswith("TRAJFLOW_TEST_")}
+
+
+@contextlib.contextmanager
+def pilot_given(pilot, progress=True):
+    """`pilot` as run(), resume() and Backend take it: a Pilot or HeldPilot as it is, or a
+    held pilot's name, attached for the block."""
+    if not isinstance(pilot, str):
+        yield pilot
+        return
+    with HeldPilot(pilot, progress=progress) as held:
+        yield held
 
 
 def attach(name, progress=True) -> HeldPilot:

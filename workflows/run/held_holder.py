@@ -29,6 +29,7 @@ from trajflow.workflows.errors import InputError, Interrupted, RunFailed
 from trajflow.workflows.run.held_registry import (check_private, listen, Messages, read_record,
                                                   remove_folder, REQUEST, send, write_record)
 from trajflow.workflows.run.pilot import Pilot
+from trajflow.workflows.run.runs import Run
 from trajflow.workflows.run.spec import PilotSpec, RunSpec
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ class Holder:
     def __init__(self, folder, request: HeldRequest):
         self.folder = folder
         self.request = request
-        self.pilot = Pilot(progress=True, **dataclasses.asdict(request.pilot))
+        self.pilot = Pilot(progress=True, reports=False, **dataclasses.asdict(request.pilot))
         self.started = time.time()
         self.last_busy = time.time()
         self.stopping = threading.Event()
@@ -77,6 +78,9 @@ class Holder:
             signal.signal(sig, lambda signum, _frame: self.stop(
                 f"the holder got {signal.Signals(signum).name}"))
         server = listen(self.folder)
+        # a forked child (the process holding the pilot, RADICAL's) must not keep the
+        # socket listening: once this process is gone, a client would wait on it for ever
+        os.register_at_fork(after_in_child=server.close)
         self._record()
         threading.Thread(target=self._accept, args=(server,), daemon=True,
                          name="trajflow-held-accept").start()
@@ -220,6 +224,13 @@ class Holder:
         self.last_busy = time.time()
         try:
             send(conn, {"done": ended})
+        except OSError:
+            pass
+        # after the result: this process has bokeh and matplotlib imported already, where
+        # its client would pay seconds for them
+        report = Run(plan.workdir, trust=True).write_report()
+        try:
+            send(conn, {"report": report})
         except OSError:
             pass
 

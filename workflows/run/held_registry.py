@@ -188,14 +188,20 @@ def read_record(folder):
     return record
 
 
+HOLDER_MODULE = "trajflow.workflows.run.held_holder"
+
+
 def holder_alive(pid):
+    """Whether `pid` is a living holder: not gone, not a zombie nobody reaped (its
+    parent, `pilot start`, has ended), not another program that got its pid."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            state = fh.read().rsplit(b")", 1)[1].split()[0]
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            cmdline = fh.read()
+    except (OSError, IndexError):
         return False
-    except PermissionError:
-        return True  # someone's: not ours to judge, and not to remove
-    return True
+    return state != b"Z" and HOLDER_MODULE.encode() in cmdline
 
 
 def is_stale(folder, grace_s=120.0):

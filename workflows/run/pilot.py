@@ -69,8 +69,10 @@ class RunFuture(concurrent.futures.Future):
 class Pilot:
     """One RADICAL pilot on a resource, held for several runs.
 
-    Its options are PilotSpec's (listed below), and `progress`: say what
-    happens (pilot requested, each stage, each run's end) on stderr.
+    Its options are PilotSpec's (listed below), `progress`: say what happens
+    (pilot requested, each stage, each run's end) on stderr, and `reports`:
+    write each run's report.html before its result is given (a held pilot
+    writes it after).
 
     Examples
     --------
@@ -80,7 +82,7 @@ class Pilot:
     """
 
     @takes_options(PilotSpec)
-    def __init__(self, resource="local.localhost", *, progress=True, **options):
+    def __init__(self, resource="local.localhost", *, progress=True, reports=True, **options):
         spec = PilotSpec(resource=resource, **split_options(options, PilotSpec)[0])
         if spec.cpus is None:
             if not spec.local:
@@ -102,6 +104,7 @@ class Pilot:
         self.path = os.path.abspath(spec.path or
                                     f"trajflow-pilot-{time.strftime('%Y%m%d-%H%M%S')}")
         self._progress = Progress(progress)
+        self._reports = reports     # write each run's report.html before its result is given
         self._process = None
         self._thread = None
         self._pending = []          # RunFutures not yet handed to the pilot
@@ -381,7 +384,8 @@ class Pilot:
     def _ended(self, name, outcomes):
         future = self._running.pop(name)
         run = Run(future.path, trust=True)
-        run.write_report()  # (its pilot's row too once that has ended: see run_plan)
+        if self._reports:
+            run.write_report()  # (its pilot's row too once that has ended: see run_plan)
         if run.ok:
             self._say_for(future, f"{name}: done -> {run.result_path}")
             future.set_result(run)

@@ -1,0 +1,224 @@
+"""A held pilot (`trajflow pilot start`) serving runs from the command line, the API,
+MDAnalysis' run(backend=...) and several clients at once, against MDAnalysis;
+refusing what it cannot take in a second; ending at stop, at its idle time, or
+with its holder's death, leaving nothing running.
+
+One held pilot carries the module's runs (one pilot start); the lifetime tests
+start short-lived ones of their own.
+"""
+import json
+import os
+import signal
+import subprocess
+import time
+import warnings
+
+import h5py
+import numpy as np
+import pytest
+
+import trajflow
+from processes import assert_nothing_left, processes_mentioning, TRAJFLOW
+
+
+def _trajflow(args, env, cwd, timeout=300, check=None):
+    done = subprocess.run([TRAJFLOW] + args, env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+    if check is not None:
+        assert done.returncode == check, done.stdout + done.stderr
+    return done
+
+
+def _status(name, env, cwd):
+    out = _trajflow(["pilot", "status", name], env, cwd, check=0).stdout
+    return out
+
+
+def _holder_pid(pilots, name):
+    with open(os.path.join(pilots, name, "holder.json")) as fh:
+        return json.load(fh)["pid"]
+
+
+def _session(pilots, name):
+    with open(os.path.join(pilots, name, "holder.json")) as fh:
+        return os.path.basename(json.load(fh)["session_dir"])
+
+
+@pytest.fixture(scope="module")
+def held(tmp_path_factory):
+    """A held pilot 'mod' in a private pilots folder of this module's; stopped at the end,
+    nothing of it left running."""
+    path = tmp_path_factory.mktemp("held")
+    pilots = str(path / "pilots")
+    env = {**os.environ, "TRAJFLOW_PILOTS": pilots}
+    saved = os.environ.get("TRAJFLOW_PILOTS")
+    os.environ["TRAJFLOW_PILOTS"] = pilots  # the API's attach finds it too
+    start = _trajflow(["pilot", "start", "--name", "mod", "--cpus", "2", "--walltime", "20",
+                       "--idle-timeout", "20"], env, str(path), timeout=400)
+    assert start.returncode == 0, start.stdout + start.stderr
+    assert "pilot mod held" in start.stderr
+    session = _session(pilots, "mod")
+    holder = _holder_pid(pilots, "mod")
+    try:
+        yield {"env": env, "path": path, "pilots": pilots, "session": session}
+    finally:
+        stopped = _trajflow(["pilot", "stop", "mod"], env, str(path), timeout=200)
+        if saved is None:
+            os.environ.pop("TRAJFLOW_PILOTS", None)
+        else:
+            os.environ["TRAJFLOW_PILOTS"] = saved
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert not os.path.exists(os.path.join(pilots, "mod"))
+    assert holder not in processes_mentioning("held_holder")
+    assert_nothing_left(session)
+
+
+def test_cli_run_on_a_held_pilot_is_mdanalysis_and_starts_no_pilot(held, adk,
+                                                                   reference_results):
+    out = held["path"] / "cli"
+    t0 = time.time()
+    run = _trajflow(["run", "--topology", adk[0], "--trajectory", adk[1], "--analysis", "rmsd",
+                     "--pilot", "mod", "--out", str(out)], held["env"], str(held["path"]),
+                    check=0)
+    wall = time.time() - t0
+    with h5py.File(out / "result.h5", "r") as f:
+        np.testing.assert_allclose(f["rmsd"][:], reference_results(adk[0], [adk[1]], "rmsd")
+                                   ["rmsd"], rtol=1e-5, atol=1e-4)
+    assert "sent to held pilot mod" in run.stderr
+    assert (out / "report.html").exists()  # written by the holder, named by the summary
+    assert str(out / "report.html") in run.stdout
+    # its tasks ran in the held pilot's session: no session, no pilot start of its own
+    assert not list(out.glob("re.session.*"))
+    with open(out / "radical_session") as fh:
+        assert held["session"] in fh.read()
+    assert "pilot requested" not in run.stderr
+    assert wall < 60, wall  # a bound that only a pilot start of its own would break
+    status = _status("mod", held["env"], str(held["path"]))
+    assert "mod: active on local.localhost, 0 of 2 cores busy, 0 run(s) running" in status
+
+
+def test_api_attach_backend_and_run_by_name(held, adk, reference_results):
+    import MDAnalysis as mda
+    from MDAnalysis.analysis.rms import RMSD
+    path = held["path"]
+    with trajflow.Pilot.attach("mod", progress=False) as pilot:
+        assert pilot.cpus == 2 and pilot.resource == "local.localhost"
+        futures = [pilot.submit(adk[0], adk[1], "rmsd", out=str(path / f"api{i}"))
+                   for i in range(2)]
+        dih = pilot.submit(adk[0], adk[1], "dihedrals", mode="tasks", blocks=3,
+                           out=str(path / "dih"))
+        runs = [f.result(timeout=300) for f in futures]
+        dihedrals = dih.result(timeout=300)
+    ref = reference_results(adk[0], [adk[1]], "rmsd")
+    for run in runs:
+        np.testing.assert_allclose(run.results.rmsd, ref["rmsd"], rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(dihedrals.results.features,
+                               reference_results(adk[0], [adk[1]], "dihedrals")["features"],
+                               atol=1e-3)
+    by_name = trajflow.run(adk[0], adk[1], "rmsd", pilot="mod", progress=False,
+                           out=str(path / "by_name"))
+    np.testing.assert_allclose(by_name.results.rmsd, ref["rmsd"], rtol=1e-5, atol=1e-4)
+    u = mda.Universe(*adk)
+    backend = trajflow.Backend(pilot="mod", out=str(path), progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours = RMSD(u, select="name CA").run(backend=backend, n_workers=2,
+                                             unsupported_backend=True)
+        serial = RMSD(u, select="name CA").run()
+    np.testing.assert_allclose(ours.results.rmsd, serial.results.rmsd, rtol=1e-6)
+    assert backend.last_run.ok and not list(path.glob("RMSD*/re.session.*"))
+
+
+def test_several_clients_at_once(held, adk, reference_results):
+    path = held["path"]
+    procs = [subprocess.Popen([TRAJFLOW, "run", "--topology", adk[0], "--trajectory", adk[1],
+                               "--analysis", "rmsd", "--pilot", "mod", "--quiet",
+                               "--out", str(path / f"many{i}")], env=held["env"],
+                              cwd=str(path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for i in range(4)]
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, outputs
+    ref = reference_results(adk[0], [adk[1]], "rmsd")["rmsd"]
+    for i in range(4):
+        with h5py.File(path / f"many{i}" / "result.h5", "r") as f:
+            np.testing.assert_allclose(f["rmsd"][:], ref, rtol=1e-5, atol=1e-4)
+
+
+def test_what_a_held_pilot_cannot_take_is_refused_in_a_second(held, adk):
+    env, cwd = held["env"], str(held["path"])
+    base = ["run", "--topology", adk[0], "--trajectory", adk[1], "--analysis", "rmsd"]
+    t0 = time.time()
+    missing = _trajflow(base + ["--pilot", "nope", "--out", "x1"], env, cwd, check=2)
+    assert "no pilot named 'nope' is held" in missing.stderr
+    assert "trajflow pilot list" in missing.stderr
+    options = _trajflow(base + ["--pilot", "mod", "--cpus", "4", "--out", "x2"], env, cwd,
+                        check=2)
+    assert "--cpus: options of a pilot" in options.stderr
+    again = _trajflow(["pilot", "start", "--name", "mod"], env, cwd, check=2)
+    assert "a pilot named 'mod' is held already" in again.stderr
+    bad = _trajflow(["pilot", "start", "--name", "../up"], env, cwd, check=2)
+    assert "pilot name '../up'" in bad.stderr
+    assert time.time() - t0 < 30  # five refusals, each a Python start and no pilot
+    assert not os.path.exists(os.path.join(cwd, "x1")) and not os.path.exists(
+        os.path.join(cwd, "x2"))
+    # a folder open to others is refused, not used
+    os.chmod(held["pilots"], 0o755)
+    try:
+        opened = _trajflow(["pilot", "list"], env, cwd, check=2)
+        assert "open to others" in opened.stderr and "chmod 700" in opened.stderr
+    finally:
+        os.chmod(held["pilots"], 0o700)
+
+
+def test_a_clients_ctrl_c_leaves_the_pilot_serving(held, adk, reference_results):
+    """A run whose client is interrupted goes on in the pilot to its end (EnTK runs a
+    begun workflow whole); the pilot then serves the next run."""
+    path = held["path"]
+    env = {**held["env"], "TRAJFLOW_TEST_DELAY": "0:compute:6"}
+    client = subprocess.Popen([TRAJFLOW, "run", "--topology", adk[0], "--trajectory", adk[1],
+                               "--analysis", "rmsd", "--pilot", "mod", "--out",
+                               str(path / "ctrlc")], env=env, cwd=str(path),
+                              start_new_session=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (path / "ctrlc" / "plan.json").exists():
+        time.sleep(0.2)
+    time.sleep(2)
+    os.killpg(client.pid, signal.SIGINT)
+    out = client.communicate(timeout=120)[0]
+    assert client.returncode == 130, out
+    assert "go on in the held pilot mod" in out or "interrupted" in out
+    after = trajflow.run(adk[0], adk[1], "rmsd", pilot="mod", progress=False,
+                         out=str(path / "after_ctrlc"))
+    np.testing.assert_allclose(after.results.rmsd,
+                               reference_results(adk[0], [adk[1]], "rmsd")["rmsd"],
+                               rtol=1e-5, atol=1e-4)
+
+
+def test_a_held_pilot_ends_when_idle_and_when_its_holder_dies(tmp_path, adk):
+    pilots = str(tmp_path / "p")
+    env = {**os.environ, "TRAJFLOW_PILOTS": pilots}
+    cwd = str(tmp_path)
+    _trajflow(["pilot", "start", "--name", "idle", "--cpus", "1", "--idle-timeout", "0.25",
+               "--walltime", "10"], env, cwd, timeout=400, check=0)
+    session = _session(pilots, "idle")
+    deadline = time.time() + 180
+    while time.time() < deadline and os.path.exists(os.path.join(pilots, "idle")):
+        time.sleep(1)
+    assert not os.path.exists(os.path.join(pilots, "idle")), "it never ended when idle"
+    assert_nothing_left(session)
+    # its holder killed: the pilot's guard ends the pilot; the next command cleans up
+    _trajflow(["pilot", "start", "--name", "dies", "--cpus", "1", "--client-timeout", "10",
+               "--walltime", "10"], env, cwd, timeout=400, check=0)
+    session = _session(pilots, "dies")
+    os.kill(_holder_pid(pilots, "dies"), signal.SIGKILL)
+    refused = _trajflow(["run", "--topology", adk[0], "--trajectory", adk[1], "--analysis",
+                         "rmsd", "--pilot", "dies"], env, cwd, check=2)
+    assert "the held pilot 'dies' has ended" in refused.stderr
+    assert not os.path.exists(os.path.join(pilots, "dies"))
+    listed = _trajflow(["pilot", "list"], env, cwd, check=0)
+    assert "no held pilot" in listed.stdout
+    deadline = time.time() + 120
+    while time.time() < deadline and processes_mentioning(session):
+        time.sleep(2)
+    assert_nothing_left(session)
