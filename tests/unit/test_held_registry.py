@@ -1,0 +1,171 @@
+"""Where held pilots are found, without a pilot: names, the private folder's checks,
+the socket reached through the folder's descriptor, one message per line, stale
+records, and a fake holder that answers the client's requests."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from trajflow.workflows.errors import InputError
+from trajflow.workflows.run import held_client, held_registry as reg
+
+
+@pytest.fixture
+def pilots(tmp_path, monkeypatch):
+    root = tmp_path / ("a-long-folder-name-" * 6) / "pilots"  # past a socket path's 107 bytes
+    monkeypatch.setenv(reg.PILOTS_ENV, str(root))
+    return root
+
+
+@pytest.mark.parametrize("name", ["a", "adk-2", "x.y_z", "A" * 64])
+def test_good_names(name):
+    assert reg.check_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", "../x", ".hidden", "a/b", "a b", "A" * 65, "é", None,
+                                  "-x", "a\n"])
+def test_bad_names_are_refused(name):
+    with pytest.raises(InputError, match="pilot name"):
+        reg.check_name(name)
+
+
+def test_the_folder_is_made_private_and_checked(pilots):
+    root = reg.pilots_root()
+    assert root == str(pilots) and oct(os.stat(root).st_mode & 0o777) == "0o700"
+    os.chmod(root, 0o750)
+    with pytest.raises(InputError, match="open to others.*chmod 700"):
+        reg.pilots_root()
+    os.chmod(root, 0o700)
+    os.chown(root, 65534, 65534)
+    try:
+        with pytest.raises(InputError, match="belongs to user id 65534"):
+            reg.pilots_root()
+    finally:
+        os.chown(root, os.getuid(), os.getgid())
+    os.rmdir(root)
+    other = pilots.parent / "elsewhere"
+    other.mkdir(mode=0o700)
+    os.symlink(other, root)
+    with pytest.raises(InputError, match="not a plain folder"):
+        reg.pilots_root()
+
+
+def test_a_socket_past_107_bytes_is_reached_through_the_folder(pilots):
+    folder = reg.pilot_folder("p")
+    os.mkdir(folder, 0o700)
+    assert len(os.path.join(folder, reg.SOCKET)) > 107
+    server = reg.listen(folder)
+    assert oct(os.stat(os.path.join(folder, reg.SOCKET)).st_mode & 0o777) == "0o600"
+    client = reg.connect(folder)
+    conn, _ = server.accept()
+    reg.send(client, {"op": "status"})
+    assert reg.Messages(conn).receive() == {"op": "status"}
+    for s in (client, conn, server):
+        s.close()
+    with pytest.raises(ConnectionRefusedError):
+        reg.connect(folder)  # nobody listens: refused at once, never waited on
+
+
+def test_messages_are_one_json_object_per_line(tmp_path):
+    a, b = socket.socketpair()
+    messages = reg.Messages(b)
+    a.sendall(b'[1, 2]\n')
+    with pytest.raises(ValueError, match="not a JSON object"):
+        messages.receive()
+    def write_long():  # more than a socket's buffer holds; cut off when refused
+        try:
+            a.sendall(b"x" * (reg.MAX_MESSAGE_BYTES + 10) + b"\n")
+        except OSError:
+            pass
+    writer = threading.Thread(target=write_long, daemon=True)
+    writer.start()
+    with pytest.raises(ValueError, match="too long"):
+        messages.receive()
+    b.close()
+    writer.join(10)
+    a.close()
+    a, b = socket.socketpair()
+    a.close()
+    with pytest.raises(EOFError):
+        reg.Messages(b).receive()
+
+
+def test_a_record_is_data_checked_field_by_field(pilots):
+    folder = reg.pilot_folder("r")
+    os.mkdir(folder, 0o700)
+    good = {"name": "r", "pid": 1, "state": "active", "started": 1.0, "resource": "x",
+            "cpus": 2, "walltime": 30, "idle_timeout": 60.0, "session_dir": None, "error": None}
+    reg.write_record(folder, good)
+    assert reg.read_record(folder) == good
+    for bad in ({**good, "pid": "1"}, {**good, "state": "odd"}, {**good, "cpus": True}, [1]):
+        reg.write_record(folder, bad)
+        assert reg.read_record(folder) is None
+    os.remove(os.path.join(folder, reg.RECORD))
+    os.mkfifo(os.path.join(folder, reg.RECORD))  # a FIFO would hang a plain read
+    assert reg.read_record(folder) is None
+
+
+def test_a_dead_holder_is_stale_and_removed_by_the_next_command(pilots):
+    folder = reg.pilot_folder("gone")
+    os.mkdir(folder, 0o700)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    reg.write_record(folder, {"name": "gone", "pid": dead.pid, "state": "active", "started": 1.0,
+                              "resource": "local.localhost", "cpus": 1, "walltime": 5,
+                              "idle_timeout": 0, "session_dir": None, "error": None})
+    server = reg.listen(folder)
+    server.close()  # the socket file stays, as a killed holder leaves it
+    assert reg.is_stale(folder)
+    with pytest.raises(InputError, match="'gone' has ended"):
+        held_client.held_status("gone")
+    assert not os.path.exists(folder)
+    assert held_client.list_held() == []
+    # another program at a recorded pid is not a holder
+    assert not reg.holder_alive(os.getpid())
+
+
+def test_the_client_asks_a_holder_and_refusals_say_what_to_do(pilots):
+    """A fake holder answering status on the real socket: the client's side."""
+    folder = reg.pilot_folder("fake")
+    os.mkdir(folder, 0o700)
+    server = reg.listen(folder)
+    answer = {"name": "fake", "state": "active", "resource": "local.localhost", "cpus": 3,
+              "walltime": 10, "walltime_left_s": 120.0, "idle_s": 5.0, "idle_timeout_s": 60.0,
+              "session_dir": "/s", "error": None, "running": 1, "queued": 2, "busy_cores": 2,
+              "pid": os.getpid()}
+
+    def serve():
+        for _ in range(2):
+            conn, _ = server.accept()
+            reg.Messages(conn).receive()
+            reg.send(conn, answer)
+            conn.close()
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert held_client.held_status("fake") == answer
+    pilot = held_client.HeldPilot("fake", progress=False)
+    assert (pilot.cpus, pilot.resource, pilot.session_dir) == (3, "local.localhost", "/s")
+    thread.join(5)
+    server.close()
+    with pytest.raises(InputError, match="no pilot named 'other' is held.*trajflow pilot list"):
+        held_client.held_status("other")
+    line = __import__("trajflow.workflows.cli.commands", fromlist=["x"])._held_line(answer)
+    assert line.startswith("fake: active on local.localhost, 2 of 3 cores busy, 1 run(s) "
+                           "running, 2 queued, 2.0 min of walltime left")
+
+
+def test_a_holders_request_is_checked(tmp_path):
+    from trajflow.workflows.run.held_holder import _run_message, HeldRequest
+    with pytest.raises(InputError, match="absolute path"):
+        _run_message({"plan": "relative/plan.json"})
+    with pytest.raises(InputError, match="true or false"):
+        _run_message({"plan": "/p/plan.json", "resume": "yes"})
+    with pytest.raises(InputError, match="not a held pilot's start request"):
+        HeldRequest.from_dict({"name": "x", "pilot": "local.localhost"})
+    request = HeldRequest.from_dict(json.loads(json.dumps(
+        {"name": "x", "pilot": {"resource": "local.localhost", "cpus": 1}, "idle_timeout_s": 60})))
+    assert request.pilot.cpus == 1 and request.idle_timeout_s == 60.0
