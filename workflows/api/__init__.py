@@ -40,6 +40,7 @@ _WHERE = {
     "resume": "trajflow.workflows.run.api",
     "Pilot": "trajflow.workflows.run.pilot",
     "RunFuture": "trajflow.workflows.run.pilot",
+    "HeldPilot": "trajflow.workflows.run.held_client",
     "Run": "trajflow.workflows.run.runs",
     "Profile": "trajflow.workflows.run.runs",
     "open_run": "trajflow.workflows.run.runs",

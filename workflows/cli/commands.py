@@ -10,6 +10,7 @@ from trajflow.tasks.mda_analyses import parallelisable_classes
 from trajflow.tasks.rundir import has_plan
 from trajflow.workflows.bench.small import format_table, run_bench, run_bench_large
 from trajflow.workflows.bench.cpu_quota import unavailable as cpu_quota_unavailable
+from trajflow.workflows.bench.latency import format_latency, run_latency
 from trajflow.workflows.bench.stragglers import format_stragglers, run_stragglers
 from trajflow.workflows.bench.readers import format_readers, run_readers
 from trajflow.workflows.bench.width import cores_per_node, format_width, run_width
@@ -340,6 +341,9 @@ def cmd_bench(args):
     elif args.readers:
         result = {"readers": run_readers(args.large_gb, args.launches)}
         print(format_readers(result["readers"]))
+    elif args.latency:
+        result = run_latency(args.repeats)
+        print(format_latency(result))
     elif args.scale == "large":
         result = run_bench_large(args.large_gb, args.launches, with_entk=not args.no_entk,
                                  startup_launches=args.startup_launches)
@@ -347,12 +351,14 @@ def cmd_bench(args):
         result = run_bench(args.copies, args.repeats, args.loop_frames,
                            with_parallel=not args.no_parallel, with_entk=not args.no_entk,
                            user_copies=args.user_copies, startup_launches=args.startup_launches)
-    if not (args.stragglers or args.width or args.readers):
+    if not (args.stragglers or args.width or args.readers or args.latency):
         print(format_table(result))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(result, fh, indent=1)
         print(f"numbers written to {args.json}")
+    if args.latency and not result["all_equal"]:
+        return EXIT_FAILED  # a fast wrong answer is no answer
     return EXIT_OK
 
 

@@ -156,6 +156,12 @@ def build_parser():
                             "chemfiles and molly (built with cargo), in ns per atom, and "
                             "trajflow's selective path; H5MD one-frame chunks against the "
                             "selection layout (each compression) against DCD rows, and E(2)")
+    bench.add_argument("--latency", action="store_true",
+                       help="instead: what a run costs beside its analysis: with a pilot of "
+                            "its own from the shell, and on a held pilot (the call to the "
+                            "result, the shell to the exit, ten clients at once, InterRDF via "
+                            "Backend against MDAnalysis' 2 workers), where a warm run's time "
+                            "goes; medians of --repeats (~3 min)")
     bench.add_argument("--width", action="store_true",
                        help="instead: a pilot's start-up and its tasks' launch at --nodes nodes of "
                             "a SLURM resource, one pilot each, and their growth per node (start "

@@ -215,7 +215,18 @@ class HeldPilot:
     """A held pilot, attached by name (`trajflow pilot start --name NAME`): the same
     submit/run API as Pilot. Leaving the `with` block waits for the runs sent;
     the pilot stays held (`trajflow pilot stop NAME` ends it). Ctrl-C cancels
-    this client's runs that have not begun; a begun run goes on to its end."""
+    this client's runs that have not begun; a begun run goes on to its end.
+
+    Examples
+    --------
+    $ trajflow pilot start --name adk --cpus 2
+
+    >>> with trajflow.Pilot.attach("adk") as pilot:      # no pilot start: it is warm
+    ...     rmsd = pilot.submit(PSF, DCD, "rmsd")
+    ...     dih = pilot.submit(PSF, DCD, "dihedrals", mode="tasks")
+    ...     print(rmsd.result().results.rmsd[-1], dih.result().results.features.shape)
+    >>> trajflow.run(PSF, DCD, "rmsd", pilot="adk")        # the same, by name
+    """
 
     def __init__(self, name, progress=True):
         self.name = name

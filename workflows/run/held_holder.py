@@ -35,6 +35,9 @@ from trajflow.workflows.run.spec import PilotSpec, RunSpec
 log = logging.getLogger(__name__)
 
 POLL_S = 0.5
+# a run reaches a held pilot planned and written (no submit of a script's is being planned
+# here): a short wait still joins runs sent together into one batch
+HELD_COALESCE_S = 0.05
 
 
 @dataclasses.dataclass
@@ -64,6 +67,7 @@ class Holder:
         self.folder = folder
         self.request = request
         self.pilot = Pilot(progress=True, reports=False, **dataclasses.asdict(request.pilot))
+        self.pilot.coalesce_s = HELD_COALESCE_S
         self.started = time.time()
         self.last_busy = time.time()
         self.stopping = threading.Event()

@@ -105,6 +105,7 @@ class Pilot:
                                     f"trajflow-pilot-{time.strftime('%Y%m%d-%H%M%S')}")
         self._progress = Progress(progress)
         self._reports = reports     # write each run's report.html before its result is given
+        self.coalesce_s = COALESCE_S  # a held pilot's runs come planned, each on its own
         self._process = None
         self._thread = None
         self._pending = []          # RunFutures not yet handed to the pilot
@@ -328,10 +329,10 @@ class Pilot:
                 if not self._pending:
                     return
                 # a script's submits in a row go together: while one is being planned
-                # (seconds, for a large input) and for COALESCE_S after the last
+                # (seconds, for a large input) and for coalesce_s after the last
                 while not self._closing and (self._planning or
-                                             time.time() - self._last_submit < COALESCE_S):
-                    self._cond.wait(COALESCE_S)
+                                             time.time() - self._last_submit < self.coalesce_s):
+                    self._cond.wait(self.coalesce_s)
                 batch = [f for f in self._pending if f.set_running_or_notify_cancel()]
                 self._pending.clear()
                 last = self._closing  # no more runs: the pilot ends with this batch
