@@ -197,6 +197,15 @@ def _scan_offsets(path, size):
     return offsets
 
 
+def frame_spans(path):
+    """(start, end) of each whole frame of an XTC file, in bytes."""
+    size = os.path.getsize(path)
+    starts = _scan_offsets(path, size)
+    if not starts:
+        return []
+    return list(zip(starts, starts[1:] + [_end_of_last(path, starts[-1], size)]))
+
+
 def _end_of_last(path, last, size):
     """Where the frame starting at `last` ends (past `size` when it is cut short)."""
     with open(path, "rb") as fh:

@@ -413,3 +413,24 @@ def test_h5md_chunks_are_cut_at_the_selection_end_but_never_tiny():
     assert chunk_shape(47681, 1000, 20) == (16, 1365, 3)      # never 4 KB chunks
     assert chunk_shape(300, 1000, 20) == (16, 300, 3)         # a small system: all its atoms
     assert chunk_shape(3341, 3, None) == (3, 3341, 3)         # never more frames than written
+
+
+def test_an_xtc_repeated_as_bytes_reads_as_the_original_with_time_running_on(tmp_path):
+    """The demo's and benchmarks' XTC is the original's frames copied as they are: MDAnalysis
+    reads the same positions and boxes, with step and time running on across copies."""
+    import warnings
+    import MDAnalysis as mda
+    from MDAnalysisTests.datafiles import GRO, XTC
+    from trajflow.workflows.datasets import concatenated
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        path = concatenated(GRO, XTC, "rep", 3, "XTC", folder=str(tmp_path))
+        ours, original = mda.Universe(GRO, path), mda.Universe(GRO, XTC)
+        n, dt = original.trajectory.n_frames, original.trajectory.dt
+        assert ours.trajectory.n_frames == 3 * n
+        for ts in ours.trajectory:
+            ref = original.trajectory[ts.frame % n]
+            np.testing.assert_array_equal(ts.positions, ref.positions)
+            np.testing.assert_allclose(ts.dimensions, ref.dimensions)
+            assert ts.data["step"] == ts.frame
+            assert ts.time == pytest.approx(ts.frame * dt, abs=1e-3)

@@ -5,7 +5,6 @@ import os
 import sys
 import time
 
-from trajflow.tasks.analyses import ANALYSES
 from trajflow.tasks.mda_analyses import parallelisable_classes
 from trajflow.tasks.rundir import has_plan
 from trajflow.workflows.bench.small import format_table, run_bench, run_bench_large
@@ -18,7 +17,7 @@ from trajflow.workflows.campaign.folders import is_campaign_dir
 from trajflow.workflows.campaign.run import Campaign
 from trajflow.workflows.campaign.table import experiment_rows, summary_lines, write_table
 from trajflow.workflows.cli.options import flags_said, RESUMED_OPTIONS, RUN_FIELDS, spec_from_args
-from trajflow.workflows.datasets import adk_concatenated
+from trajflow.workflows.demo import run_demo
 from trajflow.workflows.errors import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK,
                                        InputError, Interrupted, RunFailed)
 from trajflow.workflows.profile.inspection import inspect_runs, summary_text, write_csv, write_json
@@ -28,7 +27,6 @@ from trajflow.workflows.remote import client as remote
 from trajflow.workflows.run import held_client, resources
 from trajflow.workflows.run.api import plan_of
 from trajflow.workflows.run.pilot import Pilot
-from trajflow.workflows.run.planning import make_plan
 from trajflow.workflows.run.runs import find_runs
 from trajflow.workflows.run.spec import PilotSpec, RunSpec
 
@@ -191,16 +189,7 @@ def _held_line(status):
 def cmd_demo(args):
     spec, pilot_spec = specs_from_args(args)
     out = os.path.abspath(args.out or f"trajflow-demo-{time.strftime('%Y%m%d-%H%M%S')}")
-    ranks = pilot_spec.blocks_for(spec)
-    print(f"building the demo trajectory (AdK x{args.copies}) in the cache, once ...")
-    top, traj = adk_concatenated(args.copies, "DCD")
-    print(f"  {traj}")
-    plans = [make_plan(dataclasses.replace(spec, topology=top, trajectory=[traj], analysis=name,
-                                           out=os.path.join(out, name), blocks=ranks), ranks)
-             for name in ANALYSES]
-    print(f"running {' and '.join(ANALYSES)} on {pilot_spec.resource} with {ranks} MPI "
-          "ranks ...")
-    return _run_and_report(plans, spec, pilot_spec, out)
+    return run_demo(out, args.copies, pilot_spec, spec)
 
 
 def cmd_campaign(args):

@@ -5,6 +5,7 @@ from trajflow import __version__
 
 from trajflow.workflows.campaign.spec import MAX_EXPERIMENTS
 from trajflow.workflows.cli.options import RESUMED_OPTIONS, add_spec_options
+from trajflow.workflows.demo import DEFAULT_COPIES
 from trajflow.workflows.remote.client import add_remote_commands, add_remote_options
 from trajflow.workflows.run.spec import PilotSpec, RunSpec
 
@@ -33,14 +34,19 @@ def build_parser():
                          description="Analyse a trajectory on a RADICAL pilot; writes RUNDIR/result.h5.")
     add_run_options(run)
     add_remote_options(run)
-    demo = sub.add_parser("demo", help="the main job on its default: AdK x100, rmsd and dihedrals",
-                          description="Build AdK (MDAnalysisTests PSF/DCD) concatenated 100x "
-                                      "(9,800 frames) once in a cache folder, then run rmsd and "
-                                      "dihedrals on one local pilot with 2 MPI ranks.")
+    demo = sub.add_parser("demo", help="the point in a minute: CA RMSD of the solvated AdK on a "
+                                       "held pilot beside MDAnalysis' serial and 2-worker runs",
+                          description="Build the solvated AdK (MDAnalysisTests GRO/XTC, 47,681 "
+                                      "atoms) repeated --copies times once in a cache folder, "
+                                      "hold one local pilot, run CA RMSD on it with 2 MPI ranks "
+                                      "beside MDAnalysis' serial and 2-worker runs (the three "
+                                      "times, their ratios, the straggler verdict, the report), "
+                                      "then a second analysis (backbone RMSD) on the same pilot.")
     demo.add_argument("--out", default=None, metavar="DIR",
                       help="folder for the two runs (default: ./trajflow-demo-<time>)")
-    demo.add_argument("--copies", type=int, default=100, metavar="K",
-                      help="how many times to concatenate AdK's 98 frames (default: 100)")
+    demo.add_argument("--copies", type=int, default=DEFAULT_COPIES, metavar="K",
+                      help="how many times to repeat the solvated AdK's 10 frames "
+                           f"(default: {DEFAULT_COPIES})")
     add_spec_options(demo, PilotSpec)
     add_spec_options(demo, RunSpec, only=RESUMED_OPTIONS)
     insp = sub.add_parser("inspect", help="phase table, stragglers and advice for finished runs",
