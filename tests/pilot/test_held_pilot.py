@@ -170,6 +170,56 @@ def test_what_a_held_pilot_cannot_take_is_refused_in_a_second(held, adk):
         os.chmod(held["pilots"], 0o700)
 
 
+HELD_CAMPAIGN = """
+[campaign]
+name = "held"
+analysis = "rmsd"
+
+[input]
+dataset = "adk"
+copies = 2
+
+[resources."local.localhost"]
+pilot = "mod"
+
+[factors]
+ranks = [1, 2]
+io = ["shared", "h5md"]
+"""
+
+
+def test_a_campaign_runs_on_the_held_pilot_it_names(held, reference_results):
+    import csv
+    path = held["path"]
+    (path / "held.toml").write_text(HELD_CAMPAIGN)
+    dry = _trajflow(["campaign", "held.toml", "--out", "camp", "--dry-run"], held["env"],
+                    str(path), check=0)
+    assert "the held pilot mod (no pilot start)" in dry.stdout
+    done = _trajflow(["campaign", "held.toml", "--out", "camp"], held["env"], str(path),
+                     check=0)
+    with open(path / "camp" / "campaign.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 4 and all(row["status"] == "done" for row in rows), done.stdout
+    assert not (path / "camp" / "sessions").exists() or not list(
+        (path / "camp" / "sessions").rglob("re.session.*"))  # no pilot of its own
+    from trajflow.workflows.datasets import adk_concatenated
+    top, dcd = adk_concatenated(2, "DCD")
+    ref = reference_results(top, [dcd], "rmsd")["rmsd"]
+    for result in (path / "camp" / "runs").rglob("result.h5"):
+        with h5py.File(result, "r") as f:
+            np.testing.assert_allclose(f["rmsd"][:], ref, rtol=1e-5, atol=1e-4)
+    # a held pilot too small for the largest experiment is refused before anything runs
+    (path / "big.toml").write_text(HELD_CAMPAIGN.replace("ranks = [1, 2]", "ranks = [1, 4]"))
+    big = _trajflow(["campaign", "big.toml", "--out", "big"], held["env"], str(path), check=2)
+    assert "that pilot has 2 cores and the largest experiment needs 4" in big.stderr
+    assert not (path / "big").exists()
+    # and one that names the pilot's options beside it
+    (path / "opt.toml").write_text(HELD_CAMPAIGN.replace('pilot = "mod"',
+                                                         'pilot = "mod"\nwalltime = 5'))
+    opt = _trajflow(["campaign", "opt.toml", "--out", "opt"], held["env"], str(path), check=2)
+    assert 'walltime beside pilot = "mod"' in opt.stderr
+
+
 def test_a_clients_ctrl_c_leaves_the_pilot_serving(held, adk, reference_results):
     """A run whose client is interrupted goes on in the pilot to its end (EnTK runs a
     begun workflow whole); the pilot then serves the next run."""

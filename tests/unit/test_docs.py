@@ -52,7 +52,13 @@ def test_every_command_and_option_shown_exists():
                 assert command in top, f"{path}: `trajflow {command}`: no such option"
                 continue
             assert command in commands, f"{path}: `trajflow {command}` is not a command"
-            known = {s for a in commands[command]._actions for s in a.option_strings}
+            sub = commands[command]
+            nested = [a for a in sub._actions if isinstance(a, argparse._SubParsersAction)]
+            if nested:  # `trajflow pilot start ...`: the options of the command's command
+                assert words and words[0] in nested[0].choices, \
+                    f"{path}: `trajflow {command} {' '.join(words[:1])}` is not a command"
+                sub, words = nested[0].choices[words[0]], words[1:]
+            known = {s for a in sub._actions for s in a.option_strings}
             for word in words:
                 if word in ("|", "&&", ";"):
                     break

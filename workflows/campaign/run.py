@@ -34,9 +34,9 @@ from trajflow.workflows.campaign.spec import CampaignSpec
 from trajflow.workflows.campaign.table import (COLUMNS, experiment_rows, summary_lines, TABLE_FILE,
                                                write_table)
 from trajflow.workflows.datasets import adk_concatenated
-from trajflow.workflows.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, Interrupted
+from trajflow.workflows.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, Interrupted, RunFailed
 from trajflow.workflows.profile.report_html import html_table
-from trajflow.workflows.run import resources, signals
+from trajflow.workflows.run import held_client, resources, signals
 from trajflow.workflows.run.execute import run_plans
 from trajflow.workflows.run.progress import close_bar, new_bar, shown
 from trajflow.workflows.run.planning import (check_outdir, InputError, make_plan, read_inputs,
@@ -63,6 +63,23 @@ def check_resources(campaign: CampaignSpec):
             resources.check_resource(label)
         except ValueError as exc:
             raise InputError(f"[resources.\"{label}\"]: {exc}")
+        if campaign.resources[label].pilot:
+            _check_held_pilot(campaign, label)
+
+
+def _check_held_pilot(campaign, label):
+    """The held pilot a resource names is there, on that resource, with the cores its
+    largest experiment needs; InputError before anything is written."""
+    name = campaign.resources[label].pilot
+    status = held_client.held_status(name)
+    where = f"[resources.\"{label}\"] pilot = \"{name}\""
+    if status["resource"] != resources.resolve_resource(label):
+        raise InputError(f"{where}: that pilot is on {status['resource']}, not {label}: name "
+                         f"the resource [resources.\"{status['resource']}\"]")
+    needed = campaign.pilot(label)["cpus"]
+    if status["cpus"] < needed:
+        raise InputError(f"{where}: that pilot has {status['cpus']} cores and the largest "
+                         f"experiment needs {needed}: hold a larger one, or fewer ranks")
 
 
 def plan_experiments(campaign: CampaignSpec, cdir: str, resume: bool):
@@ -141,6 +158,12 @@ def describe(campaign: CampaignSpec, cdir: str, kept=()) -> str:
             lines.append(f"\n{label}: by a campaign on {remote} over SSH (planned and checked "
                          "there), fetched into runs/ here")
             lines += [f"  {e.id:55s} to run there" for e in campaign.on(label)]
+            continue
+        if campaign.resources[label].pilot:
+            lines.append(f"\n{label}: the held pilot {campaign.resources[label].pilot} "
+                         "(no pilot start); experiments "
+                         + ("side by side" if campaign.concurrent else "one after another"))
+            lines += [f"  {e.id:55s} to run" for e in campaign.on(label)]
             continue
         lines.append(f"\n{label}: pilot {json.dumps(campaign.pilot(label))}")
         lines.append(f"  batch system {cfg.get('resource_manager', '?')}, default queue "
@@ -312,14 +335,19 @@ def _run_resource(campaign, label, runs, cdir):
         pilot = campaign.pilot(label)
         code, error = EXIT_OK, None
         try:
-            report = run_plans([(e.id, plan, path) for e, plan, path in runs], label,
-                               pilot["walltime"], pilot["cpus"], pilot.get("queue"),
-                               pilot.get("project"), session_root=os.path.join(cdir, "sessions", label),
-                               retries=campaign.option("retries"), one_at_a_time=not campaign.concurrent,
-                               client_timeout=campaign.resources[label].client_timeout)
-            for o in report.failed:
-                print(o.describe())
-            code = EXIT_OK if report.ok else EXIT_FAILED
+            if campaign.resources[label].pilot:
+                code = _run_on_held(campaign, label, runs)
+            else:
+                report = run_plans([(e.id, plan, path) for e, plan, path in runs], label,
+                                   pilot["walltime"], pilot["cpus"], pilot.get("queue"),
+                                   pilot.get("project"),
+                                   session_root=os.path.join(cdir, "sessions", label),
+                                   retries=campaign.option("retries"),
+                                   one_at_a_time=not campaign.concurrent,
+                                   client_timeout=campaign.resources[label].client_timeout)
+                for o in report.failed:
+                    print(o.describe())
+                code = EXIT_OK if report.ok else EXIT_FAILED
         except (Interrupted, KeyboardInterrupt):
             code, error = EXIT_INTERRUPTED, f"{signals.describe_stop()}; the pilot was cancelled"
         except Exception as exc:  # the pilot did not start, EnTK broke: recorded, others go on
@@ -329,6 +357,31 @@ def _run_resource(campaign, label, runs, cdir):
                 record_outcome(plan.workdir, "failed", error or "did not run")
         print(f"{label}: ended with exit code {code}" + (f": {error}" if error else ""))
     os._exit(code)
+
+
+def _run_on_held(campaign, label, runs):
+    """A resource's experiments on the held pilot it names: one after another (side by
+    side if the campaign is concurrent); the exit code."""
+    spec = RunSpec(retries=campaign.option("retries"))
+    failed = False
+    with held_client.HeldPilot(campaign.resources[label].pilot) as pilot:
+        futures = []
+        for experiment, plan, path in runs:
+            futures.append(pilot.submit_written(plan, path, spec))
+            if not campaign.concurrent:
+                failed |= not _ended_well(futures[-1], experiment)
+        if campaign.concurrent:
+            failed = not all([_ended_well(f, e) for f, (e, _, _) in zip(futures, runs)])
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def _ended_well(future, experiment):
+    try:
+        future.result()
+        return True
+    except RunFailed as exc:
+        print(f"{experiment.id}: {exc}")
+        return False
 
 
 class Campaign(CampaignSpec):

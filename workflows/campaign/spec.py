@@ -12,7 +12,9 @@ allowed, so a typo ("rank" for "ranks") is not silently a default.
                                retries, allow_truncated)
     [input]                    topology + trajectory (a file or a list), or
                                dataset = "adk" with copies and format (DCD, XTC, H5MD)
-    [resources."<label>"]      walltime (minutes, required), cpus, queue, project,
+    [resources."<label>"]      walltime (minutes, required unless pilot), cpus, queue, project,
+                               pilot (a held pilot's name, `trajflow pilot start`: its
+                               experiments go there, one after another, no pilot start),
                                client_timeout (s; the pilot's guard, 0: none; default 300),
                                remote ([user@]host[:port]: this resource's experiments run
                                by a campaign on that machine over SSH, fetched here),
@@ -60,8 +62,9 @@ SCHEMA = {
                  **{key: (value_type(f), False) for key, f in RUN_KEYS.items()}},
     "input": {"topology": (str, False), "trajectory": ([str], False), "dataset": (str, False),
               "copies": (int, False), "format": (str, False)},
-    "resource": {"walltime": (int, True), "cpus": (int, False), "queue": (str, False),
+    "resource": {"walltime": (int, False), "cpus": (int, False), "queue": (str, False),
                  "project": (str, False), "client_timeout": (int, False), "remote": (str, False),
+                 "pilot": (str, False),
                  "remote_python": (str, False), "remote_out": (str, False)},
     "factors": {"ranks": ([int], True), "io": ([str], False), "mode": ([str], False),
                 "gather": ([str], False), "schedule": ([str], False), "repeat": ([int], False)},
@@ -113,6 +116,7 @@ class ResourceSpec:
     remote: str = ""         # [user@]host[:port]: run by a campaign there, over SSH
     remote_python: str = ""  # the python of trajflow's virtualenv there
     remote_out: str = ""     # the campaign folder there
+    pilot: str = ""          # a held pilot's name (trajflow pilot start): run there
 
 
 @dataclasses.dataclass
@@ -380,7 +384,13 @@ def _check_resources(values):
     for label, spec in values.items():
         where = f"[resources.\"{label}\"]"
         _check_table(spec, "resource", where)
-        if spec["walltime"] <= 0:
+        if "pilot" in spec:
+            _check_held(spec, where)
+            spec = {"walltime": 0, **spec}
+        if "walltime" not in spec:
+            raise InputError(f"{where} walltime is required (minutes), unless the resource "
+                             "is a held pilot (pilot = \"NAME\")")
+        if spec["walltime"] <= 0 and "pilot" not in spec:
             raise InputError(f"{where} walltime = {spec['walltime']}: minutes, more than 0")
         if spec.get("cpus", 1) < 1:
             raise InputError(f"{where} cpus = {spec['cpus']}: at least 1")
@@ -393,8 +403,20 @@ def _check_resources(values):
         out[label] = ResourceSpec(label, spec["walltime"], spec.get("cpus", 0),
                                   spec.get("queue", ""), spec.get("project", ""),
                                   spec.get("client_timeout", 300), spec.get("remote", ""),
-                                  spec.get("remote_python", ""), spec.get("remote_out", ""))
+                                  spec.get("remote_python", ""), spec.get("remote_out", ""),
+                                  spec.get("pilot", ""))
     return out
+
+
+def _check_held(spec, where):
+    """A resource that names a held pilot takes its pilot's options from it."""
+    from trajflow.workflows.run.held_registry import check_name
+    check_name(spec["pilot"])
+    given = [k for k in ("walltime", "queue", "project", "client_timeout", "remote",
+                         "remote_python", "remote_out") if k in spec]
+    if given:
+        raise InputError(f"{where}: {', '.join(given)} beside pilot = \"{spec['pilot']}\": the "
+                         "held pilot has its own (and is on this machine); drop them")
 
 
 def _listed_points(listed, factors, resources):

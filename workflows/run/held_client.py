@@ -273,18 +273,32 @@ class HeldPilot:
             path = prepare_run(plan, resume, self._progress.line)
             future = HeldRunFuture(plan, conn)
             hold_lock_until_done(plan, future, self._progress.line)
-            send(conn, {"op": "run", "plan": path, "retries": spec.retries,
-                        "env": {**testing_hooks(), **(spec.env or {})}, "resume": resume})
+            self._send(future, path, spec, resume)
         except BaseException:
             conn.close()
             if plan.lock is not None:
                 plan.lock.release()
             raise
+        return future
+
+    def submit_written(self, plan, path, spec=None, resume=False) -> HeldRunFuture:
+        """A plan written already (a campaign's experiments) to the held pilot."""
+        spec = spec or RunSpec()
+        future = HeldRunFuture(plan, _connect(self.name, pilot_folder(self.name)))
+        try:
+            self._send(future, path, spec, resume)
+        except BaseException:
+            future.conn.close()
+            raise
+        return future
+
+    def _send(self, future, path, spec, resume):
+        send(future.conn, {"op": "run", "plan": path, "retries": spec.retries,
+                           "env": {**testing_hooks(), **(spec.env or {})}, "resume": resume})
         self._futures.append(future)
         future.followed = threading.Thread(target=self._follow, args=(future, spec),
                                            daemon=True, name="trajflow-held-run")
         future.followed.start()
-        return future
 
     def _follow(self, future, spec):
         """The holder's word on one run, until its end."""
