@@ -1,12 +1,13 @@
 """`trajflow demo`: the point of the product in about a minute.
 
 It builds the solvated AdK (MDAnalysisTests' GRO/XTC, 47,681 atoms) repeated
-to a few thousand frames in the cache (once), holds one local pilot, runs CA
+to a few thousand frames in the cache (once), keeps one local pilot for its runs, runs CA
 RMSD on it with 2 MPI ranks beside MDAnalysis' serial and 2-worker runs of the
 same analysis (each in a Python of its own), checks that the three agree,
 and prints the times, the straggler verdict and the report's path; then a
 second analysis (backbone RMSD) on the same pilot, which starts no pilot
-of its own, and the pilot is stopped.
+of its own, and the pilot is stopped. (The pilot is this process's own,
+kept for both runs; `trajflow pilot start` holds one beyond a command.)
 """
 import dataclasses
 import os
@@ -75,7 +76,7 @@ def _say_comparison(say, run, ours, serial_s, workers_s, equal):
     times = run_times(run.profile.records, run.path)
     n = run.plan.n_frames
     say(f"CA RMSD of {n:,} frames ({run.plan.n_atoms:,} atoms), the call to the result:")
-    say(f"  trajflow, 2 MPI ranks on the held pilot  {ours:6.2f} s   (its analysis itself "
+    say(f"  trajflow, 2 MPI ranks on the kept pilot  {ours:6.2f} s   (its analysis itself "
         f"{times['analysis']:.2f} s, {1e6 * times['analysis'] / n:.0f} us/frame)")
     say(f"  MDAnalysis, serial                       {serial_s:6.2f} s   "
         f"({serial_s / ours:.1f}x trajflow's time)")

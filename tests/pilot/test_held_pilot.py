@@ -224,7 +224,7 @@ def test_a_clients_ctrl_c_leaves_the_pilot_serving(held, adk, reference_results)
     """A run whose client is interrupted goes on in the pilot to its end (EnTK runs a
     begun workflow whole); the pilot then serves the next run."""
     path = held["path"]
-    env = {**held["env"], "TRAJFLOW_TEST_DELAY": "0:compute:6"}
+    env = {**held["env"], "TRAJFLOW_TEST_DELAY": "0:compute:15"}
     client = subprocess.Popen([TRAJFLOW, "run", "--topology", adk[0], "--trajectory", adk[1],
                                "--analysis", "rmsd", "--pilot", "mod", "--out",
                                str(path / "ctrlc")], env=env, cwd=str(path),
@@ -237,7 +237,12 @@ def test_a_clients_ctrl_c_leaves_the_pilot_serving(held, adk, reference_results)
     os.killpg(client.pid, signal.SIGINT)
     out = client.communicate(timeout=120)[0]
     assert client.returncode == 130, out
-    assert "go on in the held pilot mod" in out or "interrupted" in out
+    assert "1 run(s) sent to the held pilot mod: cancelled there if they had not begun" in out
+    # the folder stays locked while its run goes on in the holder (the lock was handed over):
+    # a resume beside it would remove the files its tasks are writing
+    beside = _trajflow(["run", "--resume", str(path / "ctrlc")], held["env"], str(path),
+                       check=2)
+    assert "is in use by another trajflow run" in beside.stderr
     after = trajflow.run(adk[0], adk[1], "rmsd", pilot="mod", progress=False,
                          out=str(path / "after_ctrlc"))
     np.testing.assert_allclose(after.results.rmsd,

@@ -165,7 +165,13 @@ def _warm(name, folder, top, dcd, gro, xtc, rmsd_ref, rmsd_args, repeats, equal,
                                                         os.path.join(folder, f"ten{i}")],
                               cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               text=True) for i in range(TEN)]
-    errors = [p.communicate(timeout=900)[1] for p in procs]
+    try:
+        errors = [p.communicate(timeout=900)[1] for p in procs]
+    finally:  # none left running, whatever happened
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     out["ten_runs_s"] = time.perf_counter() - t0
     failed = [e for p, e in zip(procs, errors) if p.returncode != 0]
     if failed:

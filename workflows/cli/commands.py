@@ -126,12 +126,12 @@ def run_planned(plan, spec, pilot_spec, resume=False):
 
 
 def cmd_run(args):
-    if args.pilot:
-        return _run_on_held(args)
     if args.remote_batch and not args.remote:
         raise InputError("--remote-batch needs --remote HOST: it submits the run's client as a "
                          "batch job there (here, run trajflow inside your own job with "
                          "--access-schema batch)")
+    if args.pilot:
+        return _run_on_held(args)
     if args.remote:
         return remote.cmd_run_remote(args, *specs_from_args(args))
     return run_planned(*plan_from_args(args), resume=bool(args.resume))
@@ -155,6 +155,14 @@ def _run_on_held(args):
 
 def cmd_pilot(args):
     """`trajflow pilot start|status|stop|list`."""
+    try:
+        return _pilot_command(args)
+    except RuntimeError as exc:  # the pilot did not start, or its holder did not stop
+        print(f"trajflow: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _pilot_command(args):
     if args.pilot_command == "start":
         pilot_spec = spec_from_args(PilotSpec, args)
         held_client.start_held(args.name, pilot_spec, args.idle_timeout)

@@ -35,7 +35,7 @@ def build_parser():
     add_run_options(run)
     add_remote_options(run)
     demo = sub.add_parser("demo", help="the point in a minute: CA RMSD of the solvated AdK on a "
-                                       "held pilot beside MDAnalysis' serial and 2-worker runs",
+                                       "kept pilot beside MDAnalysis' serial and 2-worker runs",
                           description="Build the solvated AdK (MDAnalysisTests GRO/XTC, 47,681 "
                                       "atoms) repeated --copies times once in a cache folder, "
                                       "hold one local pilot, run CA RMSD on it with 2 MPI ranks "

@@ -18,12 +18,13 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 
-from trajflow.tasks.rundir import write_text
+from trajflow.tasks.rundir import record_handed_over, withdraw_handover, write_text
 from trajflow.workflows.errors import InputError, Interrupted, RunFailed
 from trajflow.workflows.run.held_holder import HeldRequest
 from trajflow.workflows.run.held_registry import (connect, held_names, HOLDER_MODULE, holder_alive,
@@ -31,7 +32,7 @@ from trajflow.workflows.run.held_registry import (connect, held_names, HOLDER_MO
                                                   is_stale, LIST_HINT, LOG, Messages, pilot_folder,
                                                   read_record, remove_folder,
                                                   REQUEST, send)
-from trajflow.workflows.run.pilot import hold_lock_until_done, Pilot, prepare_run
+from trajflow.workflows.run.pilot import Pilot, prepare_run
 from trajflow.workflows.run.planning import fit_to_cores, make_plan
 from trajflow.workflows.run.progress import Progress
 from trajflow.workflows.run.runs import Run
@@ -107,20 +108,22 @@ def start_held(name, pilot_spec, idle_timeout_min=DEFAULT_IDLE_MIN, progress=Tru
             f"trajflow-pilot-{name}-{time.strftime('%Y%m%d-%H%M%S')}"))
     folder = pilot_folder(name)
     _claim(name, folder)
-    write_text(os.path.join(folder, REQUEST),
-               json.dumps(HeldRequest(name, checked, 60.0 * idle_timeout_min).to_dict()))
     say = Progress(progress)
-    say.line(f"holding pilot {name}: {checked.cpus} cores on {checked.resource} for "
-             f"{checked.walltime} min (session in {checked.path}) ...")
-    with open(os.path.join(folder, LOG), "ab") as out:
-        holder = subprocess.Popen(
-            [sys.executable, "-m", HOLDER_MODULE, folder],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True, close_fds=True)
+    holder = None
     try:
+        write_text(os.path.join(folder, REQUEST),
+                   json.dumps(HeldRequest(name, checked, 60.0 * idle_timeout_min).to_dict()))
+        say.line(f"holding pilot {name}: {checked.cpus} cores on {checked.resource} for "
+                 f"{checked.walltime} min (session in {checked.path}) ...")
+        with open(os.path.join(folder, LOG), "ab") as out:
+            holder = subprocess.Popen(
+                [sys.executable, "-m", HOLDER_MODULE, folder],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True, close_fds=True)
         status = _wait_active(name, folder, holder)
     except BaseException:
-        _end_holder(holder)
+        if holder is not None:
+            _end_holder(holder)
         remove_folder(folder)
         raise
     say.line(f"pilot {name} held ({status['cpus']} cores, {checked.resource}): "
@@ -156,12 +159,17 @@ def _wait_active(name, folder, holder):
 
 
 def _end_holder(holder):
-    """A holder whose start was cut short (Ctrl-C, a failure): SIGTERM, then SIGKILL."""
+    """A holder whose start was cut short (Ctrl-C, a failure): SIGTERM (it cancels the
+    pilot's start in order), then SIGKILL; a second Ctrl-C does not leave it running."""
     if holder.poll() is None:
         holder.send_signal(signal.SIGTERM)
-        try:
-            holder.wait(90)
-        except subprocess.TimeoutExpired:
+        deadline = time.time() + 90
+        while holder.poll() is None and time.time() < deadline:
+            try:
+                holder.wait(1)
+            except (subprocess.TimeoutExpired, KeyboardInterrupt):
+                pass
+        if holder.poll() is None:
             holder.kill()
             holder.wait()
 
@@ -202,6 +210,14 @@ class HeldRunFuture(concurrent.futures.Future):
         self.conn = conn
         self.report = None     # report.html, once the holder has written it
         self.followed = None   # the thread that hears the holder on this run
+        self.cancelled_there = False  # the holder cancelled it before it began
+        self.ended_there = False      # the holder said how it ended
+
+    def cancel(self):
+        """Hang up: the holder cancels the run if it has not begun there. False: whether
+        it had is told by .result() (Interrupted "cancelled before it began", or the run)."""
+        self.hang_up()
+        return False
 
     def hang_up(self):
         """Leave the run: cancelled by the holder if it has not begun."""
@@ -272,11 +288,16 @@ class HeldPilot:
         try:
             path = prepare_run(plan, resume, self._progress.line)
             future = HeldRunFuture(plan, conn)
-            hold_lock_until_done(plan, future, self._progress.line)
+            if plan.lock is not None:
+                if plan.lock.taken_over:
+                    self._progress.line(f"{plan.workdir}: took over the lock of a run that is "
+                                        f"gone ({plan.lock.taken_over})")
+                record_handed_over(plan.workdir)  # "interrupted" until it says how it ended
             self._send(future, path, spec, resume)
         except BaseException:
             conn.close()
             if plan.lock is not None:
+                withdraw_handover(plan.workdir)
                 plan.lock.release()
             raise
         return future
@@ -293,15 +314,25 @@ class HeldPilot:
         return future
 
     def _send(self, future, path, spec, resume):
-        send(future.conn, {"op": "run", "plan": path, "retries": spec.retries,
-                           "env": {**testing_hooks(), **(spec.env or {})}, "resume": resume})
+        """The request, with the folder's lock passed along (SCM_RIGHTS): the holder keeps
+        the folder locked while the run goes on there, whatever becomes of this process."""
+        line = (json.dumps({"op": "run", "plan": path, "retries": spec.retries,
+                            "env": {**testing_hooks(), **(spec.env or {})}, "resume": resume})
+                + "\n").encode()
+        lock = future.plan.lock
+        if lock is not None and lock.fd is not None:
+            sent = socket.send_fds(future.conn, [line], [lock.fd])
+            future.conn.sendall(line[sent:])
+        else:
+            future.conn.sendall(line)
         self._futures.append(future)
         future.followed = threading.Thread(target=self._follow, args=(future, spec),
                                            daemon=True, name="trajflow-held-run")
         future.followed.start()
 
     def _follow(self, future, spec):
-        """The holder's word on one run, until its end."""
+        """The holder's word on one run, until its end (the run's report written); then the
+        folder's lock is let go (the holder has let go of its own)."""
         messages = Messages(future.conn)
         plan, say = future.plan, spec.progress
         try:
@@ -316,6 +347,7 @@ class HeldPilot:
                                             f"({plan.analysis}, {plan.io}/{plan.mode}, "
                                             f"{plan.n_blocks} blocks) -> {plan.workdir}")
                 elif "refused" in message:
+                    future.ended_there = future.cancelled_there = True  # it never began
                     future.set_exception(InputError(f"the held pilot {self.name} refused the "
                                                     f"run: {message['refused']}"))
                     return
@@ -324,7 +356,7 @@ class HeldPilot:
                 elif "report" in message:  # written by the holder once the result was given
                     future.report = message["report"]
                     return
-        except (EOFError, OSError, ValueError) as exc:
+        except BaseException as exc:  # noqa: the future is resolved whatever happened
             if not future.done():
                 run = Run(plan.workdir, trust=True)
                 if run.ok:
@@ -332,12 +364,22 @@ class HeldPilot:
                 else:
                     future.set_exception(RunFailed(
                         f"run {future.name}: the held pilot {self.name} ended before the run "
-                        f"did ({exc}); `trajflow run --resume {plan.workdir}` goes on", run=run))
+                        f"did ({type(exc).__name__}: {exc}); `trajflow run --resume "
+                        f"{plan.workdir}` goes on", run=run))
         finally:
             messages.close()
             future.conn.close()
+            if plan.lock is not None:
+                if future.cancelled_there:  # it never began: nothing was interrupted
+                    withdraw_handover(plan.workdir)
+                if future.ended_there:
+                    plan.lock.release()
+                else:  # it goes on in the holder, which keeps the folder locked till its end
+                    plan.lock.let_go()
 
     def _ended(self, future, ended):
+        future.ended_there = True
+        future.cancelled_there = bool(ended.get("cancelled"))
         run = Run(future.plan.workdir, trust=True)
         if ended.get("ok") and run.ok:
             self._progress.line(f"{future.name}: done -> {run.result_path}")
@@ -362,19 +404,20 @@ class HeldPilot:
             self._progress.close()
 
     def abort(self, why="interrupted"):
-        """Leave every run sent: those not begun are cancelled; Interrupted is raised."""
-        begun = self._hang_up()
+        """Leave every run sent: those that had not begun there are cancelled, those that
+        had go on to their end; Interrupted is raised."""
+        sent = self._hang_up()
         self._progress.close()
-        said = (f"; {len(begun)} run(s) had begun and go on in the held pilot {self.name} to "
-                f"their end: {', '.join(f.path for f in begun)}" if begun else "")
+        said = (f"; {len(sent)} run(s) sent to the held pilot {self.name}: cancelled there if "
+                "they had not begun, else they go on in the held pilot to their end (their "
+                f"folders say how they ended): {', '.join(f.path for f in sent)}" if sent else "")
         raise Interrupted(f"{why}{said}")
 
     def _hang_up(self):
-        begun = [f for f in self._futures if f.running()]
-        for future in self._futures:
-            if not future.done():
-                future.hang_up()
-        return begun
+        sent = [f for f in self._futures if not f.done()]
+        for future in sent:
+            future.hang_up()
+        return sent
 
 
 def testing_hooks():

@@ -15,10 +15,13 @@ gone) and the next `trajflow pilot` command finds the folder stale.
 
     python -m trajflow.workflows.run.held_holder FOLDER
 """
+import concurrent.futures
 import dataclasses
+import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -26,8 +29,9 @@ import time
 from trajflow.tasks.plan import PlanError, RunPlan
 from trajflow.tasks.rundir import read_record as read_plain
 from trajflow.workflows.errors import InputError, Interrupted, RunFailed
-from trajflow.workflows.run.held_registry import (check_private, listen, Messages, read_record,
-                                                  remove_folder, REQUEST, send, write_record)
+from trajflow.workflows.run.held_registry import (check_private, listen, MAX_MESSAGE_BYTES,
+                                                  Messages, read_record, remove_folder, REQUEST,
+                                                  send, write_record)
 from trajflow.workflows.run.pilot import Pilot
 from trajflow.workflows.run.runs import Run
 from trajflow.workflows.run.spec import PilotSpec, RunSpec
@@ -38,6 +42,7 @@ POLL_S = 0.5
 # a run reaches a held pilot planned and written (no submit of a script's is being planned
 # here): a short wait still joins runs sent together into one batch
 HELD_COALESCE_S = 0.05
+CLIENTS_JOIN_S = 10.0  # at the end, the longest each client's thread is waited for
 
 
 @dataclasses.dataclass
@@ -74,13 +79,13 @@ class Holder:
         self.why = None
         self.state = "starting"
         self.error = None
+        self.clients = []  # the threads serving clients
 
     # --- lifetime --------------------------------------------------------------
     def serve(self):
         """Hold the pilot until asked to stop; the exit code."""
         for sig in (signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, lambda signum, _frame: self.stop(
-                f"the holder got {signal.Signals(signum).name}"))
+            signal.signal(sig, self._signalled)
         server = listen(self.folder)
         # a forked child (the process holding the pilot, RADICAL's) must not keep the
         # socket listening: once this process is gone, a client would wait on it for ever
@@ -90,12 +95,15 @@ class Holder:
                          name="trajflow-held-accept").start()
         try:
             self.pilot.start()
-        except (Exception, Interrupted) as exc:
+        except (Exception, Interrupted, KeyboardInterrupt) as exc:
             self.state, self.error = "failed", f"the pilot did not start: {exc}"
             log.error("%s", self.error)
             self._record()
             server.close()
             return 1
+        # its walltime and idle time count from now, not from its request (a batch queue's
+        # wait can be hours)
+        self.started = self.last_busy = time.time()
         self.state = "active"
         self._record()
         log.info("held pilot %s active: %s cores on %s", self.request.name, self.pilot.cpus,
@@ -106,8 +114,19 @@ class Holder:
         log.info("held pilot %s stops: %s", self.request.name, self.why)
         self._end_pilot()
         server.close()
+        for thread in list(self.clients):  # each client hears how its run ended
+            thread.join(CLIENTS_JOIN_S)
         remove_folder(self.folder)
         return 0
+
+    def _signalled(self, signum, _frame):
+        """SIGTERM or SIGHUP: while the pilot starts, stop that start at once (the
+        pilot cancelled in order); once active, stop as `pilot stop` does."""
+        why = f"the holder got {signal.Signals(signum).name}"
+        if self.state == "starting":
+            self.why = why
+            raise KeyboardInterrupt(why)
+        self.stop(why)
 
     def _watch(self):
         """Until a stop: end when the pilot has ended, or has been idle too long."""
@@ -169,9 +188,11 @@ class Holder:
                              name="trajflow-held-client").start()
 
     def _client(self, conn):
-        messages = Messages(conn)
+        self.clients.append(threading.current_thread())
+        lock_fd = messages = None
         try:
-            message = messages.receive()
+            message, lock_fd = receive_first(conn)
+            messages = Messages(conn)
             op = message.get("op")
             if op == "status":
                 send(conn, self.status())
@@ -179,13 +200,16 @@ class Holder:
                 self.stop("stopped by `trajflow pilot stop`")
                 send(conn, {"stopping": True})
             elif op == "run":
-                self._run(conn, messages, message)
+                self._run(Connection(conn), messages, message)
             else:
                 send(conn, {"refused": f"unknown request {op!r}"})
         except (EOFError, OSError, ValueError) as exc:
             log.debug("a client's connection: %s", exc)
         finally:
-            messages.close()
+            if lock_fd is not None:  # the run's folder is free once its run has ended here
+                os.close(lock_fd)
+            if messages is not None:
+                messages.close()  # (the socket closes with its last file)
             conn.close()
 
     def _run(self, conn, messages, message):
@@ -201,21 +225,16 @@ class Holder:
                 raise InputError(f"the held pilot {self.request.name} has {left:.0f} s of its "
                                  "walltime left: start another (trajflow pilot start)")
             spec = RunSpec(retries=run["retries"], env=run["env"])
-        except (InputError, PlanError, OSError, ValueError, TypeError) as exc:
-            send(conn, {"refused": str(exc)})
+            future = self.pilot.submit_written(
+                plan, run["plan"], spec, resume=run["resume"],
+                on_event=lambda _run, stage, kind, text: conn.say({"event": [stage, kind, text]}))
+        except (InputError, PlanError, OSError, ValueError, TypeError, RuntimeError) as exc:
+            conn.say({"refused": str(exc)})  # RuntimeError: the pilot is closing or lost
             return
-
-        def event(_run, stage, kind, text):
-            try:
-                send(conn, {"event": [stage, kind, text]})
-            except OSError:
-                pass  # the client is gone; the run's end is on disk all the same
-        future = self.pilot.submit_written(plan, run["plan"], spec, resume=run["resume"],
-                                           on_event=event)
         self.last_busy = time.time()
-        send(conn, {"submitted": future.request.name})
         threading.Thread(target=_cancel_on_hangup, args=(messages, future), daemon=True,
                          name="trajflow-held-hangup").start()
+        conn.say({"submitted": future.request.name})
         try:
             future.result()
             ended = {"ok": True}
@@ -223,20 +242,58 @@ class Holder:
             ended = {"ok": False, "error": str(exc)}
         except Interrupted as exc:
             ended = {"ok": False, "interrupted": True, "error": str(exc)}
-        except BaseException as exc:  # cancelled (the client left), or the pilot failed
+        except concurrent.futures.CancelledError:  # its client left, or the pilot stopped
+            ended = {"ok": False, "interrupted": True, "cancelled": True,
+                     "error": f"cancelled before it began ({self.why or 'its client left'})"}
+        except BaseException as exc:  # noqa: the pilot failed; the client must hear of it
             ended = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         self.last_busy = time.time()
-        try:
-            send(conn, {"done": ended})
-        except OSError:
-            pass
+        conn.say({"done": ended})
+        if ended.get("cancelled"):
+            return
         # after the result: this process has bokeh and matplotlib imported already, where
         # its client would pay seconds for them
-        report = Run(plan.workdir, trust=True).write_report()
-        try:
-            send(conn, {"report": report})
-        except OSError:
-            pass
+        conn.say({"report": Run(plan.workdir, trust=True).write_report()})
+
+
+class Connection:
+    """A run's connection: its lines sent whole (events come from the pilot's thread, the
+    end from the client's), and nothing raised once the client has gone."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.lock = threading.Lock()
+
+    def say(self, message):
+        with self.lock:
+            try:
+                send(self.conn, message)
+            except OSError:
+                pass  # the client is gone; the run's end is on disk all the same
+
+
+def receive_first(conn, most=MAX_MESSAGE_BYTES):
+    """A connection's first message, and the descriptor sent with it (a run's folder lock,
+    held here while its run goes on) or None."""
+    data, fds = b"", []
+    while not data.endswith(b"\n"):
+        chunk, got, _flags, _addr = socket.recv_fds(conn, 1 << 16, 1)
+        for fd in got:
+            os.set_inheritable(fd, False)
+        fds += got
+        if not chunk or len(data) + len(chunk) > most:
+            for fd in fds:
+                os.close(fd)
+            raise EOFError("a first message cut short or too long")
+        data += chunk
+    message = json.loads(data)
+    if not isinstance(message, dict):
+        for fd in fds:
+            os.close(fd)
+        raise ValueError("a message that is not a JSON object")
+    for fd in fds[1:]:
+        os.close(fd)
+    return message, (fds[0] if fds else None)
 
 
 def _run_message(message):

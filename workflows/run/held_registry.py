@@ -195,6 +195,8 @@ def holder_alive(pid):
     """Whether `pid` is a living holder: not gone, not a zombie nobody reaped (its
     parent, `pilot start`, has ended), not another program that got its pid."""
     try:
+        if os.stat(f"/proc/{pid}").st_uid != os.getuid():
+            return False  # a pid reused by someone else's process
         with open(f"/proc/{pid}/stat", "rb") as fh:
             state = fh.read().rsplit(b")", 1)[1].split()[0]
         with open(f"/proc/{pid}/cmdline", "rb") as fh:

@@ -235,6 +235,9 @@ class Pilot:
             self._cond.release()  # runs submitted meanwhile wait as pending
             try:
                 self._process.warm_up()
+            except BaseException as exc:  # no dispatcher will ever run: take no more runs
+                self._broken = exc
+                raise
             finally:
                 self._cond.acquire()
             self._say(f"pilot active on {self.resource} (session {self.session_dir})")
@@ -313,11 +316,12 @@ class Pilot:
 
     def _unique_name(self, plan):
         base = os.path.basename(plan.workdir) or "run"
-        name, k = base, 1
-        while name in self._names:
-            k += 1
-            name = f"{base}.{k}"
-        self._names.add(name)
+        with self._cond:  # a held pilot's clients submit from threads of their own
+            name, k = base, 1
+            while name in self._names:
+                k += 1
+                name = f"{base}.{k}"
+            self._names.add(name)
         return name
 
     def _dispatch(self):

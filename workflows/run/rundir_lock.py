@@ -87,6 +87,15 @@ class RunLock:
         _HELD.add(fd)
         return self
 
+    def let_go(self):
+        """Close this process's hold only: the lock stays taken by the process it was
+        handed to (a held pilot's holder, which got the same open file), its file kept."""
+        if self.fd is None:
+            return
+        os.close(self.fd)
+        _HELD.discard(self.fd)
+        self.fd = None
+
     def release(self, remove_dir=False):
         """Let go (the file goes first, then the lock); `remove_dir`: also RUNDIR, if
         this lock created it and nothing else is in it (a run refused while planning)."""
