@@ -421,9 +421,11 @@ class HeldPilot:
 
 
 def testing_hooks():
-    """This process's documented testing hooks ($TRAJFLOW_TEST_*): a run's own, so they go
-    with it to the held pilot (whose tasks would otherwise see its holder's)."""
-    return {k: v for k, v in os.environ.items() if k.startswith("TRAJFLOW_TEST_")}
+    """What of this process's environment goes with a run to the held pilot (whose tasks
+    would otherwise see its holder's): the documented testing hooks ($TRAJFLOW_TEST_*)
+    and PYTHONPATH, where a `module:NAME` analysis is found."""
+    return {k: v for k, v in os.environ.items()
+            if k.startswith("TRAJFLOW_TEST_") or k == "PYTHONPATH"}
 
 
 @contextlib.contextmanager
