@@ -27,7 +27,7 @@ import warnings
 
 import numpy as np
 
-from trajflow.workflows.bench.measure import run_isolated
+from trajflow.workflows.bench.measure import mda_timed_script, run_isolated
 from trajflow.workflows.datasets import adk_files, mdanalysis_data
 from trajflow.workflows.run import held_client
 from trajflow.workflows.run.spec import PilotSpec
@@ -41,26 +41,9 @@ TEN = 10
 # (all 11,000 of them: over a minute, which no longer measures what a run costs beside it)
 RDF_WATERS = "name OW and index 20000:23000"
 
-MDA_RDF = f"""
-SELECTION = {RDF_WATERS!r}
-import json, sys, time, warnings
-import numpy as np
-warnings.simplefilter("ignore")
-import MDAnalysis as mda
-from MDAnalysis.analysis.rdf import InterRDF
-gro, xtc, n_workers, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-u = mda.Universe(gro, xtc)
-ow = u.select_atoms(SELECTION)
-t0 = time.perf_counter()
-r = InterRDF(ow, ow, nbins=75, exclusion_block=(1, 1))
-if n_workers == 1:
-    r.run()
-else:
-    r.run(backend="multiprocessing", n_workers=n_workers)
-seconds = time.perf_counter() - t0
-np.save(out, r.results.rdf)
-print(json.dumps(seconds))
-"""
+MDA_RDF = mda_timed_script("from MDAnalysis.analysis.rdf import InterRDF",
+                           "InterRDF(ow, ow, nbins=75, exclusion_block=(1, 1))", "rdf",
+                           setup=f"ow = u.select_atoms({RDF_WATERS!r})")
 
 
 def _mda_rmsd_reference(top, dcd):

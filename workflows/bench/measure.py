@@ -40,24 +40,36 @@ def mpiexec_stage_s(plan, plan_path, launches, cpus=None):
     return times
 
 
-MDA_RMSD = """
+MDA_TIMED = """
 import json, sys, time, warnings
 import numpy as np
 warnings.simplefilter("ignore")
 import MDAnalysis as mda
-from MDAnalysis.analysis import rms
+{imports}
 top, path, n_workers, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 u = mda.Universe(top, path)
+{setup}
 t0 = time.perf_counter()
-r = rms.RMSD(u, select="name CA")
+r = {analysis}
 if n_workers == 1:
     r.run()
 else:
     r.run(backend="multiprocessing", n_workers=n_workers)
 seconds = time.perf_counter() - t0
-np.save(out, r.results.rmsd)
+np.save(out, r.results.{result})
 print(json.dumps(seconds))
 """
+
+
+def mda_timed_script(imports, analysis, result, setup=""):
+    """A script for run_isolated: MDAnalysis' `analysis` (an expression of the Universe
+    `u`) run serially or with N workers, its time printed and `results.<result>` saved:
+    ARGS topology trajectory N out.npy."""
+    return MDA_TIMED.format(imports=imports, setup=setup, analysis=analysis, result=result)
+
+
+MDA_RMSD = mda_timed_script("from MDAnalysis.analysis import rms", 'rms.RMSD(u, select="name CA")',
+                            "rmsd")
 
 
 def mda_rmsd(top, path, n_workers, workdir, timeout=3600):
