@@ -118,7 +118,11 @@ def test_a_disk_filled_right_after_planning_fails_the_session_start_named(small_
         stop(proc)
     print(f"full disk after planning: exit {code} after {time.time() - t0:.0f} s\n{output}")
     assert code == 1, output
-    assert f"the file system of {out} is full" in output or "is full" in output, output
+    # the run's own disk named (whichever said it first: the failed session's note or the
+    # watchdog's), with the space measured
+    assert (f"the disk of '{out}' is full (" in output
+            or f"the file system of {out} is full (" in output), output
+    assert " MB free" in output, output
     assert not (out / "result.h5").exists()
     assert processes_mentioning(str(out)) == []
     ballast.unlink()

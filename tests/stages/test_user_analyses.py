@@ -210,11 +210,19 @@ def test_the_runnable_classes_come_from_the_installed_mdanalysis():
 
 
 def test_inspect_reads_a_user_analysis_run(tmp_path, adk):
-    plan_and_run(tmp_path / "run", adk[0], [adk[1]], f"{FACTORIES}:mda_rmsd", mode="mpi",
-                 blocks=2, cpus=2)
-    proc = subprocess.run([TRAJFLOW, "inspect", str(tmp_path / "run")], capture_output=True,
-                          text=True, timeout=120)
+    path, _ = plan_and_run(tmp_path / "run", adk[0], [adk[1]], f"{FACTORIES}:mda_rmsd",
+                           mode="mpi", blocks=2, cpus=2)
+    with h5py.File(path) as f:  # the run itself is MDAnalysis' serial RMSD
+        assert_same(read_results(f["results"], trust=True),
+                    serial_results("mda_rmsd", adk[0], adk[1], {}))
+    proc = subprocess.run([TRAJFLOW, "inspect", str(tmp_path / "run"), "--json",
+                           str(tmp_path / "r.json")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+    with open(tmp_path / "r.json", encoding="utf-8") as fh:
+        report = json.load(fh)
+    # inspect read this run's two analyze ranks, 98 frames shared 49 and 49
+    analyze = [r for r in report["records"] if r["task"] == "analyze"]
+    assert sorted(r["frames"] for r in analyze) == [49, 49], analyze
     assert "analyze" in proc.stdout
 
 

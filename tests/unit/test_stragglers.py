@@ -33,9 +33,15 @@ def test_one_slow_rank_among_72_is_flagged_with_its_phase_and_victims():
     assert [(f["kind"], f["rank"], f["cause"]) for f in flags] == [("rank", 17, "io")]
     f = flags[0]
     assert f["ratio"] == pytest.approx(8.1 / 2.1, rel=0.03)
-    # the 71 others waited at the barrier for it, each at most its excess
-    expected = sum(min(m["t_wait"], f["excess_s"]) for m in members if m["rank"] != 17)
-    assert f["victims_wait_s"] == pytest.approx(expected)
+    # its excess over the others' typical work (2.1 s, +-0.05 of I/O), computed here from the
+    # members' own numbers; the 71 others waited at the barrier for it, each at most that
+    others = sorted(1.0 + 1.0 + 0.1 + (m["t_io"] - 1.0) for m in members if m["rank"] != 17)
+    typical = (others[35] + others[34]) / 2  # the median of 71... and of 72 lies between
+    assert f["excess_s"] == pytest.approx(8.1 - typical, abs=0.01)
+    waits = [8.1 - w for w in others]  # the slowest's work minus each one's own
+    assert f["victims_wait_s"] == pytest.approx(sum(min(w, 8.1 - typical) for w in waits),
+                                                abs=71 * 0.01)
+    assert f["victims_wait_s"] == pytest.approx(71 * 6.0, abs=71 * 0.06)
     assert len(f["victims"]) == 5 and f["victims"][0]["wait_s"] >= f["victims"][-1]["wait_s"]
 
 
@@ -53,9 +59,14 @@ def test_a_whole_slow_host_is_one_flag_judged_against_the_fast_mode():
     assert f["baseline_s"] == pytest.approx(2.1, abs=0.06)
     assert f["ratio"] == pytest.approx(6.1 / 2.1, rel=0.05)
     assert "host n1 (ranks 24-47)" in describe(f)
-    # the 24 healthy ranks waited for the slow host
-    assert f["victims_wait_s"] == pytest.approx(sum(min(m["t_wait"], f["excess_s"])
-                                                    for m in members[:24]))
+    # the 24 healthy ranks waited for the slow host: the slowest's work (2.1 + 4 + up to
+    # 0.2) minus each one's own, each counted up to the host's excess over the fast mode
+    fast = sorted(2.1 + (m["t_io"] - 1.0) for m in members[:24])
+    slow = sorted(2.1 + (m["t_io"] - 1.0) for m in members[24:])
+    excess = (slow[11] + slow[12]) / 2 - (fast[11] + fast[12]) / 2
+    assert 3.75 <= excess <= 4.25 and f["excess_s"] == pytest.approx(excess, abs=0.05)
+    assert f["victims_wait_s"] == pytest.approx(sum(min(slow[-1] - w, excess) for w in fast),
+                                                abs=24 * 0.05)
 
 
 def test_a_pair_is_judged_by_its_ratio():

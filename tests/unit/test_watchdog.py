@@ -16,7 +16,8 @@ from trajflow.tasks.rundir import mark_started
 from trajflow.tasks.timing import write_progress
 from trajflow.workflows.run.signals import describe_stop
 from trajflow.workflows.run.procfs import state as process_state
-from trajflow.workflows.run.watchdog import bounds, parse_limits, PHASES, stopped_tasks, Watchdog
+from trajflow.workflows.run.watchdog import (bounds, parse_limits, PHASES, START_GRACE_S,
+                                            stopped_tasks, Watchdog)
 
 
 def plan_in(workdir, n_frames=100, blocks=2):
@@ -148,7 +149,7 @@ def test_a_slow_analysis_gets_a_stall_bound_from_its_own_time_per_frame(tmp_path
                                            "restarted"]), st.floats(0, 50)), max_size=12))
 def test_the_pilot_is_never_failed_before_the_bound_of_the_phase_it_is_in(events):
     """Whatever order the child's events come in, a failure comes only once the current
-    phase has lasted its bound."""
+    phase has lasted its bound, and then it comes."""
     dog = Watchdog("session=100,submit=100,start=100", "/")
     dog.say = lambda line: None
     now = 0.0
@@ -157,8 +158,14 @@ def test_the_pilot_is_never_failed_before_the_bound_of_the_phase_it_is_in(events
         now += gap
         dog.pilot_event(kind, now=now)
         clock = dog.pilot
-        failure = dog.check(now=now + 99)
-        assert failure is None or (clock is not None and now + 99 - clock.since >= 100)
+        assert dog.check(now=now + 99) is None
+        if clock is None or clock.phase == "queue":  # active, or the queue's unbounded wait
+            assert dog.check(now=now + 10 ** 6) is None
+        else:  # and at its bound it does fail, naming the phase
+            bound = 100 + (START_GRACE_S if clock.phase == "start" else 0)
+            assert dog.check(now=clock.since + bound - 0.5) is None
+            failure = dog.check(now=clock.since + bound + 0.01)  # (float rounding at the bound)
+            assert failure is not None and f"--limits {clock.phase}=S" in failure, failure
 
 
 def test_a_run_waits_for_the_pilot_and_for_the_runs_before_it_without_failing(tmp_path):
