@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import trajflow
-from processes import assert_nothing_left, processes_mentioning, TRAJFLOW
+from processes import assert_nothing_left, processes_mentioning, START_LIMIT, TRAJFLOW
 
 
 def _trajflow(args, env, cwd, timeout=300, check=None):
@@ -53,8 +53,11 @@ def held(tmp_path_factory):
     env = {**os.environ, "TRAJFLOW_PILOTS": pilots}
     saved = os.environ.get("TRAJFLOW_PILOTS")
     os.environ["TRAJFLOW_PILOTS"] = pilots  # the API's attach finds it too
+    # a start that hangs (an agent's, seen in CI with pilots starting side by side) is
+    # replaced at the start bound
     start = _trajflow(["pilot", "start", "--name", "mod", "--cpus", "2", "--walltime", "20",
-                       "--idle-timeout", "20"], env, str(path), timeout=400)
+                       "--idle-timeout", "20", "--limits", START_LIMIT], env, str(path),
+                      timeout=400)
     assert start.returncode == 0, start.stdout + start.stderr
     assert "pilot mod held" in start.stderr
     session = _session(pilots, "mod")
@@ -255,7 +258,7 @@ def test_a_held_pilot_ends_when_idle_and_when_its_holder_dies(tmp_path, adk):
     env = {**os.environ, "TRAJFLOW_PILOTS": pilots}
     cwd = str(tmp_path)
     _trajflow(["pilot", "start", "--name", "idle", "--cpus", "1", "--idle-timeout", "0.25",
-               "--walltime", "10"], env, cwd, timeout=400, check=0)
+               "--walltime", "10", "--limits", START_LIMIT], env, cwd, timeout=400, check=0)
     session = _session(pilots, "idle")
     deadline = time.time() + 180
     while time.time() < deadline and os.path.exists(os.path.join(pilots, "idle")):
@@ -264,7 +267,7 @@ def test_a_held_pilot_ends_when_idle_and_when_its_holder_dies(tmp_path, adk):
     assert_nothing_left(session)
     # its holder killed: the pilot's guard ends the pilot; the next command cleans up
     _trajflow(["pilot", "start", "--name", "dies", "--cpus", "1", "--client-timeout", "10",
-               "--walltime", "10"], env, cwd, timeout=400, check=0)
+               "--walltime", "10", "--limits", START_LIMIT], env, cwd, timeout=400, check=0)
     session = _session(pilots, "dies")
     os.kill(_holder_pid(pilots, "dies"), signal.SIGKILL)
     refused = _trajflow(["run", "--topology", adk[0], "--trajectory", adk[1], "--analysis",

@@ -10,8 +10,9 @@ import time
 import pytest
 
 import trajflow
-from processes import (TRAJFLOW, analyzing, assert_nothing_left, processes_mentioning,
-                       session_name, signal_run, start_with_sleeping_tasks, wait_for_analyze)
+from processes import (START_LIMIT, TRAJFLOW, analyzing, assert_nothing_left,
+                       processes_mentioning, session_name, signal_run, start_with_sleeping_tasks,
+                       wait_for_analyze)
 
 pytestmark = pytest.mark.entk
 
@@ -154,7 +155,10 @@ def test_sigterm_and_sighup_stop_a_background_run_cleanly(tmp_path, adk, sig):
     env = {**os.environ, "TRAJFLOW_TEST_DELAY": "0:compute:300,1:compute:300"}
     proc = subprocess.Popen([TRAJFLOW, "run", "--topology", adk[0], "--trajectory", adk[1],
                              "--analysis", "rmsd", "--mode", "tasks", "--blocks", "2", "--cpus",
-                             "2", "--walltime", "15", "--out", str(out)], env=env,
+                             "2", "--walltime", "15", "--out", str(out),
+                             # a start that hangs (an agent's, seen in CI with pilots starting
+                             # side by side) is replaced before wait_for_analyze gives up
+                             "--limits", START_LIMIT], env=env,
                             start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))

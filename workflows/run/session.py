@@ -89,7 +89,7 @@ def serve(conn, pilot, session_root, parent_end, client_pid, client_timeout, kee
                 if kind == "close":
                     break
                 if kind == "warmup":
-                    _warm_up(session)
+                    _warm_up(session, conn)
                     _send(conn, ("warm", None))
                     continue
                 in_flight[:] = [r.plan for r in batch["requests"]]
@@ -361,9 +361,24 @@ def _send(conn, message):
         conn.send(message)
 
 
-def _warm_up(session):
+def _warm_up(session, conn):
     """Start the pilot now and run one empty task on it (`/bin/true`): a held pilot is
-    active, and its agent has launched a task, before its first run is sent."""
+    active, and its agent has launched a task, before its first run is sent. A pilot
+    whose start hung is replaced once, as a batch's is."""
+    while True:
+        session.appman.workflow = {_empty_pipeline()}
+        try:
+            session.appman.run()
+            return
+        except Exception as exc:
+            if _was_interrupted(exc) or not session.watch.hung or session.renewed:
+                raise
+            _send(conn, ("event", ("pilot", None, "restarted",
+                                   f"{session.watch.hung}; starting another")))
+            session.renew()
+
+
+def _empty_pipeline():
     import radical.entk as re
     task = re.Task()
     task.name = "warmup"
@@ -376,8 +391,7 @@ def _warm_up(session):
     pipeline = re.Pipeline()
     pipeline.name = "warmup"
     pipeline.add_stages(stage)
-    session.appman.workflow = {pipeline}
-    session.appman.run()
+    return pipeline
 
 
 def _run_batch(session, lost, conn, requests, one_at_a_time, close_after):
