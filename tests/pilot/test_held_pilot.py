@@ -100,7 +100,7 @@ def test_cli_run_on_a_held_pilot_is_mdanalysis_and_starts_no_pilot(held, adk,
     assert "mod: active on local.localhost, 0 of 2 cores busy, 0 run(s) running" in status
 
 
-def test_api_attach_backend_and_run_by_name(held, adk, reference_results):
+def test_api_attach_backend_and_run_by_name(held, adk, solvated, reference_results):
     import MDAnalysis as mda
     from MDAnalysis.analysis.rms import RMSD
     path = held["path"]
@@ -110,8 +110,13 @@ def test_api_attach_backend_and_run_by_name(held, adk, reference_results):
                    for i in range(2)]
         dih = pilot.submit(adk[0], adk[1], "dihedrals", mode="tasks", blocks=3,
                            out=str(path / "dih"))
+        # a file nobody here wrote: periodic, solvated, the protein broken across the box
+        periodic = pilot.submit(*solvated, "rmsd", io="h5md", out=str(path / "periodic"))
         runs = [f.result(timeout=300) for f in futures]
         dihedrals = dih.result(timeout=300)
+        np.testing.assert_allclose(periodic.result(timeout=300).results.rmsd,
+                                   reference_results(solvated[0], [solvated[1]], "rmsd")["rmsd"],
+                                   rtol=1e-5, atol=1e-4)
     ref = reference_results(adk[0], [adk[1]], "rmsd")
     for run in runs:
         np.testing.assert_allclose(run.results.rmsd, ref["rmsd"], rtol=1e-5, atol=1e-4)
@@ -139,7 +144,13 @@ def test_several_clients_at_once(held, adk, reference_results):
                                "--out", str(path / f"many{i}")], env=held["env"],
                               cwd=str(path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True) for i in range(4)]
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    try:
+        outputs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:  # none left running if one hangs
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     assert [p.returncode for p in procs] == [0] * 4, outputs
     ref = reference_results(adk[0], [adk[1]], "rmsd")["rmsd"]
     for i in range(4):

@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 
+from trajflow.tasks.plan import is_finite_number
 from trajflow.tasks.rundir import record_handed_over, withdraw_handover, write_text
 from trajflow.workflows.errors import InputError, Interrupted, RunFailed
 from trajflow.workflows.run.held_holder import HeldRequest
@@ -100,8 +101,9 @@ def start_held(name, pilot_spec, idle_timeout_min=DEFAULT_IDLE_MIN, progress=Tru
     """Start a held pilot named `name` and wait until it is active; its status.
     InputError for bad options or a name held already; RuntimeError if its pilot
     does not start (the holder's log is quoted)."""
-    if idle_timeout_min < 0:
-        raise InputError(f"--idle-timeout {idle_timeout_min:g}: give minutes, 0 for none")
+    if not is_finite_number(idle_timeout_min) or idle_timeout_min < 0:
+        raise InputError(f"--idle-timeout {idle_timeout_min:g}: give minutes (a finite number "
+                         ">= 0), 0 for none")
     checked = Pilot(progress=False, **dataclasses.asdict(pilot_spec)).spec  # cpus, resource
     if checked.path is None:
         checked = dataclasses.replace(checked, path=os.path.abspath(
@@ -115,7 +117,8 @@ def start_held(name, pilot_spec, idle_timeout_min=DEFAULT_IDLE_MIN, progress=Tru
                    json.dumps(HeldRequest(name, checked, 60.0 * idle_timeout_min).to_dict()))
         say.line(f"holding pilot {name}: {checked.cpus} cores on {checked.resource} for "
                  f"{checked.walltime} min (session in {checked.path}) ...")
-        with open(os.path.join(folder, LOG), "ab") as out:
+        with os.fdopen(os.open(os.path.join(folder, LOG), os.O_WRONLY | os.O_APPEND
+                               | os.O_CREAT | os.O_NOFOLLOW, 0o600), "ab") as out:
             holder = subprocess.Popen(
                 [sys.executable, "-m", HOLDER_MODULE, folder],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
