@@ -60,16 +60,12 @@ def run_demo(out, copies, pilot_spec, spec, say=print):
             say(f"the second analysis failed: {exc}")
             return 1
         say(f"a second analysis on the same pilot, no pilot start: backbone RMSD of "
-            f"{n_frames(second):,} frames in {time.time() - t0:.1f} s -> {second.result_path} "
+            f"{second.plan.n_frames:,} frames in {time.time() - t0:.1f} s -> {second.result_path} "
             f"(report: {second.write_report()})")
         say("stopping the pilot ...")
     say(f"done: the runs are in {out}; `trajflow inspect {out}/rmsd` for the phase table, "
         "`trajflow pilot start` to hold a pilot for your own runs")
     return 0 if equal else 1
-
-
-def n_frames(run):
-    return run.plan.n_frames
 
 
 def _say_comparison(say, run, ours, serial_s, workers_s, equal):

@@ -6,6 +6,7 @@ from trajflow import __version__
 from trajflow.workflows.campaign.spec import MAX_EXPERIMENTS
 from trajflow.workflows.cli.options import RESUMED_OPTIONS, add_spec_options
 from trajflow.workflows.demo import DEFAULT_COPIES
+from trajflow.workflows.run.held_client import DEFAULT_IDLE_MIN
 from trajflow.workflows.remote.client import add_remote_commands, add_remote_options
 from trajflow.workflows.run.spec import PilotSpec, RunSpec
 
@@ -200,9 +201,9 @@ def add_pilot_commands(sub):
                                             "after --idle-timeout minutes without a run.")
     start.add_argument("--name", default="default", metavar="NAME",
                        help="the name runs give with --pilot (default: default)")
-    start.add_argument("--idle-timeout", type=float, default=30.0, metavar="MIN",
+    start.add_argument("--idle-timeout", type=float, default=DEFAULT_IDLE_MIN, metavar="MIN",
                        help="minutes without a run after which the pilot ends; 0: never "
-                            "(default: 30)")
+                            f"(default: {DEFAULT_IDLE_MIN:g})")
     add_spec_options(start, PilotSpec)
     status = commands.add_parser("status", help="a held pilot's cores, runs, walltime left",
                                  description="Resource, cores busy and free, runs running and "
