@@ -276,6 +276,7 @@ def test_a_held_pilot_ends_when_idle_and_when_its_holder_dies(tmp_path, adk):
         time.sleep(1)
     assert not os.path.exists(os.path.join(pilots, "idle")), "it never ended when idle"
     assert_nothing_left(session)
+    assert processes_mentioning(os.path.join(pilots, "idle")) == []  # its holder too
     # its holder killed: the pilot's guard ends the pilot; the next command cleans up
     _trajflow(["pilot", "start", "--name", "dies", "--cpus", "1", "--client-timeout", "10",
                "--walltime", "10", "--limits", START_LIMIT], env, cwd, timeout=400, check=0)
@@ -287,7 +288,12 @@ def test_a_held_pilot_ends_when_idle_and_when_its_holder_dies(tmp_path, adk):
     assert not os.path.exists(os.path.join(pilots, "dies"))
     listed = _trajflow(["pilot", "list"], env, cwd, check=0)
     assert "no held pilot" in listed.stdout
-    deadline = time.time() + 120
-    while time.time() < deadline and processes_mentioning(session):
+    # the process that held the pilot for the killed holder ends by the pilot's guard too
+    # (--client-timeout 10 s, then the pilot cancelled in order), with RADICAL's own
+    holders = os.path.join(pilots, "dies")
+    deadline = time.time() + 180
+    while time.time() < deadline and (processes_mentioning(session)
+                                      or processes_mentioning(holders)):
         time.sleep(2)
+    assert processes_mentioning(holders) == [], "the killed holder's pilot process lived on"
     assert_nothing_left(session)
