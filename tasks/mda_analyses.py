@@ -339,6 +339,57 @@ def plan_factory(plan):
     return kind, source, name
 
 
+def shared_universe(universe):
+    """deepcopy's memo for a copy of an analysis: its Universe and reader stay one (a
+    fresh dict each copy: deepcopy fills it)."""
+    return {id(universe): universe, id(universe.trajectory): universe.trajectory}
+
+
+def merge_pieces(analysis, pieces):
+    """The pieces' `results` merged by the class' declared rules (its aggregator, a
+    ResultsGroup); AnalysisRaised naming a result that has no rule."""
+    cls = type(analysis).__name__
+    with users_code(f"{cls}._get_aggregator()"):
+        aggregator = analysis._get_aggregator()
+    keys = set(pieces[0]) if pieces else set()
+    lookup = getattr(aggregator, "_lookup", None)
+    if len(pieces) > 1 and isinstance(lookup, Mapping) and keys - set(lookup):
+        missing = ", ".join(sorted(map(str, keys - set(lookup))))
+        raise AnalysisRaised(
+            f"{cls}'s results cannot be combined from pieces of frames: no rule for "
+            f"results.{missing.replace(', ', ', results.')}; declare each in "
+            f"{cls}._get_aggregator() (ResultsGroup(lookup={{name: "
+            "ResultsGroup.ndarray_vstack, ...})), or compute it in _conclude()")
+    with users_code(f"{cls}'s aggregator"):
+        return aggregator.merge(pieces)
+
+
+def run_in_pieces(analysis, universe, frames, n_pieces):
+    """What MDAnalysis' run() does with a parallel backend, in this process: `frames`
+    in `n_pieces` groups, each on its own copy of the analysis (the Universe shared),
+    the pieces merged by the class' rules, then `_conclude()`. MDAnalysis' serial
+    backend with n_parts > 1 would hand every group the same object instead."""
+    import copy
+    analysis._setup_frames(analysis._trajectory, frames=frames)
+    groups = analysis._setup_computation_groups(n_parts=n_pieces, frames=frames)
+    cls = type(analysis).__name__
+    pieces = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for group in groups:
+            with users_code(f"copying {cls} for a piece of frames"):
+                piece = copy.deepcopy(analysis, shared_universe(universe))
+            with users_code(cls):
+                piece._compute(group)
+            pieces.append(piece)
+        analysis.frames = np.hstack([p.frames for p in pieces])
+        analysis.times = np.hstack([p.times for p in pieces])
+        analysis.results = merge_pieces(analysis, [p.results for p in pieces])
+        with users_code(cls):
+            analysis._conclude()
+    return analysis
+
+
 class UserChunks:
     """The user's analysis over chunks: `analyze(chunk)` -> its arrays for a part.
 
@@ -371,9 +422,7 @@ class UserChunks:
             return copy.deepcopy(self.template, self._shared())
 
     def _shared(self):
-        """deepcopy's memo: the Universe and its reader stay one."""
-        u = self.universe
-        return {id(u): u, id(u.trajectory): u.trajectory}
+        return shared_universe(self.universe)
 
     def analyze(self, chunk):
         plan, timer = self.plan, self.timer
@@ -421,10 +470,11 @@ def conclude(plan, arrays):
     pieces = [pickle.loads(blob[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
     analysis.frames = arrays["frame"]
     analysis.times = arrays["time"]
-    with warnings.catch_warnings(), users_code(type(analysis).__name__):
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        analysis.results = analysis._get_aggregator().merge(pieces)
-        analysis._conclude()
+        analysis.results = merge_pieces(analysis, pieces)
+        with users_code(type(analysis).__name__):
+            analysis._conclude()
     u.trajectory.close()
     return analysis
 

@@ -6,8 +6,9 @@ in a fresh Python on the workstation, before any pilot is requested.
 It loads the analysis as an analyze task does (RUNDIR/analysis/ of a staged
 plan: the factory file's copy and the modules beside it, or the pickled
 callable), with none of the user's folders on its path (-P, and run from the
-staging folder), builds it on the inputs, runs MDAnalysis' own run() on
-frames 0..N-1 (`_prepare`, `_single_frame`, the aggregator, `_conclude`), and
+staging folder), builds it on the inputs, runs its first N frames as MDAnalysis'
+parallel run() does (two pieces on copies, `_prepare`, `_single_frame`, the
+aggregator, `_conclude`: a result with no rule to combine it is named here), and
 checks its results pickle as they must to travel from the analyze tasks to
 reduce. `--frames 0`: load the analysis only (the data is not readable here).
 
@@ -19,11 +20,12 @@ import argparse
 import json
 import pickle
 import time
-import warnings
 
 from . import mda_analyses
 from .exit_codes import ANALYSIS_RAISED
 from .plan import RunPlan
+
+TRIAL_PIECES = 2  # the trial's frames in two pieces, merged by the analysis' own rules
 
 
 def trial(plan, frames):
@@ -36,9 +38,8 @@ def trial(plan, frames):
     chosen = plan.frame_numbers()[:frames]  # the run's first frames
     n = len(chosen)
     t0 = time.perf_counter()
-    with warnings.catch_warnings(), mda_analyses.users_code(type(analysis).__name__):
-        warnings.simplefilter("ignore")
-        analysis.run(frames=chosen)
+    # in pieces, as the tasks run it: a result with no rule to combine it is found here
+    mda_analyses.run_in_pieces(analysis, u, chosen, min(TRIAL_PIECES, n))
     seconds = time.perf_counter() - t0
     try:
         pickle.loads(pickle.dumps(analysis.results, protocol=pickle.HIGHEST_PROTOCOL))

@@ -45,6 +45,34 @@ def solvated():
     return GRO, XTC
 
 
+def jittered(top, coordinates, path, frames, sigma=0.3, seed=7):
+    """`frames` frames of a one-frame structure (DCD at `path`), each atom moved by a
+    seeded normal step of `sigma` Å: analyses that need frames to split, on a structure
+    nobody here wrote."""
+    import MDAnalysis as mda
+    u = mda.Universe(top, coordinates) if coordinates else mda.Universe(top)
+    rng, start = np.random.default_rng(seed), u.atoms.positions.copy()
+    with mda.Writer(str(path), n_atoms=len(u.atoms)) as w:
+        for _ in range(frames):
+            u.atoms.positions = start + rng.normal(0.0, sigma, start.shape)
+            w.write(u.atoms)
+    return top, str(path)
+
+
+@pytest.fixture(scope="session")
+def polymer(tmp_path_factory):
+    """MDAnalysisTests' polymer chains (the GRO of its PersistenceLength test), 6 frames."""
+    from MDAnalysisTests.datafiles import Plength
+    return jittered(Plength, None, tmp_path_factory.mktemp("polymer") / "plength.dcd", 6, 0.1)
+
+
+@pytest.fixture(scope="session")
+def rna(tmp_path_factory):
+    """MDAnalysisTests' RNA (PSF + one PDB frame, of its nucleic-acid tests), 9 frames."""
+    from MDAnalysisTests.datafiles import RNA_PSF, RNA_PDB
+    return jittered(RNA_PSF, RNA_PDB, tmp_path_factory.mktemp("rna") / "rna.dcd", 9)
+
+
 @pytest.fixture(scope="session")
 def solvated_trr():
     from MDAnalysisTests.datafiles import GRO, TRR

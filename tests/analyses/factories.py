@@ -76,6 +76,66 @@ def mda_rmsd(u):
     return RMSD(u, select="backbone")
 
 
+def ramachandran(u):
+    from MDAnalysis.analysis.dihedrals import Ramachandran
+    return Ramachandran(u.select_atoms("resid 10-60"))
+
+
+def bat(u):
+    """Bond-angle-torsion coordinates of three residues (one molecule, bonds from the PSF)."""
+    from MDAnalysis.analysis.bat import BAT
+    return BAT(u.select_atoms("resid 1-3"))
+
+
+def gnm(u):
+    from MDAnalysis.analysis.gnm import GNMAnalysis
+    return GNMAnalysis(u, select="name CA", cutoff=7.0)
+
+
+def close_contact_gnm(u):
+    from MDAnalysis.analysis.gnm import closeContactGNMAnalysis
+    return closeContactGNMAnalysis(u, select="protein and resid 1-15", cutoff=4.5, weights="size")
+
+
+def persistence_length(u):
+    """Chains of MDAnalysisTests' polymer, as MDAnalysis' own test takes them."""
+    from MDAnalysis.analysis.polymer import PersistenceLength
+    return PersistenceLength([r.atoms.select_atoms("name C* N*") for r in u.residues])
+
+
+def _rna_strands(u, first=(0, 21), second=(1, 22)):
+    """Two pairs of residues of MDAnalysisTests' RNA, as its own tests take them."""
+    from MDAnalysis.core.groups import ResidueGroup
+    r = u.residues
+    return ResidueGroup([r[i] for i in first]), ResidueGroup([r[i] for i in second])
+
+
+RNA_NAMES = dict(g_name="GUA", a_name="ADE", c_name="CYT", u_name="URA")
+
+
+def watson_crick(u):
+    from MDAnalysis.analysis.nucleicacids import WatsonCrickDist
+    return WatsonCrickDist(*_rna_strands(u), **RNA_NAMES)
+
+
+def minor_pair(u):
+    from MDAnalysis.analysis.nucleicacids import MinorPairDist
+    return MinorPairDist(*_rna_strands(u, (2, 19), (16, 4)), **RNA_NAMES)
+
+
+def major_pair(u):
+    from MDAnalysis.analysis.nucleicacids import MajorPairDist
+    return MajorPairDist(*_rna_strands(u, (1, 4), (11, 8)), **RNA_NAMES)
+
+
+def nuc_pair(u):
+    """The base class itself: distances between atom pairs of the two strands."""
+    from MDAnalysis.analysis.nucleicacids import NucPairDist
+    s1, s2 = _rna_strands(u)
+    return NucPairDist([r.atoms.select_atoms("name N1 N3")[:1] for r in s1],
+                       [r.atoms.select_atoms("name N1 N3")[:1] for r in s2])
+
+
 def radius_of_gyration(u):
     protein = u.select_atoms("protein")
     return AnalysisFromFunction(lambda ag: ag.radius_of_gyration(), u.trajectory, protein)
@@ -192,6 +252,22 @@ class RadiusOfGyration(AnalysisBase):
         return ResultsGroup(lookup={"rgyr": ResultsGroup.ndarray_hstack})
 
 
+class NoRuleForTotal(RadiusOfGyration):
+    """A parallel class whose aggregator forgets one of its results (`total`)."""
+
+    def _prepare(self):
+        super()._prepare()
+        self.results.total = 0.0
+
+    def _single_frame(self):
+        super()._single_frame()
+        self.results.total += self.results.rgyr[self._frame_index]
+
+
+def no_rule_for_a_result(u):
+    return NoRuleForTotal(u.select_atoms("protein"))
+
+
 def empty_selection(u):
     return RadiusOfGyration(u.select_atoms("resname NOSUCHRESIDUE"))
 
@@ -224,3 +300,23 @@ def mda_pca(u, align=True):
     """MDAnalysis' own PCA class, serial-only there: trajflow runs it merged over blocks."""
     from MDAnalysis.analysis.pca import PCA
     return PCA(u, select="backbone and resid 10:40", align=align)
+
+
+# MDAnalysis' parallelisable classes (tasks/mda_analyses.parallelisable_classes) -> the
+# factory here that builds one on a file of MDAnalysisTests'. A class MDAnalysis adds
+# fails the generated test until it has one here.
+FOR_CLASS = {
+    "AnalysisFromFunction": "radius_of_gyration", "AtomicDistances": "atomic_distances",
+    "BAT": "bat", "Contacts": "contacts", "DSSP": "dssp", "DensityAnalysis": "density",
+    "Dihedral": "dihedral", "DistanceMatrix": "distance_matrix", "GNMAnalysis": "gnm",
+    "HydrogenBondAnalysis": "hbonds", "InterRDF": "interrdf", "InterRDF_s": "interrdf_s",
+    "Janin": "janin", "LinearDensity": "linear_density", "MajorPairDist": "major_pair",
+    "MinorPairDist": "minor_pair", "NucPairDist": "nuc_pair",
+    "PersistenceLength": "persistence_length", "RMSD": "mda_rmsd",
+    "Ramachandran": "ramachandran", "WatsonCrickDist": "watson_crick",
+    "closeContactGNMAnalysis": "close_contact_gnm",
+}
+# the data each factory needs beyond AdK's PSF/DCD (conftest's fixtures of those names)
+NEEDS = {"solvated": ("interrdf", "interrdf_s", "density", "linear_density"),
+         "polymer": ("persistence_length",),
+         "rna": ("watson_crick", "minor_pair", "major_pair", "nuc_pair")}

@@ -79,3 +79,15 @@ def test_the_navigation_lists_every_page():
     listed = set(files(nav))
     pages = {os.path.relpath(p, os.path.join(ROOT, "docs")) for p in PAGES[1:]}
     assert listed == pages, (sorted(pages - listed), sorted(listed - pages))
+
+
+def test_every_parallelisable_class_says_how_its_results_combine():
+    """The guide's table names every class the installed MDAnalysis declares parallelisable
+    (each row says how its pieces combine and what file it is tested on)."""
+    from trajflow.tasks.mda_analyses import parallelisable_classes
+    text = open(os.path.join(ROOT, "docs", "guide", "own-analysis.md"), encoding="utf-8").read()
+    table = text[text.index("## How each analysis' results combine"):]
+    rows = [line.split("|")[1] for line in table.splitlines() if line.startswith("| ")]
+    named = {name.strip(" `") for row in rows for name in re.split(r",\s*", row)}
+    missing = set(parallelisable_classes()) - named
+    assert not missing, f"docs/guide/own-analysis.md's table lacks {sorted(missing)}"
