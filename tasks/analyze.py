@@ -69,7 +69,7 @@ class FrameSources:
         if key not in self.readers:
             self.readers[key] = open_block_reader(
                 files, self.idx, self.boxes, self.timer, self.comm, frame_offset=frame_offset,
-                collective=self.collective)
+                collective=self.collective, keywords=self.plan.reader_keywords(files))
         return self.readers[key]
 
     def span(self, chunk):

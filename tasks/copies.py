@@ -10,14 +10,16 @@ import time
 import numpy as np
 
 from .h5md import H5MDWriter
+from .readers import frame_time
 from .rundir import replaced_whole
 
 
 def copy_frames(u, numbers, writer, timer, chunk_frames):
     """The frames `numbers` (global, in order) of the Universe's trajectory, every atom,
     into an H5MDWriter chunk by chunk: the float32 positions, boxes (each frame its own),
-    time (cumulative over chained files, as `trajectory.time`) and step exactly as
-    MDAnalysis gives them, and velocities and forces where the frames have them.
+    time (readers.frame_time: cumulative over chained files, as `trajectory.time`) and
+    step exactly as MDAnalysis gives them, and velocities and forces where the frames
+    have them.
     No lossy re-encoding: a segment or copy is the input's data, bit for bit."""
     traj = u.trajectory
     n_atoms = len(u.atoms)
@@ -34,7 +36,7 @@ def copy_frames(u, numbers, writer, timer, chunk_frames):
         with timer.phase("io"):
             for i, ts in enumerate(frames):
                 coords[i] = ts.positions
-                times[i] = traj.time
+                times[i] = frame_time(traj, ts)
                 steps[i] = ts.data.get("step", ts.frame)
                 if ts.dimensions is not None:
                     boxes[i] = ts.dimensions

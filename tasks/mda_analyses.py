@@ -322,7 +322,9 @@ def time_frame_loop(analysis, timer, block, block_frames=None):
 def open_analysis(plan, topology_and_trajectory, timer=None):
     """A Universe on the given files and the user's analysis built on it."""
     from .readers import open_universe
-    u = open_universe(*topology_and_trajectory, timer=timer)
+    topology, files = topology_and_trajectory
+    u = open_universe(topology, files, timer, plan.universe,
+                      own_files=list(files) == list(plan.trajectories))
     with users_code("the analysis' factory"):
         factory = load_factory(*plan_factory(plan))
         return u, build_analysis(factory, u, plan.analysis_args)

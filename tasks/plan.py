@@ -98,6 +98,9 @@ class RunPlan:
     # io h5md in a campaign: one H5MD copy of the inputs for all its experiments,
     # made by the first split task that needs it (the others wait and reuse it)
     shared_h5md: Optional[str] = None
+    # MDAnalysis Universe keywords for the user's files (universe_args.py): a format,
+    # continuous, dt, guessing options; {}: MDAnalysis' defaults
+    universe: dict = dataclasses.field(default_factory=dict)
     # the workstation's, never in plan.json: the resolved atoms (kept in selection.npz
     # beside it), the RUNDIR lock held while the run goes (workflows/run/rundir_lock.py),
     # a script's analysis function pickled (written into RUNDIR/analysis/)
@@ -165,6 +168,12 @@ class RunPlan:
         """io h5md over one H5MD input: the input is read as it is, never copied."""
         from .h5md import is_h5md  # h5py only where asked
         return self.io == "h5md" and len(self.trajectories) == 1 and is_h5md(self.trajectories[0])
+
+    def reader_keywords(self, files) -> dict:
+        """The Universe keywords for reading `files`: the run's trajectory keywords for the
+        user's own files, none for trajflow's copies and segments (universe_args.py)."""
+        from .universe_args import trajectory_keywords
+        return trajectory_keywords(self.universe) if list(files) == list(self.trajectories) else {}
 
     def h5md_path(self) -> str:
         """io h5md: the input itself when it is H5MD, else the run's own copy in
@@ -322,6 +331,10 @@ def check_plan_dict(d: dict, path: str = PLAN) -> None:
     factory = d.get("factory")
     if factory is not None:
         _check_factory(factory, path, hint)
+    from .universe_args import problem as universe_problem
+    why = universe_problem(d.get("universe", {}))
+    if why:
+        raise PlanError(f"{path}: key 'universe': {why}: {hint}")
 
 
 def _check_factory(factory, path, hint):

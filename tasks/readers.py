@@ -21,6 +21,7 @@ import numpy as np
 from .dcd import DCDFile, open_dcd
 from .xtc import XTCFile, open_xtc
 from .h5md import H5MDBlockReader, is_h5md
+from .universe_args import topology_keywords, trajectory_keywords
 
 
 @dataclasses.dataclass
@@ -54,25 +55,28 @@ def _phase(timer, name):
     return timer.phase(name) if timer is not None else contextlib.nullcontext()
 
 
-def open_universe(topology, trajectories, timer=None):
-    """Topology and trajectory as a Universe (the split stage writes with it)."""
+def open_universe(topology, trajectories, timer=None, universe=None, own_files=True):
+    """Topology and trajectory as a Universe (the split stage writes with it), with the
+    run's Universe keywords `universe` (universe_args.py): all of them on the user's
+    files, the topology's alone on trajflow's own copies (`own_files` False)."""
     import MDAnalysis as mda
     warnings.filterwarnings("ignore", module="MDAnalysis")
     with _phase(timer, "open_topology"):
-        u = mda.Universe(topology)
+        u = mda.Universe(topology, **topology_keywords(universe))
     with _phase(timer, "open_trajectory"):
         trajectories = list(trajectories)
-        u.load_new(trajectories[0] if len(trajectories) == 1 else trajectories)
+        u.load_new(trajectories[0] if len(trajectories) == 1 else trajectories,
+                   **(trajectory_keywords(universe) if own_files else {}))
     return u
 
 
 def open_block_reader(trajectories, atom_indices, need_boxes, timer=None, comm=None,
-                      frame_offset=0, collective=False) -> "BlockReader":
+                      frame_offset=0, collective=False, keywords=None) -> "BlockReader":
     """The block reader for these files: one H5MD file through h5py (`collective`:
     its MPI-IO reads collective, see H5MDBlockReader), anything else as a
-    trajectory (open_trajectory)."""
+    trajectory (open_trajectory; `keywords`: the run's for reading the user's files)."""
     trajectories = list(trajectories)
-    if len(trajectories) == 1 and is_h5md(trajectories[0]):
+    if len(trajectories) == 1 and is_h5md(trajectories[0]) and not keywords:
         with _phase(timer, "open_trajectory"):
             reader = H5MDChunkReader(trajectories[0], atom_indices, need_boxes, comm, frame_offset,
                                      collective)
@@ -80,14 +84,16 @@ def open_block_reader(trajectories, atom_indices, need_boxes, timer=None, comm=N
             timer.info["h5md_driver"] = reader.h5.file.driver
             timer.info["h5md_reads"] = "collective" if reader.h5.collective else "independent"
         return reader
-    return TrajectoryBlockReader(open_trajectory(trajectories, timer, need_boxes), atom_indices,
-                                 need_boxes, frame_offset)
+    return TrajectoryBlockReader(open_trajectory(trajectories, timer, need_boxes, keywords),
+                                 atom_indices, need_boxes, frame_offset)
 
 
-def open_trajectory(trajectories, timer=None, need_boxes=False):
+def open_trajectory(trajectories, timer=None, need_boxes=False, keywords=None):
     """The trajectory alone, no topology: several files become one ChainReader,
     plain DCD files a DCDTrajectory (dcd.py: no MDAnalysis import, no decoding),
     one XTC file an XTCTrajectory (xtc.py: decoded up to the last atom wanted).
+    With reader `keywords` (a format, continuous, dt, ...: universe_args.py) it is
+    MDAnalysis' own reader, which is what they are for.
 
     Analyze ranks need no topology: their atoms were resolved on the
     workstation, which saves every rank the topology parse (Khoshlessan et al. 2019's
@@ -95,12 +101,28 @@ def open_trajectory(trajectories, timer=None, need_boxes=False):
     """
     trajectories = list(trajectories)
     with _phase(timer, "open_trajectory"):
-        native = open_dcd(trajectories, need_boxes) or open_xtc(trajectories, need_boxes)
-        if native is not None:
-            return native
+        if not keywords:
+            native = open_dcd(trajectories, need_boxes) or open_xtc(trajectories, need_boxes)
+            if native is not None:
+                return native
         from MDAnalysis.coordinates.core import reader as mda_reader
         warnings.filterwarnings("ignore", module="MDAnalysis")
-        return mda_reader(trajectories[0] if len(trajectories) == 1 else trajectories)
+        return mda_reader(trajectories[0] if len(trajectories) == 1 else trajectories,
+                          **(keywords or {}))
+
+
+def is_continuous_chain(trajectory) -> bool:
+    """MDAnalysis' ChainReader with continuous=True: its files overlap, and it keeps each
+    file's frames up to where the next one starts (its `_start_frames`)."""
+    return hasattr(trajectory, "readers") and hasattr(trajectory, "_sf")
+
+
+def frame_time(trajectory, ts) -> float:
+    """The time trajflow gives a frame: as `trajectory.time` (rms.RMSD's; cumulative over
+    a plain chain of files, each counted from its own start), but for a continuous
+    chain the time written in the file: there MDAnalysis' `trajectory.time` also counts
+    the overlapping frames it dropped, so it jumps ahead at each join (MDAnalysis 2.11)."""
+    return float(ts.time) if is_continuous_chain(trajectory) else float(trajectory.time)
 
 
 class _Atoms:
@@ -122,8 +144,12 @@ class TrajectoryBlockReader:
         self.need_boxes = need_boxes
         self.frame_offset = frame_offset  # global number of this trajectory's frame 0
         self.parts = list(trajectory.readers) if hasattr(trajectory, "readers") else [trajectory]
-        sizes = [r.n_frames for r in self.parts]
-        self.part_starts = np.concatenate([[0], np.cumsum(sizes)])
+        self.continuous = is_continuous_chain(trajectory)
+        if self.continuous:  # each file's frames up to where the next file starts
+            self.part_starts = np.append(np.asarray(trajectory._sf, dtype=np.int64),
+                                         trajectory.n_frames)
+        else:
+            self.part_starts = np.concatenate([[0], np.cumsum([r.n_frames for r in self.parts])])
 
     @property
     def n_frames(self):
@@ -142,7 +168,7 @@ class TrajectoryBlockReader:
             boxes = None if all(c.boxes is None for c in pieces) else np.concatenate(
                 [np.zeros((len(c.times), 6), np.float32) if c.boxes is None else c.boxes
                  for c in pieces])
-            if len(self.parts) > 1:
+            if len(self.parts) > 1 and not self.continuous:  # else as written (frame_time)
                 times = self._chain_times(pos, end)
             frames = np.arange(pos, end, dtype=np.int64) + self.frame_offset
             yield Chunk(frames, times, coords, boxes, steps)
@@ -191,7 +217,8 @@ class TrajectoryBlockReader:
             return Chunk(None, reader.times(lo, hi), reader.read_atoms(self.idx, lo, hi), None,
                          steps)
         header = reader._file.header  # each frame's time as DCDReader computes it
-        times = (np.arange(lo, hi) + header["istart"] / header["nsavc"]) * reader.ts.dt
+        times = ((np.arange(lo, hi) + header["istart"] / header["nsavc"]) * reader.ts.dt
+                 + reader.ts.data.get("time_offset", 0.0))
         coords = np.ascontiguousarray(reader.timeseries(
             atomgroup=_Atoms(self.idx), start=lo, stop=hi, order="fac"), dtype=np.float32)
         return Chunk(None, times, coords, None, steps)

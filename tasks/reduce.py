@@ -119,6 +119,8 @@ def write_result(plan, arrays, analysis_attrs, results=None):
             }
             if plan.frame_selection:  # MDAnalysis' run(start, stop, step) or run(frames=)
                 root["frame_selection"] = json.dumps(plan.frame_selection)
+            if plan.universe:  # the MDAnalysis Universe keywords the files were read with
+                root["universe"] = json.dumps(plan.universe)
             if plan.truncated:  # say so wherever the result goes
                 root["truncated_input"] = json.dumps(plan.truncated)
             if not plan.builtin:

@@ -17,7 +17,7 @@ from .timing import RankTimer
 
 
 def check_inputs(plan, timer):
-    u = open_universe(plan.topology, plan.trajectories, timer)
+    u = open_universe(plan.topology, plan.trajectories, timer, plan.universe)
     n_frames, n_atoms = u.trajectory.n_frames, len(u.atoms)
     planned = plan.truncated["frames_in_files"] if plan.truncated else (
         plan.input_frames or plan.n_frames)
@@ -49,7 +49,9 @@ def main(argv=None):
         rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     os.makedirs(plan.path("split"), exist_ok=True)
     name = f"split.{plan.io}" + (f".block_{args.block:05d}" if args.block is not None else f".rank_{rank:05d}")
-    timer = RankTimer("split", rank=rank, size=size, io=plan.io)
+    # a tasks-mode split task writes one block's segment: its record says which
+    timer = RankTimer("split", rank=rank, size=size, io=plan.io,
+                      **({} if args.block is None else {"segment": args.block}))
     u = check_inputs(plan, timer)
     plan.io_strategy.prepare(plan, u, my_blocks(plan, args.block, rank, size), rank, timer)
     if rank == 0 and args.block in (None, 0):

@@ -11,6 +11,7 @@ kept for both runs; `trajflow pilot start` holds one beyond a command.)
 """
 import dataclasses
 import os
+import shlex
 import time
 
 import numpy as np
@@ -63,7 +64,8 @@ def run_demo(out, copies, pilot_spec, spec, say=print):
             f"{second.plan.n_frames:,} frames in {time.time() - t0:.1f} s -> {second.result_path} "
             f"(report: {second.write_report()})")
         say("stopping the pilot ...")
-    say(f"done: the runs are in {out}; `trajflow inspect {out}/rmsd` for the phase table, "
+    say(f"done: the runs are in {out}; `trajflow inspect {shlex.quote(out + '/rmsd')}` for the "
+        "phase table, "
         "`trajflow pilot start` to hold a pilot for your own runs")
     return 0 if equal else 1
 

@@ -272,6 +272,10 @@ def empty_selection(u):
     return RadiusOfGyration(u.select_atoms("resname NOSUCHRESIDUE"))
 
 
+def every_atom_rgyr(u):
+    return RadiusOfGyration(u.atoms)
+
+
 def protein_rgyr(u):
     return RadiusOfGyration(u.select_atoms("protein"))
 

@@ -13,6 +13,7 @@ leave no result.
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -191,6 +192,12 @@ def test_cli_run_exits_zero_and_says_where_things_are(tmp_path, adk, reference_r
         assert f["rmsd"].shape == (98, 3) and f.attrs["gather"] == "rma"
     # the summary, written while the pilot was shut down, is printed and on disk
     assert "timeline and phases:" in proc.stdout and (out / "report.html").exists()
+    # the follow-up command it prints works pasted into a shell, space and all
+    follow = re.search(r"\((trajflow inspect .*) for the table\)", proc.stdout).group(1)
+    pasted = subprocess.run(follow, shell=True, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PATH": os.path.dirname(sys.executable) + ":"
+                                 + os.environ["PATH"]})
+    assert pasted.returncode == 0 and "analyze" in pasted.stdout, pasted.stderr
     # progress lines went to stderr: the pilot, every stage, the run's end
     for line in ("pilot requested on local.localhost", "pilot: active", "split submitted",
                  "analyze submitted: 1 task(s), 2 MPI ranks", "reduce done", "cli run: done"):

@@ -71,10 +71,15 @@ def test_injected_delay_is_found_exactly(tmp_path, adk, mode, phase, cause):
     proc = subprocess.run([TRAJFLOW, "inspect", str(run), "--json", str(out)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    flags = json.loads(out.read_text())["stragglers"]
+    report = json.loads(out.read_text())
+    flags = report["stragglers"]
     assert [(f["task"], f["block"], f["cause"]) for f in flags] == [("analyze", 2, cause)], proc.stdout
     assert flags[0]["excess_s"] >= 0.9
     assert "stragglers (most harmful first)" in proc.stdout
+    # the critical path the text names is in the JSON too, with its numbers
+    [path] = [p for p in report["critical_paths"] if p["task"] == "analyze"]
+    assert path["member"] == ("rank 2" if mode == "mpi" else "block 2") and path["block"] == 2
+    assert path["late_s"] >= 0.9 and path["phase"] == cause
 
 
 @pytest.mark.serial  # judges time: run alone (see the Makefile)

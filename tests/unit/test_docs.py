@@ -91,3 +91,15 @@ def test_every_parallelisable_class_says_how_its_results_combine():
     named = {name.strip(" `") for row in rows for name in re.split(r",\s*", row)}
     missing = set(parallelisable_classes()) - named
     assert not missing, f"docs/guide/own-analysis.md's table lacks {sorted(missing)}"
+
+
+def test_the_chunk_default_is_the_same_in_help_and_guide():
+    """`--chunk 0`'s size, from the one constant, in `trajflow run --help` and the guide
+    (the help once said 8 MiB of a 1 MiB default)."""
+    from trajflow.tasks.plan import CHUNK_BYTES
+    from trajflow.workflows.run.spec import RunSpec
+    size = f"{CHUNK_BYTES >> 20} MiB of coordinates"
+    help_text = RunSpec.__dataclass_fields__["chunk"].metadata["help"]
+    guide = open(os.path.join(ROOT, "docs", "guide", "cli.md"), encoding="utf-8").read()
+    row = next(line for line in guide.splitlines() if line.startswith("| `--chunk F`"))
+    assert size in help_text and size in row, (help_text, row)

@@ -139,3 +139,15 @@ def test_collective_mpi_reads_need_every_rank_in_each_read():
             RunSpec(topology="t", trajectory="x", analysis="rmsd", mpi_reads="collective", **bad)
     with pytest.raises(InputError, match="mpi_reads"):
         RunSpec(topology="t", trajectory="x", analysis="rmsd", mpi_reads="together")
+
+
+def test_a_lambda_is_named_by_where_it_is_written():
+    """`runs` and summaries named every script lambda `python:<lambda>`."""
+    from trajflow.workflows.run.planning import callable_name
+
+    def factory(u):
+        return u
+    here = factory.__code__.co_firstlineno
+    analysis = lambda u: factory(u)  # noqa: E731  a script's usual one-liner
+    assert callable_name(analysis) == f"lambda at test_spec.py:{here + 3}"
+    assert callable_name(factory).endswith("<locals>.factory")

@@ -127,3 +127,23 @@ def test_with_no_straggler_the_critical_path_is_still_named():
     assert lines[0].startswith("stragglers: none")
     assert "critical path of bridges analyze: rank 5 worked longest, 0.075 s more than the " \
            "median member; its open took 0.175 s, 1.75x the median" in lines[1], lines
+    # what inspect --json gives: the same numbers the text names
+    from trajflow.workflows.profile.inspection import critical_paths
+    [path] = critical_paths(members)
+    assert (path["member"], path["rank"], path["phase"]) == ("rank 5", 5, "open")
+    assert path["late_s"] == pytest.approx(0.075) and path["ratio"] == pytest.approx(1.75)
+
+
+def test_a_split_tasks_critical_path_names_its_segment():
+    """Split tasks in tasks mode have no block of their own: the one that set the stage's
+    end is named by the segment it wrote (it read "block None")."""
+    from trajflow.workflows.profile.inspection import critical_path_lines
+    members = []
+    for segment in range(4):
+        m = member(0, io=3.0 if segment == 2 else 1.0, mode="tasks")
+        m.pop("block")
+        m.update(run="adk", task="split", segment=segment, io="split")
+        members.append(m)
+    lines = critical_path_lines(members)
+    assert lines and "critical path of adk split: segment 2 worked longest, 2.000 s" in lines[0], \
+        lines

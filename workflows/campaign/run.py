@@ -94,10 +94,11 @@ def plan_experiments(campaign: CampaignSpec, cdir: str, resume: bool):
     if not local:  # every experiment is planned on its own machine
         return {}, []
     top, trajs = input_files(campaign)
-    chosen = RunSpec(**{k: campaign.option(k) for k in ("start", "stop", "step", "frames")})
+    chosen = RunSpec(**{k: campaign.option(k) for k in ("start", "stop", "step", "frames",
+                                                        "universe", "format", "topology_format")})
     inputs = read_inputs(top, trajs, campaign.analysis, campaign.option("select"),
                          campaign.option("args"), campaign.option("allow_truncated"),
-                         campaign.option("trial"), chosen)  # once for all
+                         campaign.option("trial"), chosen, chosen.universe)  # once for all
     todo, kept = {}, []
     for e in local:
         d = rundir(cdir, e)
@@ -106,7 +107,8 @@ def plan_experiments(campaign: CampaignSpec, cdir: str, resume: bool):
             old = RunPlan.load(os.path.join(d, PLAN))
             if outcome and outcome["status"] == "done" and os.path.exists(old.result_path()):
                 if (old.input_checksum != inputs.checksum or old.analysis != campaign.analysis
-                        or old.analysis_args != inputs.analysis_args):
+                        or old.analysis_args != inputs.analysis_args
+                        or old.universe != inputs.universe):
                     raise InputError(f"--resume: experiment {e.id} was run on other inputs or "
                                      "another analysis than the campaign file now names; start "
                                      "a new campaign folder (--out) instead of mixing the two")

@@ -2,6 +2,7 @@
 import dataclasses
 import json
 import os
+import shlex
 import sys
 import time
 
@@ -97,7 +98,7 @@ def _summarise(run, html_path=None):
     try:
         html_path = html_path or run.write_report()
         return (run.summary() + f"\n  timeline and phases: {html_path}  (trajflow inspect "
-                f"{run.path} for the table)")
+                f"{shlex.quote(run.path)} for the table)")
     except Exception as exc:  # the report must never hide the result
         return f"{run.path}: (no profile summary: {exc})"
 
@@ -218,7 +219,7 @@ def cmd_campaign(args):
         print(f"trajflow: {exc}", file=sys.stderr)
         return EXIT_INTERRUPTED
     print(result.summary())
-    print(f"campaign table: {result.table_path}\n(trajflow inspect {result.path} --html FILE "
+    print(f"campaign table: {result.table_path}\n(trajflow inspect {shlex.quote(result.path)} --html FILE "
           "compares the resources)")
     return EXIT_OK if result.ok else EXIT_FAILED
 

@@ -12,9 +12,9 @@ one MPI task, the tasks of one stage).
 import csv
 import glob
 import json
-import math
 import os
 import re
+import shlex
 from trajflow.tasks.exit_codes import ANALYSIS_RAISED
 from trajflow.tasks.plan import is_finite_number, PlanError, RunPlan
 from trajflow.tasks.timing import PHASES
@@ -198,12 +198,13 @@ def schedule_effect_lines(records):
             for line in schedule_lines(members)]
 
 
-def critical_path_lines(records):
-    """For each judged group, the member that set its end, by how much and why."""
+def critical_paths(records):
+    """For each judged group, the member that set its end, by how much and why, as
+    plain data (what `inspect --json` gives under "critical_paths")."""
     groups = {}
     for rec in records:
         groups.setdefault(group_key(rec), []).append(rec)
-    lines = []
+    out = []
     for (run, task, _), members in groups.items():
         if len(members) < MIN_GROUP:
             continue
@@ -211,12 +212,31 @@ def critical_path_lines(records):
         if path["late_s"] <= 0:
             continue
         m = path["member"]
-        who = f"rank {m.get('rank', 0)}" if m.get("mode") == "mpi" else f"block {m.get('block')}"
-        ratio = f", {path['ratio']:.2f}x the median" if path["ratio"] else ""
-        lines.append(f"  critical path of {run} {task}: {who} worked longest, {path['late_s']:.3f} "
-                     f"s more than the median member; its {path['phase']} took "
-                     f"{path['phase_s']:.3f} s{ratio}")
+        out.append({"run": run, "task": task, "member": member_name(m), "rank": m.get("rank"),
+                    "block": m.get("block"), "host": m.get("host"), "late_s": path["late_s"],
+                    "phase": path["phase"], "phase_s": path["phase_s"], "ratio": path["ratio"]})
+    return out
+
+
+def critical_path_lines(records):
+    """critical_paths as the terminal says them."""
+    lines = []
+    for p in critical_paths(records):
+        ratio = f", {p['ratio']:.2f}x the median" if p["ratio"] else ""
+        lines.append(f"  critical path of {p['run']} {p['task']}: {p['member']} worked longest, "
+                     f"{p['late_s']:.3f} s more than the median member; its {p['phase']} took "
+                     f"{p['phase_s']:.3f} s{ratio}")
     return lines
+
+
+def member_name(rec):
+    """A group's member as the user knows it: an MPI rank, a tasks-mode block, or the
+    segment a split task wrote."""
+    if rec.get("mode") != "mpi":
+        for key in ("block", "segment"):
+            if rec.get(key) is not None:
+                return f"{key} {rec[key]}"
+    return f"rank {rec.get('rank', 0)}"
 
 
 def slowest_rank_phases(records):
@@ -306,7 +326,8 @@ def how_it_ended(rundir, plan) -> dict:
     again = {stage: len(specs) for stage, specs in remaining_specs(plan, plan.path(PLAN)).items()
              if specs}
     redo = ", ".join(f"{n} {stage} task(s)" for stage, n in again.items())
-    lines.append(f"  `trajflow run --resume {rundir}` runs {redo} again and keeps the rest")
+    lines.append(f"  `trajflow run --resume {shlex.quote(rundir)}` runs {redo} again and keeps "
+                 "the rest")
     return {"ok": False, "lines": lines}
 
 
@@ -356,7 +377,8 @@ def inspect_runs(rundirs, tables=(), trust=False):
         a["text"] += slow_host_advice([f for f in flags if f["run"] == name])
     return {"runs": [p.to_dict() for p, _ in runs], "tables": [os.path.abspath(t) for t in tables],
             "endings": {os.path.basename(p.workdir): how_it_ended(p.workdir, p) for p, _ in runs},
-            "notes": notes, "records": records, "stragglers": flags, "advice": advices,
+            "notes": notes, "records": records, "stragglers": flags,
+            "critical_paths": critical_paths(records), "advice": advices,
             "comparisons": compare_strategies(runs), "scaling": scaling(runs), "trust": trust}
 
 

@@ -433,6 +433,7 @@ def add_remote_commands(sub):
 
 
 def _hint(local):
+    local = shlex.quote(local)
     return (f"trajflow follow {local}  (progress, then fetch)\n"
             f"  trajflow status {local}  |  trajflow fetch {local}  |  trajflow cancel {local}")
 
@@ -474,7 +475,8 @@ def _report(run, result, fetched):
             + (f" ({outcome['error']})" if outcome.get("error") else ""))
     print(f"{run.local}: {here}\n  fetched {fetched:,} bytes from {run.target}:{run.remote_dir} "
           "(result, plan, outcome, profiles, report, log; no trajectory data)\n"
-          f"  trajflow inspect {run.local}  (phases, stragglers, advice; report.html beside it)")
+          f"  trajflow inspect {shlex.quote(run.local)}  (phases, stragglers, advice; report.html "
+          "beside it)")
     return result.ok
 
 

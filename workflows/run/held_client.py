@@ -17,6 +17,7 @@ import dataclasses
 import json
 import logging
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -368,7 +369,7 @@ class HeldPilot:
                     future.set_exception(RunFailed(
                         f"run {future.name}: the held pilot {self.name} ended before the run "
                         f"did ({type(exc).__name__}: {exc}); `trajflow run --resume "
-                        f"{plan.workdir}` goes on", run=run))
+                        f"{shlex.quote(plan.workdir)}` goes on", run=run))
         finally:
             messages.close()
             future.conn.close()

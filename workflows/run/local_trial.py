@@ -48,7 +48,8 @@ def try_analysis(inputs, label, write_code, chosen, frames=TRIAL_FRAMES, limit_s
                        io="shared", mode="tasks", gather="gatherv", n_frames=len(first),
                        n_atoms=inputs.n_atoms, blocks=[(0, len(first))],
                        frame_selection={"frames": first}, input_frames=inputs.n_frames,
-                       analysis_args=inputs.analysis_args, factory=inputs.factory)
+                       analysis_args=inputs.analysis_args, factory=inputs.factory,
+                       universe=inputs.universe)
         plan.factory_pickle = inputs.factory_pickle
         write_code(plan)
         path = plan.save(os.path.join(staging, "plan.json"))

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import sys
 import time
@@ -51,34 +52,38 @@ def _check_readable(path, what):
                          "or link it under a UTF-8 name (ln -s)") from None
 
 
-def open_inputs(topology, trajectories, damages=None):
-    """Open the inputs with MDAnalysis as the tasks will; InputError if it cannot.
-    `damages`: a list that gets each input file's Damage (integrity.py), if any."""
+def open_inputs(topology, trajectories, damages=None, universe=None):
+    """Open the inputs with MDAnalysis as the tasks will (with the run's Universe
+    keywords `universe`); InputError if it cannot. `damages`: a list that gets each
+    input file's Damage (integrity.py), if any."""
     import MDAnalysis as mda
+    from trajflow.tasks.universe_args import topology_keywords, trajectory_keywords
+    read_as = trajectory_keywords(universe)
     _check_readable(topology, "topology")
     for t in trajectories:
         _check_readable(t, "trajectory")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            u = mda.Universe(topology)
+            u = mda.Universe(topology, **topology_keywords(universe))
         except Exception as exc:
             raise InputError(f"MDAnalysis cannot read topology {topology!r} ({exc}); "
-                             "give a topology format MDAnalysis reads (PSF, PDB, GRO, TPR, ...)")
+                             "give a topology format MDAnalysis reads (PSF, PDB, GRO, TPR, ...), "
+                             f"or name its format ({spelled('topology_format', 'FMT')})")
         # one topology parse: each trajectory is loaded into the same Universe
         # in turn (a large topology costs seconds to parse)
         for t in trajectories:
             try:
-                u.load_new(t)
+                u.load_new(t, **read_as)
             except ValueError as exc:
                 if "atoms" in str(exc).lower():
                     raise InputError(f"trajectory {t!r} does not match topology {topology!r}: "
                                      f"{exc}; give the topology this trajectory was written with")
                 raise InputError(f"MDAnalysis cannot read trajectory {t!r} ({exc}); "
-                                 "give a format MDAnalysis reads (DCD, XTC, TRR, H5MD, ...)")
+                                 f"{_format_advice()}")
             except Exception as exc:
                 raise InputError(f"MDAnalysis cannot read trajectory {t!r} ({exc}); "
-                                 "give a format MDAnalysis reads (DCD, XTC, TRR, H5MD, ...)")
+                                 f"{_format_advice()}")
             problem = integrity.unreadable(t)
             if problem:
                 raise InputError(f"trajectory {t!r} cannot be analysed: {problem}")
@@ -87,8 +92,14 @@ def open_inputs(topology, trajectories, damages=None):
                 if damage is not None:
                     damages.append(damage)
         if len(trajectories) > 1:
-            u.load_new(list(trajectories))
+            u.load_new(list(trajectories), **read_as)
     return u
+
+
+def _format_advice():
+    return ("give a format MDAnalysis reads (DCD, XTC, TRR, H5MD, ...), or name the file's "
+            f"format when its name does not say it ({spelled('format', 'FMT')}, e.g. "
+            "LAMMPSDUMP for a .lammpstrj)")
 
 
 def check_boxes(trajectories, analysis):
@@ -176,10 +187,21 @@ class Inputs:
     factory_pickle: Optional[bytes] = None  # a callable handed over by a script, pickled
     truncated: Optional[dict] = None  # see check_whole
     trial: Optional[dict] = None  # a user analysis tried here: frames, seconds (local_trial.py)
+    universe: dict = dataclasses.field(default_factory=dict)  # Universe keywords it was read with
 
 
 ANALYSIS_FORMS = ("rmsd, dihedrals, rmsf, pca, FILE.py:NAME (a function NAME(universe, **args) in that "
                   "file returning an MDAnalysis analysis) or package.module:NAME")
+
+
+def callable_name(function):
+    """A script's analysis function as `runs` and the summary name it: its qualified name,
+    or for a lambda where it is written (`lambda at script.py:12`, not `<lambda>`)."""
+    name = getattr(function, "__qualname__", type(function).__name__)
+    code = getattr(function, "__code__", None)
+    if "<lambda>" in name and code is not None:
+        return f"lambda at {os.path.basename(code.co_filename)}:{code.co_firstlineno}"
+    return name
 
 
 def check_analysis_spec(analysis, analysis_args=None):
@@ -189,7 +211,7 @@ def check_analysis_spec(analysis, analysis_args=None):
     trajflow.run): kind "pickle", the callable itself as its source."""
     if callable(analysis):
         _check_json_args(analysis_args)
-        return "pickle", analysis, getattr(analysis, "__qualname__", type(analysis).__name__)
+        return "pickle", analysis, callable_name(analysis)
     if analysis in ANALYSES:
         if analysis_args:
             raise InputError(f"{spelled('args')} applies to your own analyses, not {analysis}: "
@@ -301,11 +323,12 @@ def check_whole(u, trajectories, damages, allow_truncated):
 
 
 def read_inputs(topology, trajectories, analysis, selection=None, analysis_args=None,
-                allow_truncated=False, trial=True, frames=None) -> Inputs:
+                allow_truncated=False, trial=True, frames=None, universe=None) -> Inputs:
     """Open the inputs with MDAnalysis as the tasks will and resolve the atoms (or
     build the user's analysis and try it on the run's first frames in a fresh Python:
     `trial` False, only load it there); InputError if not. `frames`: what chooses the
-    run's frames (a RunSpec's start, stop, step, frames), for the trial."""
+    run's frames (a RunSpec's start, stop, step, frames), for the trial. `universe`:
+    MDAnalysis Universe keywords for the files (universe_args.py)."""
     if analysis in MERGED_ANALYSES and selection:  # its factory's own keyword
         analysis_args, selection = {**(analysis_args or {}), "select": selection}, None
     spec = check_analysis_spec(analysis, analysis_args)
@@ -319,11 +342,12 @@ def read_inputs(topology, trajectories, analysis, selection=None, analysis_args=
     topology = os.path.abspath(topology)
     trajectories = [os.path.abspath(t) for t in trajectories]
     damages = []
-    u = open_inputs(topology, trajectories, damages)
+    universe = dict(universe or {})
+    u = open_inputs(topology, trajectories, damages, universe)
     try:
         n_frames, truncated = check_whole(u, trajectories, damages, allow_truncated)
         common = dict(n_frames=n_frames, n_atoms=len(u.atoms), truncated=truncated,
-                      checksum=input_checksum([topology] + trajectories))
+                      checksum=input_checksum([topology] + trajectories), universe=universe)
         if spec is not None:
             # a script's callable is named by its qualified name
             label = f"python:{spec[2]}" if spec[0] == "pickle" else analysis
@@ -372,7 +396,8 @@ def make_plan(spec: RunSpec, cpus: int, *, new_out=True, inputs=None) -> RunPlan
 
     def plan_in(rundir):
         read = inputs or read_inputs(spec.topology, spec.trajectory, spec.analysis, spec.select,
-                                     spec.args, spec.allow_truncated, spec.trial, spec)
+                                     spec.args, spec.allow_truncated, spec.trial, spec,
+                                     spec.universe)
         plan = _make_plan(rundir, read, spec, cpus)
         plan.asked_at = asked_at
         return plan
@@ -464,7 +489,7 @@ def _make_plan(out, inputs, spec, cpus):
                    chunk_frames=spec.chunk, compression=spec.compression,
                    mpi_reads=spec.mpi_reads, input_checksum=inputs.checksum, analysis_args=inputs.analysis_args,
                    truncated=inputs.truncated, trial=inputs.trial,
-                   factory=inputs.factory)
+                   factory=inputs.factory, universe=inputs.universe)
     plan.selected = inputs.selected
     plan.factory_pickle = inputs.factory_pickle
     check_space(plan)
@@ -499,7 +524,7 @@ def full_disk_note(plan, floor=4 << 20):
         return ""
     return (f"the disk of {plan.workdir!r} is full ({free / 1e6:.1f} MB free; the run still "
             f"needs about {sum(space_needed(plan).values()) / 1e6:.1f} MB): free space there, "
-            f"then `trajflow run --resume {plan.workdir}`")
+            f"then `trajflow run --resume {shlex.quote(plan.workdir)}`")
 
 
 def check_space(plan, margin=1.1):

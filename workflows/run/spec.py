@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional
 from trajflow.tasks.analyses import ANALYSIS_CLASSES, MERGED_ANALYSES
 from trajflow.tasks.h5md import COLLECTIVE, parse_compression
 from trajflow.tasks.placement import node_cpus, split_cpus
-from trajflow.tasks.plan import GATHERS, is_finite_number, MODES, MPI_READS
+from trajflow.tasks.plan import CHUNK_BYTES, GATHERS, is_finite_number, MODES, MPI_READS
 from trajflow.tasks.io_strategies import IO_STRATEGIES
 from trajflow.tasks.schedules import SCHEDULES
 from trajflow.workflows.errors import InputError
@@ -98,6 +98,17 @@ class RunSpec:
         None, "keyword arguments for your analysis' function (plain JSON values), "
               "e.g. {\"nbins\": 75}", flag="--analysis-args", metavar="JSON",
         toml="analysis_args")
+    universe: Optional[Dict[str, Any]] = option(
+        None, "MDAnalysis Universe keywords for your files, as a JSON object: format, "
+              "topology_format, continuous, dt, time_offset, to_guess, ... (e.g. "
+              "{\"format\": \"LAMMPSDUMP\"}, {\"continuous\": true}); used here and in "
+              "every task alike", flag="--universe-args", metavar="JSON")
+    format: Optional[str] = option(
+        None, "the trajectory's format when its name does not say it (MDAnalysis' format=, "
+              "e.g. LAMMPSDUMP); short for --universe-args '{\"format\": ...}'", metavar="FMT")
+    topology_format: Optional[str] = option(
+        None, "the topology's format when its name does not say it (MDAnalysis' "
+              "topology_format=, e.g. DATA)", metavar="FMT")
     select: Optional[str] = option(
         None, "MDAnalysis selection, built-in analyses only (your own selects in its factory); "
               "none: " + ", ".join(f"{c.default_selection!r} for {n}"
@@ -125,7 +136,8 @@ class RunSpec:
     repeat: int = option(1, "repeat the per-frame computation K times to raise t_compute/t_IO "
                             "(the papers' workload multiplier)", metavar="K", minimum=1)
     chunk: int = option(0, "frames read and computed at a time, bounding memory per rank; 0: as "
-                           "many as fit 8 MiB of coordinates (16 to 4096)", metavar="F", minimum=0)
+                           f"many as fit {CHUNK_BYTES >> 20} MiB of coordinates (16 to 4096)",
+                        metavar="F", minimum=0)
     compression: Optional[str] = option(None, "with io h5md: compress the H5MD copy",
                                         metavar="gzip:N|lzf")
     start: Optional[int] = option(None, "the first frame analysed, as MDAnalysis' run(start=) "
@@ -188,6 +200,7 @@ class RunSpec:
         if self.compression and self.io != "h5md":
             raise InputError(f"{spelled('compression')} applies to {spelled('io', 'h5md')} only: "
                              "drop it or read the run's frames from an H5MD copy")
+        object.__setattr__(self, "universe", self._universe_keywords())
         for name in ("args", "env"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), dict):
                 raise InputError(f"{spelled(name)} must be a dict of names and values, not "
@@ -198,6 +211,24 @@ class RunSpec:
                     raise InputError(f"{spelled('env')}: names and values are strings, not "
                                      f"{text!r:.40}")
                 check_no_control(spelled("env"), text)
+
+    def _universe_keywords(self) -> Optional[dict]:
+        """`universe` with `format` and `topology_format` in it (the short forms); InputError
+        naming a keyword that cannot be passed on, or the two forms disagreeing."""
+        from trajflow.tasks import universe_args
+        keywords = dict(self.universe) if isinstance(self.universe, dict) else self.universe
+        for name in ("format", "topology_format"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(keywords, dict) and keywords.get(name, value) != value:
+                raise InputError(f"{spelled(name, value)} and {spelled('universe')}'s "
+                                 f"{name} {keywords[name]!r} differ: give one")
+            keywords = {**(keywords or {}), name: value}
+        why = None if keywords is None else universe_args.problem(keywords)
+        if why:
+            raise InputError(f"{spelled('universe')}: {why}")
+        return keywords
 
     def missing(self) -> List[str]:
         """The options a new run must have and this one lacks, spelled for the caller."""
