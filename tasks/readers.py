@@ -21,6 +21,7 @@ import numpy as np
 from .dcd import DCDFile, open_dcd
 from .xtc import XTCFile, open_xtc
 from .h5md import H5MDBlockReader, is_h5md
+from .offsets_cache import keep_offsets_in_cache
 from .universe_args import topology_keywords, trajectory_keywords
 
 
@@ -61,6 +62,7 @@ def open_universe(topology, trajectories, timer=None, universe=None, own_files=T
     files, the topology's alone on trajflow's own copies (`own_files` False)."""
     import MDAnalysis as mda
     warnings.filterwarnings("ignore", module="MDAnalysis")
+    keep_offsets_in_cache()
     with _phase(timer, "open_topology"):
         u = mda.Universe(topology, **topology_keywords(universe))
     with _phase(timer, "open_trajectory"):
@@ -107,6 +109,7 @@ def open_trajectory(trajectories, timer=None, need_boxes=False, keywords=None):
                 return native
         from MDAnalysis.coordinates.core import reader as mda_reader
         warnings.filterwarnings("ignore", module="MDAnalysis")
+        keep_offsets_in_cache()
         return mda_reader(trajectories[0] if len(trajectories) == 1 else trajectories,
                           **(keywords or {}))
 

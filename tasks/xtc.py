@@ -10,17 +10,19 @@ kernels; coordinates equal MDAnalysis' XTC reader's bit for bit, as do
 times and steps.
 
 Frame positions come from MDAnalysis' own offsets file beside the trajectory
-(`.NAME_offsets.npz`, written when the run was planned) when it matches the
-file, else from one pass over the frames' headers. Not read here (None from
+(`.NAME_offsets.npz`, written when the run was planned; in trajflow's cache
+where the folder is read-only: offsets_cache.py) when it matches the file,
+else from one pass over the frames' headers. Not read here (None from
 `open_xtc`, MDAnalysis reads them): files whose frames have 9 atoms or fewer
 (stored uncompressed), other magic numbers, and runs that need boxes.
 """
 import os
 import struct
-import zipfile
 from typing import List, Optional
 
 import numpy as np
+
+from .offsets_cache import lookup
 
 MAGIC = 1995
 _HEAD = struct.Struct(">iiif9fi")           # magic, natoms, step, time, box, natoms
@@ -160,16 +162,9 @@ def _decoder():
 
 
 def _mdanalysis_offsets(path, size, n_atoms):
-    """Frame starts from MDAnalysis' offsets file, if it is this file's."""
-    head, tail = os.path.split(path)
-    try:
-        with np.load(os.path.join(head, f".{tail}_offsets.npz")) as data:
-            if int(data["size"]) != size or int(data["n_atoms"]) != n_atoms or \
-                    float(data["ctime"]) != os.path.getctime(path):
-                return None
-            return data["offsets"].astype(np.int64)
-    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
-        return None  # none, another file's, or one MDAnalysis is writing right now
+    """Frame starts from MDAnalysis' offsets file beside the trajectory, or trajflow's
+    cache of them (offsets_cache.py), if they are this file's."""
+    return lookup(path, n_atoms)
 
 
 def _frame_bytes(head, comp):

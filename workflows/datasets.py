@@ -9,12 +9,12 @@ import os
 
 import numpy as np
 from trajflow.tasks.h5md import H5MDWriter
+from trajflow.tasks.offsets_cache import cache_root
 from trajflow.workflows.errors import InputError
 
 
 def cache_dir() -> str:
-    base = os.environ.get("TRAJFLOW_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "trajflow")
+    base = cache_root()
     os.makedirs(base, exist_ok=True)
     return base
 

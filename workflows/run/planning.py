@@ -57,8 +57,10 @@ def open_inputs(topology, trajectories, damages=None, universe=None):
     keywords `universe`); InputError if it cannot. `damages`: a list that gets each
     input file's Damage (integrity.py), if any."""
     import MDAnalysis as mda
+    from trajflow.tasks.offsets_cache import keep_offsets_in_cache
     from trajflow.tasks.universe_args import topology_keywords, trajectory_keywords
     read_as = trajectory_keywords(universe)
+    keep_offsets_in_cache()  # a read-only dataset folder: offsets in trajflow's cache
     _check_readable(topology, "topology")
     for t in trajectories:
         _check_readable(t, "trajectory")
