@@ -270,6 +270,13 @@ def test_an_mdanalysis_run_on_the_backend_equals_its_serial_run(pilot, adk, solv
     np.testing.assert_allclose(ours.results.rmsd, ref.results.rmsd, rtol=1e-6)
     np.testing.assert_array_equal(ours.frames, ref.frames)
     assert len(backend.runs) == 2 and backend.runs[0].path != backend.runs[1].path
+    # `trajflow runs` shows a Backend run's wall time and its whole class name
+    assert all(r.wall_s is not None and r.wall_s > 0 for r in backend.runs)
+    listing = subprocess.run([os.path.join(os.path.dirname(sys.executable), "trajflow"), "runs",
+                              str(path)], capture_output=True, text=True, timeout=120).stdout
+    row = next(line for line in listing.splitlines()
+               if line.startswith(os.path.relpath(run.path, path) + " "))
+    assert row.split()[1:3] == ["mdanalysis:InterRDF", "done"] and row.split()[4] != "-", listing
 
 
 def test_the_backend_starts_and_ends_a_pilot_of_its_own(tmp_path, adk):

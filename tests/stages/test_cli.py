@@ -203,6 +203,15 @@ def test_version_runs_and_papercuts(adk, tmp_path):
     listing = trajflow("runs", str(tmp_path / "runs")).stdout.splitlines()
     assert [line.split()[:3] for line in listing[1:]] == [["a", "rmsd", "done"],
                                                          ["b", "dihedrals", "not"]], listing
+    # a folder of runs is inspected as the runs `runs` lists (it was refused: no plan.json)
+    inspected = trajflow("inspect", str(tmp_path / "runs"))
+    assert inspected.returncode == 1, inspected.stderr  # b has not ended
+    assert "a  " in inspected.stdout and "b: " in inspected.stdout, inspected.stdout
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refused = trajflow("inspect", str(empty))
+    assert refused.returncode == 2 and "holds none" in refused.stderr and \
+        "`trajflow runs FOLDER` lists them" in refused.stderr, refused.stderr
     piped = subprocess.run(f"{TRAJFLOW} resources | head -2", shell=True, capture_output=True,
                            text=True, timeout=120)
     assert "Traceback" not in piped.stderr and len(piped.stdout.splitlines()) == 2, piped.stderr

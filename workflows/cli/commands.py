@@ -259,10 +259,7 @@ def cmd_inspect(args):
                          "trajflow run), a campaign folder, or --table FILE.csv")
     if len(args.rundirs) == 1 and is_campaign_dir(args.rundirs[0]) and not args.table:
         return _inspect_campaign(args)
-    for d in args.rundirs:
-        if not has_plan(d):
-            raise InputError(f"{d!r} is not a trajflow run (no plan.json): give a --out folder of "
-                             "trajflow run")
+    args.rundirs = [run for d in args.rundirs for run in _runs_in(d)]
     _check_targets(args)
     report = inspect_runs(args.rundirs, args.table, trust=args.trust)
     print(summary_text(report))
@@ -280,6 +277,19 @@ def cmd_inspect(args):
         print(f"CSV: {args.csv}")
     # 1 when a run did not end done (its lines above say what failed and where)
     return EXIT_OK if all(e["ok"] for e in report["endings"].values()) else EXIT_FAILED
+
+
+def _runs_in(folder):
+    """`folder` if it is a run, else the runs under it (as `trajflow runs` lists them);
+    InputError if it holds none."""
+    if has_plan(folder):
+        return [folder]
+    found = find_runs(folder) if os.path.isdir(folder) else []
+    if not found:
+        raise InputError(f"{folder!r} is not a trajflow run (no plan.json) and holds none: give a "
+                         "--out folder of trajflow run, or a folder of runs (`trajflow runs "
+                         "FOLDER` lists them)")
+    return [run.path for run in found]
 
 
 def _check_targets(args):
@@ -360,6 +370,15 @@ def cmd_bench(args):
     return EXIT_OK
 
 
+def analysis_label(analysis):
+    """A run's analysis as `runs` shows it: a factory file without its folder, an
+    MDAnalysis class run on the Backend by its class name."""
+    text = str(analysis)
+    if text.startswith("mdanalysis:"):
+        return "mdanalysis:" + text.rpartition(".")[2]
+    return os.path.basename(text)
+
+
 def cmd_runs(args):
     """The runs under a folder, a line each."""
     unreadable = []
@@ -369,12 +388,14 @@ def cmd_runs(args):
         return EXIT_OK
     names = [os.path.relpath(run.path, args.folder) for run in found]
     width = max(len(n) for n in names + ["run"])
-    print(f"{'run':{width}s} {'analysis':24s} {'state':9s} {'frames':>7s} {'wall s':>8s}  io/mode")
-    for name, run in zip(names, found):
+    labels = [analysis_label(run.plan.analysis) for run in found]
+    shown = max(len(label) for label in labels + ["analysis"])  # whole names, never cut
+    print(f"{'run':{width}s} {'analysis':{shown}s} {'state':9s} {'frames':>7s} {'wall s':>8s}  "
+          "io/mode")
+    for name, analysis, run in zip(names, labels, found):
         try:
-            analysis = os.path.basename(str(run.plan.analysis))
             wall = "-" if run.wall_s is None else f"{run.wall_s:.1f}"
-            line = (f"{name:{width}s} {analysis[:24]:24s} {run.state:9s} "
+            line = (f"{name:{width}s} {analysis:{shown}s} {run.state:9s} "
                     f"{run.plan.n_frames:7d} {wall:>8s}  {run.plan.io}/{run.plan.mode}, "
                     f"{run.plan.n_blocks} blocks")
         except Exception as exc:  # noqa: one damaged folder never hides the others

@@ -20,6 +20,7 @@ io and compute and the stragglers.
 """
 import os
 import pickle
+import time
 
 import numpy as np
 from MDAnalysis.analysis.backends import BackendBase
@@ -116,6 +117,7 @@ def backend_plan(analysis, func, computations, out):
                    selection="", io="shared", mode="tasks", gather="gatherv",
                    n_frames=int(sum(len(g) for g in groups)), n_atoms=int(u.n_atoms),
                    blocks=blocks, backend=True)
+    plan.asked_at = time.time()  # the run's wall time counts from here, as any run's
     plan.selected = {}
     try:
         pickled = user_code.pickle_callable(func)  # the user's own classes by value
