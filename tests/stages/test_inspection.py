@@ -135,9 +135,15 @@ def test_a_notebook_shows_runs_profiles_and_campaigns(tmp_path, adk):
     run = trajflow.open_run(str(tmp_path / "done"))
     shown = run._repr_html_()
     assert "<td>done</td>" in shown and '<img alt="result" src="data:image/png;base64,' in shown
+    from trajflow.workflows.profile import report_html
+    report_html._library_shown = False  # a fresh kernel
     profile = run.profile._repr_html_()
     assert "Timeline" in profile and "Bokeh" in profile
     assert not re.search(r"""(src|href)=["']https?:""", profile)  # nothing fetched
+    # BokehJS (1.3 MB) goes into the notebook's first report only (it went into each)
+    again = run.profile._repr_html_()
+    assert len(profile) > 1_000_000 and len(again) < 200_000, (len(profile), len(again))
+    assert "Timeline" in again and report_html.LIBRARY_MISSING in again
     plan_and_run(tmp_path / "failed", adk[0], [adk[1]], "rmsd", mode="tasks", blocks=2)
     os.remove(tmp_path / "failed" / "result.h5")
     record_outcome(str(tmp_path / "failed"), "failed", "a test says so", "analyze")

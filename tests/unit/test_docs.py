@@ -103,3 +103,20 @@ def test_the_chunk_default_is_the_same_in_help_and_guide():
     guide = open(os.path.join(ROOT, "docs", "guide", "cli.md"), encoding="utf-8").read()
     row = next(line for line in guide.splitlines() if line.startswith("| `--chunk F`"))
     assert size in help_text and size in row, (help_text, row)
+
+
+def test_the_example_notebook_names_the_extra_that_brings_its_data():
+    """After `pip install trajflow` the notebook failed on MDAnalysisTests, which the wheel
+    does not require: it names the extra that brings it, and setup.cfg's extra does."""
+    import configparser
+    import json
+    notebook = json.load(open(os.path.join(ROOT, "examples", "trajflow.ipynb"), encoding="utf-8"))
+    text = "".join("".join(cell["source"]) for cell in notebook["cells"])
+    imports = re.findall(r"^\s*(?:from|import) (\w+)", text, re.M)
+    extra = re.search(r"pip install 'trajflow\[(\w+)\]'", text).group(1)
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(ROOT, "setup.cfg"))
+    brings = cfg["options.extras_require"][extra]
+    required = cfg["options"]["install_requires"]
+    for module in set(imports) - {"trajflow"}:
+        assert module in brings or module.lower() in required.lower(), module

@@ -47,13 +47,15 @@ def _label(r):
     return f"{r['run']} {r['task']} {who}"
 
 
-def interactive_timeline(records, flags, pilots=None):
+def interactive_timeline(records, flags, pilots=None, with_library=True):
     """The timeline as a Bokeh figure, its JavaScript inlined (no CDN: the file opens
     offline): every task and rank a row, each phase interval and RADICAL's launch,
     start-up and exit a bar, and a row for each run's pilot (`pilots`: run -> (start,
     stop), where known); zoom, pan, and hover for run, task, rank, host, phase,
     duration; a straggler flag a red triangle at its member's end, its sentence on hover.
-    Readable at hundreds of ranks, where a static figure's rows run together."""
+    Readable at hundreds of ranks, where a static figure's rows run together.
+    `with_library` False: BokehJS itself left out (a notebook has it from an earlier
+    display: see library_once), with a line saying what to do where it is not there."""
     from bokeh.embed import components
     from bokeh.models import ColumnDataSource, HoverTool, Range1d
     from bokeh.plotting import figure
@@ -126,8 +128,28 @@ def interactive_timeline(records, flags, pilots=None):
     # BokehJS's core alone (1.3 MB): no widgets, tables or MathJax (another 3 MB) are used;
     # the core's loader of MathJax from a CDN (for math text, never drawn here) is cut, so
     # the page holds no address to fetch anything from
+    if not with_library:
+        return LIBRARY_MISSING + script + div
     js = Resources(mode="inline", components=["bokeh"]).render_js()
     return js.replace(MATHJAX_CDN, "") + script + div
+
+
+# shown in place of a timeline whose BokehJS is not on the page (a notebook reopened
+# with the first report's output cleared)
+LIBRARY_MISSING = (
+    '<p class="trajflow-needs-bokeh" style="display:none">The timeline needs BokehJS, which '
+    "this notebook loads with the first trajflow report it shows: run that cell again.</p>"
+    '<script>if (typeof Bokeh === "undefined") {document.querySelectorAll('
+    '".trajflow-needs-bokeh").forEach(function (p) {p.style.display = "block";});}</script>')
+_library_shown = False
+
+
+def library_once() -> bool:
+    """True the first time this process (a notebook's kernel) shows a report inline, False
+    after: BokehJS (1.3 MB) goes into the first display only, not into every one."""
+    global _library_shown
+    first, _library_shown = not _library_shown, True
+    return first
 
 
 MATHJAX_CDN = "https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-svg.js"
@@ -220,8 +242,9 @@ def render(report, title="trajflow inspection"):
     return _page(title, f"<h1>{html.escape(title)}</h1>" + render_body(report))
 
 
-def render_body(report):
-    """The report's content (a notebook shows it inline: Profile._repr_html_)."""
+def render_body(report, with_library=True):
+    """The report's content (a notebook shows it inline: Profile._repr_html_, with BokehJS
+    in its first display only: `with_library`)."""
     records = report["records"]
     flags = report["stragglers"]
     parts = ["<p>" + "; ".join(f"{what}: " + ", ".join(html.escape(p) for p in paths)
@@ -256,7 +279,8 @@ def render_body(report):
         f"<li>{_prose(line)}</li>" for line in report.get("comparisons", [])) + "</ul>")
     if records:
         pilots = {os.path.basename(r["workdir"]): pilot_span(r["workdir"]) for r in report["runs"]}
-        parts.append("<h2>Timeline</h2>" + interactive_timeline(records, flags, pilots))
+        parts.append("<h2>Timeline</h2>" + interactive_timeline(records, flags, pilots,
+                                                                    with_library))
         parts.append("<p><small>pilot: the pilot's bootstrapper from its start to its end "
                      "(queue wait before it is not seen). launch: RADICAL-Pilot launching a "
                      "task (its launch_start to the first rank's start). start-up: a rank's "

@@ -22,7 +22,8 @@ from trajflow.workflows.errors import InputError, RunFailed
 from trajflow.tasks import backend_part
 from trajflow.workflows.profile.inspection import (how_it_ended, inspect_runs, straggler_lines,
                                                    summary_text)
-from trajflow.workflows.profile.report_html import html_table, render_body, result_plot, write_html
+from trajflow.workflows.profile.report_html import (html_table, library_once, render_body,
+                                                    result_plot, write_html)
 from trajflow.workflows.run.results import open_result
 
 log = logging.getLogger(__name__)
@@ -245,8 +246,9 @@ class Profile:
         self.scaling = self.report["scaling"]
 
     def _repr_html_(self):
-        """In a notebook: the interactive timeline, stragglers, advice, the phase tables."""
-        return render_body(self.report)
+        """In a notebook: the interactive timeline, stragglers, advice, the phase tables
+        (BokehJS in the notebook's first such display only)."""
+        return render_body(self.report, with_library=library_once())
 
     def __repr__(self):
         return (f"<trajflow.Profile of {len(self.rundirs)} run(s): {len(self.records)} task "
