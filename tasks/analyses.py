@@ -12,6 +12,7 @@ import warnings
 import numpy as np
 
 from . import kernels
+from .combine import FRAME_ROWS
 from .readers import BlockReader
 
 
@@ -20,6 +21,7 @@ class BlockAnalysis:
     help = ""                # one line for `trajflow run --help` and help(trajflow.run)
     default_selection = ""
     need_boxes = False
+    combine = {"frame": FRAME_ROWS, "time": FRAME_ROWS}  # result -> its Combine rule
     units = {}               # result dataset -> unit, written into result.h5
     columns = {}             # result dataset -> what its columns are, written into result.h5
 
@@ -97,6 +99,7 @@ class RMSD(BlockAnalysis):
     name = "rmsd"
     help = "RMSD after optimal superposition onto frame 0"
     default_selection = "name CA"
+    combine = {**BlockAnalysis.combine, "rmsd": FRAME_ROWS}
     units = {"rmsd": "Angstrom"}
     columns = {"rmsd": "frame, time (ps), rmsd (Angstrom)"}
 
@@ -126,6 +129,7 @@ class Dihedrals(BlockAnalysis):
     help = "(cos, sin) of backbone phi/psi"
     default_selection = "protein"
     need_boxes = True
+    combine = {**BlockAnalysis.combine, "features": FRAME_ROWS}
 
     @classmethod
     def bytes_per_frame(cls, selected):

@@ -30,6 +30,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from .combine import FRAME_ROWS
+
 
 # the name a factory file is imported under, in the workstation, the analyze
 # tasks and reduce alike, so that results pickled by one unpickle in another
@@ -339,6 +341,12 @@ def plan_factory(plan):
     if kind == "file":
         source = plan.path(plan.factory["copy"])
     return kind, source, name
+
+
+# a user analysis' part: its frames and times, and each chunk's pickled `results` with
+# its size; the class' own rules (its aggregator) merge the results in reduce
+PART_COMBINE = {"frame": FRAME_ROWS, "time": FRAME_ROWS, "results_pickle": FRAME_ROWS,
+                "results_pickle_size": FRAME_ROWS}
 
 
 def shared_universe(universe):

@@ -41,6 +41,14 @@ def remove_parts(plan):
             pass
 
 
+def combine_rules(plan):
+    """{result: Combine} of the run's analysis: a built-in's declared rules, or a user
+    analysis' part layout (its class' aggregator merges the results themselves)."""
+    if plan.builtin:
+        return ANALYSIS_CLASSES[plan.analysis].combine
+    return mda_analyses.PART_COMBINE
+
+
 def join_parts(plan):
     """Read and check every part; return (arrays in frame order, analysis attrs)."""
     missing = [p for p in expected_parts(plan) if not os.path.exists(p)]
@@ -65,7 +73,12 @@ def join_parts(plan):
     # parts in block order: blocks are contiguous, so frames come in order (and a
     # user analysis' per-block results in the order its aggregator expects)
     pieces = [arrays for _, arrays in sorted(pieces, key=lambda p: p[0])]
-    joined = {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}
+    rules = combine_rules(plan)
+    unruled = sorted(set(pieces[0]) - set(rules))
+    if unruled:
+        raise IncompleteResult(f"result {unruled[0]!r} has no declared rule to combine its "
+                               f"pieces ({plan.analysis} declares {', '.join(sorted(rules))})")
+    joined = {k: rules[k].merge([p[k] for p in pieces]) for k in pieces[0]}
     if not np.array_equal(joined["frame"], plan.frame_numbers()):
         n_seen = len(np.unique(joined["frame"]))
         what = "the chosen frames" if plan.frame_selection else f"0..{plan.n_frames - 1}"

@@ -183,3 +183,24 @@ def test_rmsd_far_from_the_origin_matches_mdanalysis(ca_frames, offset):
         theirs = mda_rmsd(moved, moved[0], weights)
         np.testing.assert_allclose(ours[1:], theirs[1:], rtol=1e-6)
         assert ours[0] < 1e-3
+
+
+@pytest.mark.parametrize("name", ["rmsd", "dihedrals"])
+def test_every_result_of_a_builtin_analysis_declares_how_it_combines(adk, name):
+    """Reduce joins parts by each result's declared rule (tasks/combine.py) and refuses a
+    result without one: every array a built-in returns for a block has a rule, and the
+    rule joins two blocks as the whole run would have them."""
+    from trajflow.tasks.analyses import ANALYSIS_CLASSES
+    from trajflow.tasks.readers import open_block_reader
+    from trajflow.tasks.timing import RankTimer
+    cls = ANALYSIS_CLASSES[name]
+    u = mda.Universe(*adk)
+    selected = cls.select(u, cls.default_selection)
+    analysis = cls(selected, cls.default_selection)
+    reader = open_block_reader([adk[1]], selected["atom_indices"], cls.need_boxes)
+    analysis.prepare(reader)
+    whole = analysis.run_block(reader, 0, 20, 8, RankTimer("analyze"))
+    halves = [analysis.run_block(reader, a, b, 8, RankTimer("analyze")) for a, b in ((0, 7), (7, 20))]
+    assert set(whole) <= set(cls.combine), set(whole) - set(cls.combine)
+    for key, rule in cls.combine.items():
+        np.testing.assert_array_equal(rule.merge([h[key] for h in halves]), whole[key])
