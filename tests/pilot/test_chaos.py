@@ -117,7 +117,7 @@ def test_a_stopped_rank_fails_the_run_at_the_stall_bound_and_is_ended(tmp_path, 
 
 
 # each RADICAL process killed in turn: (client or agent, its process title, the exit code
-# and what outcome.json's error says, as README.md's table of faults states them)
+# and what outcome.json's error says, as docs/guide/reliability.md's table of faults states them)
 COMPONENTS = [
     ("client", "rp.state_pubsub", 1, "every frame is done, but RADICAL has not reported"),
     ("client", "rp.control_pubsub", 0, None),  # recovered: the result, equal to MDAnalysis'

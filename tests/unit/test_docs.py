@@ -120,3 +120,13 @@ def test_the_example_notebook_names_the_extra_that_brings_its_data():
     required = cfg["options"]["install_requires"]
     for module in set(imports) - {"trajflow"}:
         assert module in brings or module.lower() in required.lower(), module
+
+
+def test_the_readme_says_what_matters_and_leaves_the_rest_to_the_docs():
+    """The README once ran to 217 lines (the fault table, the virtual cluster, the test
+    layers in full); those live in the docs, and the README points there."""
+    lines = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read().splitlines()
+    assert len(lines) <= 160, len(lines)
+    reliability = open(os.path.join(ROOT, "docs", "guide", "reliability.md"),
+                       encoding="utf-8").read()
+    assert "| SIGSTOP of one MPI rank" in reliability  # the fault table, whole, in the guide
