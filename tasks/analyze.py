@@ -430,6 +430,8 @@ def needs_mdanalysis(plan):
         return True
     need_boxes = ANALYSIS_CLASSES[plan.analysis].need_boxes
     files, _ = plan.io_strategy.block_files(plan, 0)
+    if plan.reader_keywords(files):  # a format, dt, ...: MDAnalysis' own reader
+        return True
     if len(files) == 1 and is_h5md(files[0]):  # the user's own H5MD: boxes from edges
         return need_boxes and plan.io_strategy.reads_input_as_is(plan)
     return open_dcd(files, need_boxes) is None and not xtc_readable(files, need_boxes)

@@ -31,12 +31,14 @@ def copy_frames(u, numbers, writer, timer, chunk_frames):
         coords = np.empty((n, n_atoms, 3), np.float32)
         boxes = np.zeros((n, 6), np.float32)
         times = np.empty(n, np.float64)
+        written = np.empty(n, np.float64)
         steps = np.empty(n, np.int64)
         extra = {name: np.empty((n, n_atoms, 3), np.float32) for name in writer.data if name != "position"}
         with timer.phase("io"):
             for i, ts in enumerate(frames):
                 coords[i] = ts.positions
                 times[i] = frame_time(traj, ts)
+                written[i] = ts.time
                 steps[i] = ts.data.get("step", ts.frame)
                 if ts.dimensions is not None:
                     boxes[i] = ts.dimensions
@@ -45,7 +47,8 @@ def copy_frames(u, numbers, writer, timer, chunk_frames):
                 if "force" in extra:
                     extra["force"][i] = ts.forces
         with timer.phase("convert"):
-            writer.write(times, coords, boxes, steps, extra.get("velocity"), extra.get("force"))
+            writer.write(times, coords, boxes, steps, extra.get("velocity"), extra.get("force"),
+                         written)
 
 
 def new_writer(plan, u, path, n_frames, compression=None):

@@ -20,6 +20,9 @@ from . import units
 # zeros for a frame without one), beside the standard box/edges vectors: the
 # vectors do not give the same dimensions back to the last bit, and a copy must.
 DIMENSIONS = "trajflow/dimensions"
+# each frame's time as written in its file (ts.time): what MDAnalysis gives an analysis'
+# `times`, where the H5MD time is a chain's cumulative `trajectory.time` (copies.py)
+WRITTEN_TIME = "trajflow/written_time"
 SUFFIX = ".h5md"
 
 
@@ -101,6 +104,8 @@ class H5MDWriter:
         box.attrs["dimension"] = 3
         self.edges = self._element("box/edges", (n_frames, 3, 3), "Angstrom")
         self.dimensions = self.file.create_dataset(DIMENSIONS, shape=(n_frames, 6), dtype=np.float32)
+        self.written_time = self.file.create_dataset(WRITTEN_TIME, shape=(n_frames,),
+                                                     dtype=np.float64)
         self.file[LAYOUT].attrs["layout"] = json.dumps(
             {"chunks": list(chunks), "selection_end": selection_end, "compression": compression
              or "none", "why": "a selection of atoms [0, selection_end) reads its own chunks"})
@@ -122,14 +127,17 @@ class H5MDWriter:
             group["time"], group["step"] = self.particles["position/time"], self.particles["position/step"]
         return value
 
-    def write(self, times, coords, boxes=None, steps=None, velocities=None, forces=None):
+    def write(self, times, coords, boxes=None, steps=None, velocities=None, forces=None,
+              written_times=None):
         """Frames in order: times (F,) ps, coords (F, A, 3) Å, boxes (F, 6) MDAnalysis
-        dimensions (zeros or None: no box), the inputs' MD steps (default: the frame index)."""
+        dimensions (zeros or None: no box), the inputs' MD steps (default: the frame index),
+        each frame's time as written in its file (default: `times`)."""
         from MDAnalysis.lib.mdamath import triclinic_vectors  # as its H5MDWriter writes them
         k = len(times)
         span = slice(self.n, self.n + k)
         self.step[span] = self._monotonic(np.arange(self.n, self.n + k) if steps is None else steps)
         self.time[span] = times
+        self.written_time[span] = times if written_times is None else written_times
         for name, values in (("position", coords), ("velocity", velocities), ("force", forces)):
             if name in self.data:
                 self.data[name][span] = values

@@ -287,12 +287,16 @@ class CopiedFrames:
 
     def __iter__(self):
         import h5py
-        from .h5md import DIMENSIONS, particle_group
+        from .h5md import DIMENSIONS, particle_group, WRITTEN_TIME
         with h5py.File(self.path, "r") as f:
             group = particle_group(f)
             data = {name: group[name]["value"] for name in ("position", "velocity", "force")
                     if name in group}
-            times, boxes = group["position/time"], f[DIMENSIONS]
+            boxes = f[DIMENSIONS]
+            # the time written in the frame's file, as MDAnalysis gives `ts.time` (a chain's
+            # H5MD time is cumulative); a copy made before it was kept: the H5MD time
+            copied = WRITTEN_TIME in f  # trajflow's copy: its times hold the reader's offset
+            times = f[WRITTEN_TIME] if copied else group["position/time"]
             for i in range(self.n):
                 row = self.first_row + i
                 ts = self.trajectory.ts  # a ChainReader swaps its Timestep between files
@@ -303,7 +307,9 @@ class CopiedFrames:
                     ts.forces = data["force"][row]
                 ts.dimensions = boxes[row]
                 ts.frame = int(self.numbers[i])
-                ts.time = float(times[row])
+                # the Timestep adds its reader's time_offset to what is set; a copy's time has it
+                ts.time = float(times[row]) - (float(ts.data.get("time_offset", 0.0))
+                                               if copied else 0.0)
                 yield self.trajectory._apply_transformations(ts)
 
 
@@ -362,7 +368,7 @@ def merge_pieces(analysis, pieces):
     with users_code(f"{cls}._get_aggregator()"):
         aggregator = analysis._get_aggregator()
     keys = set(pieces[0]) if pieces else set()
-    lookup = getattr(aggregator, "_lookup", None)
+    lookup = getattr(aggregator, "_lookup", None) or {}  # None: MDAnalysis' default, no rule
     if len(pieces) > 1 and isinstance(lookup, Mapping) and keys - set(lookup):
         missing = ", ".join(sorted(map(str, keys - set(lookup))))
         raise AnalysisRaised(

@@ -20,6 +20,7 @@ import errno
 import hashlib
 import logging
 import os
+import stat
 import tempfile
 import warnings
 import zipfile
@@ -43,9 +44,9 @@ def beside(filename) -> str:
     return os.path.join(head, f".{tail}_offsets.npz")
 
 
-def cached(filename) -> str:
-    """The cache's offsets file for `filename` as it is now (path, size, times)."""
-    st = os.stat(filename)
+def cached(filename, st=None) -> str:
+    """The cache's offsets file for `filename` as it is now (or as `st`, its os.stat, says)."""
+    st = st or os.stat(filename)
     key = f"{os.path.realpath(filename)}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
     return os.path.join(cache_root(), "offsets", hashlib.sha256(key.encode()).hexdigest() + ".npz")
 
@@ -63,17 +64,39 @@ def valid_offsets(path, filename, n_atoms):
     return None
 
 
-def store(filename, n_atoms, offsets):
-    """Write `filename`'s offsets into the cache (a private folder; a new file renamed
-    into place, so a reader never sees half of one). Failing to cache is not an error."""
-    path = cached(filename)
+def private_folder(path) -> bool:
+    """Whether `path` is a folder of this user's alone (not a link, not writable by others):
+    offsets planted by someone else would make a run read the wrong frames."""
     try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return (stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+def store(filename, n_atoms, offsets, scanned):
+    """Write `filename`'s offsets into the cache, stamped with `scanned` (its os.stat from
+    before the scan), unless the file changed while it was scanned (a simulation still
+    writing it). A private folder; a new file renamed into place, so a reader never sees
+    half of one. Failing to cache is not an error."""
+    now = os.stat(filename)
+    if (now.st_size, now.st_mtime_ns, now.st_ctime_ns) != \
+            (scanned.st_size, scanned.st_mtime_ns, scanned.st_ctime_ns):
+        log.info("%s changed while its offsets were read: not cached", filename)
+        return
+    path = cached(filename, scanned)
+    folder = os.path.dirname(path)
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        if not private_folder(folder):
+            log.warning("%s is not a folder of yours alone: offsets not cached there", folder)
+            return
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as fh:
                 np.savez(fh, offsets=np.asarray(offsets, dtype=np.int64),
-                         size=os.path.getsize(filename), ctime=os.path.getctime(filename),
+                         size=scanned.st_size, ctime=scanned.st_ctime,
                          n_atoms=n_atoms)
             os.replace(tmp, path)
         except BaseException:
@@ -85,7 +108,8 @@ def store(filename, n_atoms, offsets):
 
 def lookup(filename, n_atoms):
     """`filename`'s offsets from beside it or from the cache, or None."""
-    for path in (beside(filename), cached(filename)):
+    mine = cached(filename)
+    for path in [beside(filename)] + ([mine] if private_folder(os.path.dirname(mine)) else []):
         offsets = valid_offsets(path, filename, n_atoms)
         if offsets is not None:
             return offsets
@@ -93,7 +117,14 @@ def lookup(filename, n_atoms):
 
 
 def _writable_beside(filename) -> bool:
-    return os.access(os.path.dirname(os.path.abspath(filename)), os.W_OK)
+    """Whether MDAnalysis can keep the offsets beside `filename`: its folder writable, and
+    the lock and offsets files there, if any, too (a group's folder where another member
+    made them: MDAnalysis then rescans on every open)."""
+    if not os.access(os.path.dirname(os.path.abspath(filename)), os.W_OK):
+        return False
+    head, tail = os.path.split(os.path.abspath(filename))
+    return all(os.access(p, os.W_OK) for p in (os.path.join(head, f".{tail}_offsets.lock"),
+                                                beside(filename)) if os.path.exists(p))
 
 
 def keep_offsets_in_cache():
@@ -120,10 +151,11 @@ def keep_offsets_in_cache():
         n_atoms = self._xdr.n_atoms
         offsets = lookup(self.filename, n_atoms)
         if offsets is None:
+            scanned = os.stat(self.filename)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 offsets = np.asarray(self._xdr.offsets, dtype=np.int64)  # one scan
-            store(self.filename, n_atoms, offsets)
+            store(self.filename, n_atoms, offsets, scanned)
         self._xdr.set_offsets(offsets)
 
     _load_offsets.trajflow, _load_offsets.original = True, own

@@ -190,7 +190,10 @@ class TrajectoryBlockReader:
         if isinstance(reader, XTCFile):
             coords, times, steps = reader.read(self.idx, lo, hi)
             return Chunk(None, times, coords, None, steps)
-        if isinstance(reader, DCDFile) or (type(reader).__name__ == "DCDReader"
+        # MDAnalysis' CHARMM/NAMD DCDReader in bulk (Å, no conversion); not its LAMMPS
+        # DCDReader of the same name, whose units MDAnalysis converts frame by frame
+        if isinstance(reader, DCDFile) or (type(reader).__module__ == "MDAnalysis.coordinates.DCD"
+                                           and type(reader).__name__ == "DCDReader"
                                            and not self._has_boxes(reader)):
             return self._read_dcd(reader, lo, hi)
         n = hi - lo

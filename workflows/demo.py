@@ -82,6 +82,7 @@ def _say_comparison(say, run, ours, serial_s, workers_s, equal):
         f"({workers_s / ours:.1f}x trajflow's time)")
     say("  the three results " + ("agree (within 1e-5)" if equal else
                                    "DISAGREE: please report this, it is a defect"))
-    for line in straggler_lines(run.profile.stragglers, run.profile.records)[:2]:
+    for line in straggler_lines(run.profile.stragglers, run.profile.records,
+                                run.profile.report.get("not_judged"))[:2]:
         say(f"  {line}")
     say(f"  report: {run.write_report()}")

@@ -57,6 +57,8 @@ def test_a_read_only_dataset_runs_with_its_offsets_in_the_cache(tmp_path, read_o
     # trajflow's XTC reader (rmsd, shared), MDAnalysis' (your analysis), the split stage
     rmsd, _ = plan_and_run(tmp_path / "rmsd", top, [xtc], "rmsd", env=env, mode="mpi",
                            blocks=2, cpus=2)
+    # scanned once: a process that scanned again would have stored a new file (a new inode)
+    first = os.stat(offsets_cache.cached(xtc)).st_ino
     rdf, _ = plan_and_run(tmp_path / "rdf", top, [xtc], f"{FACTORIES}:interrdf", env=env,
                           mode="tasks", blocks=2, cpus=2, args={"nbins": 50})
     split, _ = plan_and_run(tmp_path / "split", top, [xtc], "rmsd", env=env, io="split",
@@ -65,6 +67,7 @@ def test_a_read_only_dataset_runs_with_its_offsets_in_the_cache(tmp_path, read_o
     kept = offsets_cache.valid_offsets(offsets_cache.cached(xtc), xtc, 47681)
     np.testing.assert_array_equal(kept, mda_offsets(top, xtc, tmp_path))
     assert os.listdir(cache / "offsets") == [os.path.basename(offsets_cache.cached(xtc))]
+    assert os.stat(offsets_cache.cached(xtc)).st_ino == first  # read by every later process
 
     import MDAnalysis as mda
     from MDAnalysis.analysis import rms
@@ -111,5 +114,26 @@ def test_a_file_system_without_locks_opens_with_the_offsets_in_the_cache(tmp_pat
     assert os.path.exists(kept) and not os.path.exists(offsets_cache.beside(str(copy)))
     np.testing.assert_array_equal(u.trajectory._xdr.offsets,
                                   offsets_cache.valid_offsets(kept, str(copy), 47681))
-    again = mda.Universe(top, str(copy))  # read from the cache, not scanned
-    assert again.trajectory[9].time == u.trajectory[9].time
+    inode = os.stat(kept).st_ino
+    again = mda.Universe(top, str(copy))  # read from the cache, not scanned and stored anew
+    assert again.trajectory[9].time == u.trajectory[9].time and os.stat(kept).st_ino == inode
+
+
+def test_offsets_others_could_write_are_not_trusted(tmp_path, solvated, monkeypatch):
+    """A cache folder others can write, or a file that changes while it is scanned, is
+    never a source of offsets: wrong offsets would read the wrong frames."""
+    top, xtc = solvated
+    copy = tmp_path / "adk.xtc"
+    shutil.copy(xtc, copy)
+    monkeypatch.setenv("TRAJFLOW_CACHE", str(tmp_path / "cache"))
+    folder = os.path.dirname(offsets_cache.cached(str(copy)))
+    os.makedirs(folder)
+    os.chmod(folder, 0o777)
+    before = os.stat(copy)
+    offsets_cache.store(str(copy), 47681, [0, 1, 2], before)
+    assert os.listdir(folder) == []  # not written into a folder others can write
+    os.chmod(folder, 0o700)
+    with open(copy, "ab") as fh:  # the file grows while it is being scanned
+        fh.write(b"\0" * 64)
+    offsets_cache.store(str(copy), 47681, [0, 1, 2], before)
+    assert os.listdir(folder) == []

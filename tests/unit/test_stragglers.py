@@ -147,3 +147,18 @@ def test_a_split_tasks_critical_path_names_its_segment():
     lines = critical_path_lines(members)
     assert lines and "critical path of adk split: segment 2 worked longest, 2.000 s" in lines[0], \
         lines
+
+
+def test_flags_of_a_run_too_short_to_judge_are_set_aside_with_the_reason():
+    from trajflow.workflows.profile.inspection import straggler_lines
+    members = [member(r, io=1.0) for r in range(4)]
+    members[2] = member(2, io=3.0)
+    for m in members:
+        m.update(run="short", task="analyze")
+    flags = judge_group(with_barrier(members), ("short", "analyze", ""))
+    assert flags
+    for f in flags:
+        f["run"] = "short"
+    lines = straggler_lines(flags, members, {"short": "the analysis took 0.50 s"})
+    assert lines == ["stragglers of short: not judged: the analysis took 0.50 s"]
+    assert straggler_lines(flags, members)[0] == "stragglers (most harmful first):"

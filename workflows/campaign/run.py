@@ -27,6 +27,7 @@ import time
 from trajflow.tasks.plan import RunPlan
 from trajflow.tasks.rundir import (MARKER, PLAN, read_outcome, record_outcome, replaced_whole,
                                    write_text)
+from trajflow.tasks.universe_args import trajectory_keywords
 from trajflow.workflows.campaign.folders import (CAMPAIGN_MARKER, EXPERIMENTS_FILE,
                                                  is_campaign_dir, resource_log, rundir)
 from trajflow.workflows.campaign.remote import run_remote_resource
@@ -120,16 +121,19 @@ def plan_experiments(campaign: CampaignSpec, cdir: str, resume: bool):
         if e.io == "h5md":
             todo[e].shared_h5md = shared_h5md_path(cdir, inputs.checksum,
                                                    campaign.option("compression"),
-                                                   todo[e].frame_selection)
+                                                   todo[e].frame_selection,
+                                                   trajectory_keywords(inputs.universe))
     return todo, kept
 
 
-def shared_h5md_path(cdir, checksum, compression, frame_selection=None):
+def shared_h5md_path(cdir, checksum, compression, frame_selection=None, read_as=None):
     """The campaign's one H5MD copy of its inputs (each h5md experiment wrote its own
-    376 MB copy of the same file, seen); named by the inputs and the frames chosen (a copy
-    holds just those), so other inputs or frames never reuse it."""
-    frames = "all" if frame_selection is None else hashlib.sha256(
-        json.dumps(frame_selection, sort_keys=True).encode()).hexdigest()[:12]
+    376 MB copy of the same file, seen); named by the inputs, the frames chosen (a copy
+    holds just those) and the Universe keywords that change how they read (`read_as`: a
+    dt or format), so other inputs, frames or readings never reuse it."""
+    chosen = frame_selection if not read_as else {"frames": frame_selection, "read_as": read_as}
+    frames = "all" if chosen is None else hashlib.sha256(
+        json.dumps(chosen, sort_keys=True).encode()).hexdigest()[:12]
     return os.path.join(cdir, "shared",
                         f"trajectory-{checksum[:16]}-{compression or 'none'}-{frames}.h5md")
 

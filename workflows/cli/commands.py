@@ -260,6 +260,12 @@ def cmd_inspect(args):
     if len(args.rundirs) == 1 and is_campaign_dir(args.rundirs[0]) and not args.table:
         return _inspect_campaign(args)
     args.rundirs = [run for d in args.rundirs for run in _runs_in(d)]
+    names = [os.path.basename(os.path.abspath(d)) for d in args.rundirs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # a run is known by its folder's name in the report
+        both = [d for d, n in zip(args.rundirs, names) if n == twice[0]]
+        raise InputError(f"two runs named {twice[0]!r} ({', '.join(both)}): the report knows a "
+                         "run by its folder's name; inspect them one at a time, or rename one")
     _check_targets(args)
     report = inspect_runs(args.rundirs, args.table, trust=args.trust)
     print(summary_text(report))

@@ -123,8 +123,8 @@ def advice(plan, records):
     t_compute = sum(r["t_compute"] for r in analyze)
     ratio = t_compute / t_io if t_io > 0 else float("inf")
     out = {"ratio": ratio, "t_io": t_io, "t_compute": t_compute, "times": times}
-    if times["analysis"] < max(MIN_ANALYSIS_S, MIN_ANALYSIS_SHARE * times["whole"]):
-        out["text"] = too_short(plan, times) + cpu_wait_note(analyze)
+    if too_short_to_judge(times):  # nor its CPU wait: start-up noise, not a culprit
+        out["text"] = too_short(plan, times)
         return out
     strategy = strategy_flags(plan.io, plan.mode, plan.gather)
     prepared = _prepared(plan, times)
@@ -173,6 +173,12 @@ def slow_host_advice(flags):
         f"of the next pilot (SLURM reads SBATCH_EXCLUDE={f['host']} from trajflow's environment) "
         "and tell the site, or use --schedule dynamic, which gives a slow node's ranks fewer "
         "frames." for f in flags if f["kind"] == "host")
+
+
+def too_short_to_judge(times) -> bool:
+    """Whether a run's analysis was too short for its strategy, its stragglers or its CPU
+    wait to be judged: under MIN_ANALYSIS_S, or under MIN_ANALYSIS_SHARE of the run."""
+    return times["analysis"] < max(MIN_ANALYSIS_S, MIN_ANALYSIS_SHARE * times["whole"])
 
 
 def too_short(plan, times):

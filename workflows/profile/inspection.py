@@ -19,7 +19,8 @@ from trajflow.tasks.exit_codes import ANALYSIS_RAISED
 from trajflow.tasks.plan import is_finite_number, PlanError, RunPlan
 from trajflow.tasks.timing import PHASES
 from trajflow.tasks.rundir import OUTCOME, PLAN, read_lines, read_outcome, write_text
-from trajflow.workflows.profile.advice import advice, compare_strategies, slow_host_advice
+from trajflow.workflows.profile.advice import (advice, compare_strategies, MIN_ANALYSIS_S,
+                                               slow_host_advice)
 from trajflow.workflows.profile.schedule_effects import schedule_lines
 from trajflow.workflows.profile.stragglers import (critical_path, describe, judge, judged_groups,
                                                    MIN_GROUP, phase_times)
@@ -178,7 +179,19 @@ def phase_table(records):
     return "\n".join(lines)
 
 
-def straggler_lines(flags, records):
+def straggler_lines(flags, records, not_judged=None):
+    """The stragglers as the terminal says them; the flags of a run in `not_judged` (run
+    -> why: too short to judge) are set aside with that reason, not shown as findings."""
+    not_judged = not_judged or {}
+    aside = [f"stragglers of {run}: not judged: {why}" for run, why in sorted(not_judged.items())
+             if any(f["run"] == run for f in flags)]
+    flags = [f for f in flags if f["run"] not in not_judged]
+    if aside and not flags:
+        return aside
+    return aside + _judged_lines(flags, records)
+
+
+def _judged_lines(flags, records):
     judged, small = judged_groups(records, group_key)
     if not flags:
         if not judged:
@@ -373,19 +386,30 @@ def inspect_runs(rundirs, tables=(), trust=False):
     records = [r for _, rs in runs for r in rs] + table_records
     flags = find_stragglers(records)
     advices = {os.path.basename(p.workdir): advice(p, rs) for p, rs in runs}
-    for name, a in advices.items():
-        a["text"] += slow_host_advice([f for f in flags if f["run"] == name])
+    not_judged = {}  # a run too short to judge: its flags are start-up noise, set aside
+    for p, rs in runs:
+        name = os.path.basename(p.workdir)
+        ranks = [r for r in rs if r["task"] == "analyze"]
+        span = max(r["t_stop"] for r in ranks) - min(r["t_start"] for r in ranks) if ranks else 0
+        if ranks and span < MIN_ANALYSIS_S:
+            not_judged[name] = (f"its analyze ranks ran {span:.2f} s, too short to tell a "
+                                f"straggler from start-up noise ({MIN_ANALYSIS_S:.0f} s at least)")
+        else:
+            advices[name]["text"] += slow_host_advice([f for f in flags if f["run"] == name])
+    for f in flags:
+        f["judged"] = f["run"] not in not_judged
     return {"runs": [p.to_dict() for p, _ in runs], "tables": [os.path.abspath(t) for t in tables],
             "endings": {os.path.basename(p.workdir): how_it_ended(p.workdir, p) for p, _ in runs},
             "notes": notes, "records": records, "stragglers": flags,
             "critical_paths": critical_paths(records), "advice": advices,
+            "not_judged": not_judged,
             "comparisons": compare_strategies(runs), "scaling": scaling(runs), "trust": trust}
 
 
 def summary_text(report):
     lines = [line for ending in report.get("endings", {}).values() for line in ending["lines"]]
     lines += [phase_table(report["records"]), ""] + report.get("notes", [])
-    lines += straggler_lines(report["stragglers"], report["records"])
+    lines += straggler_lines(report["stragglers"], report["records"], report.get("not_judged"))
     for run, a in report["advice"].items():
         lines.append(f"advice for {run}: {a['text']}")
     if report.get("comparisons"):

@@ -138,7 +138,8 @@ def interactive_timeline(records, flags, pilots=None, with_library=True):
 # with the first report's output cleared)
 LIBRARY_MISSING = (
     '<p class="trajflow-needs-bokeh" style="display:none">The timeline needs BokehJS, which '
-    "this notebook loads with the first trajflow report it shows: run that cell again.</p>"
+    "this notebook loads with the first trajflow report it shows in a kernel: restart the "
+    "kernel and run the notebook again.</p>"
     '<script>if (typeof Bokeh === "undefined") {document.querySelectorAll('
     '".trajflow-needs-bokeh").forEach(function (p) {p.style.display = "block";});}</script>')
 _library_shown = False
@@ -246,7 +247,7 @@ def render_body(report, with_library=True):
     """The report's content (a notebook shows it inline: Profile._repr_html_, with BokehJS
     in its first display only: `with_library`)."""
     records = report["records"]
-    flags = report["stragglers"]
+    flags = [f for f in report["stragglers"] if f.get("judged", True)]  # not a too-short run's
     parts = ["<p>" + "; ".join(f"{what}: " + ", ".join(html.escape(p) for p in paths)
                               for what, paths in (("Runs", [r["workdir"] for r in report["runs"]]),
                                                   ("Timing tables", report.get("tables", [])))
@@ -263,7 +264,9 @@ def render_body(report, with_library=True):
             f"<pre>{html.escape(chr(10).join(e['lines']))}</pre>" for e in failed))
     parts.append("<h2>Stragglers</h2>")
     parts.append("<ul>" + "".join(f"<li>{_prose(line.strip())}</li>"
-                                  for line in straggler_lines(flags, records)) + "</ul>")
+                                  for line in straggler_lines(report["stragglers"], records,
+                                                              report.get("not_judged")))
+                 + "</ul>")
     if flags:
         parts.append(html_table(
             ["run", "task", "kind", "rank(s)", "block", "host", "duration s", "baseline s",

@@ -325,7 +325,8 @@ class RemoteRun:
                       f"reconnecting ({failures}/{retries})", file=stream, flush=True)
                 if failures >= retries:
                     raise ConnectionLost(f"{self.target} did not answer {retries} times; the run "
-                                         f"goes on there: `trajflow follow {self.local}` resumes")
+                                         f"goes on there: `trajflow follow {shlex.quote(self.local)}` "
+                                         "resumes")
                 time.sleep(min(30, 2 ** failures))
                 continue
             now = self.conn.master_pid()

@@ -271,7 +271,7 @@ class Profile:
 
     def summary_lines(self):
         """Stragglers and advice in a few lines (what the CLI prints after a run)."""
-        lines = straggler_lines(self.stragglers, self.records)
+        lines = straggler_lines(self.stragglers, self.records, self.report.get("not_judged"))
         lines += ["advice: " + text for text in self.advice.values()]
         return lines
 

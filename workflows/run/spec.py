@@ -217,6 +217,9 @@ class RunSpec:
         naming a keyword that cannot be passed on, or the two forms disagreeing."""
         from trajflow.tasks import universe_args
         keywords = dict(self.universe) if isinstance(self.universe, dict) else self.universe
+        why = None if keywords is None else universe_args.problem(keywords)
+        if why:
+            raise InputError(f"{spelled('universe')}: {why}")
         for name in ("format", "topology_format"):
             value = getattr(self, name)
             if value is None:
