@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 
 from . import kernels
-from .combine import FRAME_ROWS
+from .combine import FRAME_AXES, FRAME_ROWS
 from .readers import BlockReader
 
 
@@ -21,7 +21,7 @@ class BlockAnalysis:
     help = ""                # one line for `trajflow run --help` and help(trajflow.run)
     default_selection = ""
     need_boxes = False
-    combine = {"frame": FRAME_ROWS, "time": FRAME_ROWS}  # result -> its Combine rule
+    combine = FRAME_AXES  # result -> its Combine rule
     units = {}               # result dataset -> unit, written into result.h5
     columns = {}             # result dataset -> what its columns are, written into result.h5
 

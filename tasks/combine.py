@@ -12,7 +12,6 @@ import numpy as np
 class Combine:
     """How one result's pieces (one per block, in block order: blocks are contiguous, so in
     frame order) become the run's result: declared per result by every analysis."""
-    said = ""  # what the rule does, for messages and docs
 
     def merge(self, pieces):
         raise NotImplementedError
@@ -20,10 +19,10 @@ class Combine:
 
 class Concatenate(Combine):
     """Rows one after another: a result with a row per frame (or bytes per block)."""
-    said = "rows concatenated in frame order"
 
     def merge(self, pieces):
         return np.concatenate(pieces)
 
 
 FRAME_ROWS = Concatenate()
+FRAME_AXES = {"frame": FRAME_ROWS, "time": FRAME_ROWS}  # every part's frame numbers and times

@@ -10,18 +10,20 @@ import time
 import numpy as np
 
 from .h5md import H5MDWriter
-from .readers import frame_time
+from .readers import is_continuous_chain
 from .rundir import replaced_whole
 
 
 def copy_frames(u, numbers, writer, timer, chunk_frames):
     """The frames `numbers` (global, in order) of the Universe's trajectory, every atom,
     into an H5MDWriter chunk by chunk: the float32 positions, boxes (each frame its own),
-    time (readers.frame_time: cumulative over chained files, as `trajectory.time`) and
-    step exactly as MDAnalysis gives them, and velocities and forces where the frames
-    have them.
+    time (cumulative over chained files, as `trajectory.time`; over a continuous chain
+    the time written, as MDAnalysis' `trajectory.time` there counts the frames it
+    dropped), each frame's written time, and step exactly as MDAnalysis gives them, and
+    velocities and forces where the frames have them.
     No lossy re-encoding: a segment or copy is the input's data, bit for bit."""
     traj = u.trajectory
+    continuous = is_continuous_chain(traj)
     n_atoms = len(u.atoms)
     for pos in range(0, len(numbers), chunk_frames):
         wanted = numbers[pos:pos + chunk_frames]
@@ -37,7 +39,7 @@ def copy_frames(u, numbers, writer, timer, chunk_frames):
         with timer.phase("io"):
             for i, ts in enumerate(frames):
                 coords[i] = ts.positions
-                times[i] = frame_time(traj, ts)
+                times[i] = traj.time
                 written[i] = ts.time
                 steps[i] = ts.data.get("step", ts.frame)
                 if ts.dimensions is not None:
@@ -47,8 +49,8 @@ def copy_frames(u, numbers, writer, timer, chunk_frames):
                 if "force" in extra:
                     extra["force"][i] = ts.forces
         with timer.phase("convert"):
-            writer.write(times, coords, boxes, steps, extra.get("velocity"), extra.get("force"),
-                         written)
+            writer.write(written if continuous else times, coords, boxes, steps,
+                         extra.get("velocity"), extra.get("force"), written)
 
 
 def new_writer(plan, u, path, n_frames, compression=None):

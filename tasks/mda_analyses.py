@@ -30,7 +30,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .combine import FRAME_ROWS
+from .combine import FRAME_AXES, FRAME_ROWS
 
 
 # the name a factory file is imported under, in the workstation, the analyze
@@ -292,11 +292,12 @@ class CopiedFrames:
             group = particle_group(f)
             data = {name: group[name]["value"] for name in ("position", "velocity", "force")
                     if name in group}
-            boxes = f[DIMENSIONS]
+            rows = slice(self.first_row, self.first_row + self.n)
+            boxes = f[DIMENSIONS][rows]  # the block's boxes and times in one read each
             # the time written in the frame's file, as MDAnalysis gives `ts.time` (a chain's
             # H5MD time is cumulative); a copy made before it was kept: the H5MD time
             copied = WRITTEN_TIME in f  # trajflow's copy: its times hold the reader's offset
-            times = f[WRITTEN_TIME] if copied else group["position/time"]
+            times = (f[WRITTEN_TIME] if copied else group["position/time"])[rows]
             for i in range(self.n):
                 row = self.first_row + i
                 ts = self.trajectory.ts  # a ChainReader swaps its Timestep between files
@@ -305,10 +306,10 @@ class CopiedFrames:
                     ts.velocities = data["velocity"][row]
                 if "force" in data:
                     ts.forces = data["force"][row]
-                ts.dimensions = boxes[row]
+                ts.dimensions = boxes[i]
                 ts.frame = int(self.numbers[i])
                 # the Timestep adds its reader's time_offset to what is set; a copy's time has it
-                ts.time = float(times[row]) - (float(ts.data.get("time_offset", 0.0))
+                ts.time = float(times[i]) - (float(ts.data.get("time_offset", 0.0))
                                                if copied else 0.0)
                 yield self.trajectory._apply_transformations(ts)
 
@@ -331,8 +332,7 @@ def open_analysis(plan, topology_and_trajectory, timer=None):
     """A Universe on the given files and the user's analysis built on it."""
     from .readers import open_universe
     topology, files = topology_and_trajectory
-    u = open_universe(topology, files, timer, plan.universe,
-                      own_files=list(files) == list(plan.trajectories))
+    u = open_universe(topology, files, timer, plan.universe, plan.reader_keywords(files))
     with users_code("the analysis' factory"):
         factory = load_factory(*plan_factory(plan))
         return u, build_analysis(factory, u, plan.analysis_args)
@@ -351,8 +351,7 @@ def plan_factory(plan):
 
 # a user analysis' part: its frames and times, and each chunk's pickled `results` with
 # its size; the class' own rules (its aggregator) merge the results in reduce
-PART_COMBINE = {"frame": FRAME_ROWS, "time": FRAME_ROWS, "results_pickle": FRAME_ROWS,
-                "results_pickle_size": FRAME_ROWS}
+PART_COMBINE = {**FRAME_AXES, "results_pickle": FRAME_ROWS, "results_pickle_size": FRAME_ROWS}
 
 
 def shared_universe(universe):
@@ -435,10 +434,7 @@ class UserChunks:
             return self.template
         import copy
         with users_code(f"copying {type(self.template).__name__} for a chunk of frames"):
-            return copy.deepcopy(self.template, self._shared())
-
-    def _shared(self):
-        return shared_universe(self.universe)
+            return copy.deepcopy(self.template, shared_universe(self.universe))
 
     def analyze(self, chunk):
         plan, timer = self.plan, self.timer

@@ -22,7 +22,7 @@ from .dcd import DCDFile, open_dcd
 from .xtc import XTCFile, open_xtc
 from .h5md import H5MDBlockReader, is_h5md
 from .offsets_cache import keep_offsets_in_cache
-from .universe_args import topology_keywords, trajectory_keywords
+from .universe_args import topology_keywords
 
 
 @dataclasses.dataclass
@@ -56,10 +56,10 @@ def _phase(timer, name):
     return timer.phase(name) if timer is not None else contextlib.nullcontext()
 
 
-def open_universe(topology, trajectories, timer=None, universe=None, own_files=True):
-    """Topology and trajectory as a Universe (the split stage writes with it), with the
-    run's Universe keywords `universe` (universe_args.py): all of them on the user's
-    files, the topology's alone on trajflow's own copies (`own_files` False)."""
+def open_universe(topology, trajectories, timer=None, universe=None, read_as=None):
+    """Topology and trajectory as a Universe (the split stage writes with it): the
+    topology with the run's Universe keywords `universe` (universe_args.py), the
+    trajectory with `read_as` (RunPlan.reader_keywords: none on trajflow's own copies)."""
     import MDAnalysis as mda
     warnings.filterwarnings("ignore", module="MDAnalysis")
     keep_offsets_in_cache()
@@ -68,7 +68,7 @@ def open_universe(topology, trajectories, timer=None, universe=None, own_files=T
     with _phase(timer, "open_trajectory"):
         trajectories = list(trajectories)
         u.load_new(trajectories[0] if len(trajectories) == 1 else trajectories,
-                   **(trajectory_keywords(universe) if own_files else {}))
+                   **(read_as or {}))
     return u
 
 
@@ -120,14 +120,6 @@ def is_continuous_chain(trajectory) -> bool:
     return hasattr(trajectory, "readers") and hasattr(trajectory, "_sf")
 
 
-def frame_time(trajectory, ts) -> float:
-    """The time trajflow gives a frame: as `trajectory.time` (rms.RMSD's; cumulative over
-    a plain chain of files, each counted from its own start), but for a continuous
-    chain the time written in the file: there MDAnalysis' `trajectory.time` also counts
-    the overlapping frames it dropped, so it jumps ahead at each join (MDAnalysis 2.11)."""
-    return float(ts.time) if is_continuous_chain(trajectory) else float(trajectory.time)
-
-
 class _Atoms:
     """What DCDReader.timeseries reads of an AtomGroup: its indices."""
 
@@ -171,7 +163,7 @@ class TrajectoryBlockReader:
             boxes = None if all(c.boxes is None for c in pieces) else np.concatenate(
                 [np.zeros((len(c.times), 6), np.float32) if c.boxes is None else c.boxes
                  for c in pieces])
-            if len(self.parts) > 1 and not self.continuous:  # else as written (frame_time)
+            if len(self.parts) > 1 and not self.continuous:  # a continuous chain: as written
                 times = self._chain_times(pos, end)
             frames = np.arange(pos, end, dtype=np.int64) + self.frame_offset
             yield Chunk(frames, times, coords, boxes, steps)

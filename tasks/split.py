@@ -17,7 +17,8 @@ from .timing import RankTimer
 
 
 def check_inputs(plan, timer):
-    u = open_universe(plan.topology, plan.trajectories, timer, plan.universe)
+    u = open_universe(plan.topology, plan.trajectories, timer, plan.universe,
+                      plan.reader_keywords(plan.trajectories))
     n_frames, n_atoms = u.trajectory.n_frames, len(u.atoms)
     planned = plan.truncated["frames_in_files"] if plan.truncated else (
         plan.input_frames or plan.n_frames)

@@ -62,9 +62,3 @@ def topology_keywords(args) -> dict:
 def trajectory_keywords(args) -> dict:
     """The keywords for reading the user's own trajectory files."""
     return {k: v for k, v in (args or {}).items() if KEYWORDS[k][1] == "trajectory"}
-
-
-def universe_keywords(args, own_files=True) -> dict:
-    """Keywords for `Universe(topology, trajectory, **them)`: all of them on the user's
-    files, the topology's alone on trajflow's own copies (`own_files` False)."""
-    return {**topology_keywords(args), **(trajectory_keywords(args) if own_files else {})}

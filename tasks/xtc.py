@@ -51,7 +51,7 @@ class XTCFile:
         with open(path, "rb") as fh:
             head = fh.read(_HEAD.size)
         n_atoms = _HEAD.unpack(head)[1]
-        offsets = _mdanalysis_offsets(path, size, n_atoms)
+        offsets = lookup(path, n_atoms)  # MDAnalysis' beside the file, or trajflow's cache
         offsets = list(_scan_offsets(path, size) if offsets is None else offsets)
         # whole frames only, whichever index was used (MDAnalysis' counts a cut last frame)
         while offsets and _end_of_last(path, offsets[-1], size) > size:
@@ -159,12 +159,6 @@ def _is_range(idx):
 def _decoder():
     from .kernels import _entry
     return _entry("xtc_decode")
-
-
-def _mdanalysis_offsets(path, size, n_atoms):
-    """Frame starts from MDAnalysis' offsets file beside the trajectory, or trajflow's
-    cache of them (offsets_cache.py), if they are this file's."""
-    return lookup(path, n_atoms)
 
 
 def _frame_bytes(head, comp):
