@@ -137,6 +137,10 @@ class BuiltinChunks:
         self.frames_per_chunk = chunk_size(plan.chunk_frames, len(self.analysis.atom_indices))
 
     def analyze(self, chunk):
+        with self.timer.phase("compute"):  # what the reads and the kernel leave of it
+            return self._analyze(chunk)
+
+    def _analyze(self, chunk):
         plan = self.plan
         source, start, stop = self.sources.span(chunk)
         arrays = self.analysis.run_block(source, start, stop, self.frames_per_chunk, self.timer)
@@ -164,9 +168,10 @@ class BuiltinChunks:
 def chunk_analysis(plan, timer, comm=None, one_chunk=True):
     """The object that analyses this task's chunks (`one_chunk`: just one): trajflow's
     kernels for a built-in analysis, MDAnalysis' own machinery for a user's."""
-    if not plan.builtin:
-        return mda_analyses.UserChunks(plan, timer, one_chunk)
-    return BuiltinChunks(plan, timer, comm)
+    with timer.phase("setup"):  # what its open and io phases leave of it
+        if not plan.builtin:
+            return mda_analyses.UserChunks(plan, timer, one_chunk)
+        return BuiltinChunks(plan, timer, comm)
 
 
 def analyze_chunks(work, claims, timer):
@@ -225,7 +230,8 @@ def analyze_block(plan, block, timer, comm=None):
     faults.maybe_fail(plan.workdir, block)
     work = chunk_analysis(plan, timer, comm)
     pieces = analyze_chunks(work, [Chunk(block, block, *plan.blocks[block])], timer)
-    work.close()
+    with timer.phase("finalize"):
+        work.close()
     return pieces[0][1], work.attrs()
 
 
@@ -235,8 +241,8 @@ def part_attrs(plan, analysis_attrs, blocks):
             "n_frames_total": plan.n_frames}
 
 
-def run_tasks_mode(plan, block):
-    timer = RankTimer("analyze", rank=0, size=1, block=block, mode="tasks",
+def run_tasks_mode(plan, block, setup_marks=None):
+    timer = RankTimer("analyze", rank=0, size=1, block=block, mode="tasks", setup_marks=setup_marks,
                       schedule=plan.schedule, progress_path=plan.progress_path(block))
     faults.maybe_slow_down(block)
     if plan.schedule_strategy.copies_late_blocks:
@@ -281,7 +287,8 @@ def run_claimed_blocks(plan, block, timer):
             runs.append({"block": late, "backup": True, "won": False,
                          "error": f"{type(exc).__name__}: {exc}"})
             break
-    work.close()
+    with timer.phase("finalize"):
+        work.close()
 
 
 def _block_frames(plan, block):
@@ -323,7 +330,10 @@ def publish_block_copy(plan, work, block, claims, timer, backup):
             "chunks_done": len(pieces), "chunks": len(chunks)}
 
 
-def run_mpi_mode(plan):
+def run_mpi_mode(plan, setup_marks=None):
+    """`setup_marks`: [(what, when it began)] of the rank's set-up in main()."""
+    setup_marks = list(setup_marks or [])
+    setup_marks.append(("mpi_init", time.time()))
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -333,20 +343,24 @@ def run_mpi_mode(plan):
         raise SystemExit(f"analyze: {size} MPI ranks for {plan.n_blocks} blocks "
                          f"({plan.schedule} schedule); start it with mpiexec -n {need}")
     timer = RankTimer("analyze", rank=rank, size=size, block=rank, mode="mpi",
+                      setup_marks=setup_marks,
                       gather=plan.gather, schedule=plan.schedule,
                       progress_path=plan.progress_path(rank))
     faults.maybe_fail(plan.workdir, rank)
     faults.maybe_slow_down(rank)
     schedule = plan.schedule_strategy
     work = chunk_analysis(plan, timer, comm, schedule.one_chunk_per_rank)
-    if schedule.one_chunk_per_rank:  # static: rank r's chunk is block r
-        work.agree_on_collective_reads(schedule.chunks(plan)[rank])
-    with schedule.claims(comm, schedule.chunks(plan), timer, plan.collective_timeout_s) as claims:
+    with timer.phase("setup"):
+        chunks = schedule.chunks(plan)
+        if schedule.one_chunk_per_rank:  # static: rank r's chunk is block r
+            work.agree_on_collective_reads(chunks[rank])
+    with schedule.claims(comm, chunks, timer, plan.collective_timeout_s) as claims:
         pieces = analyze_chunks(work, claims, timer)
         work.even_up_collective_reads()
         with timer.phase("wait"):  # the straggler signal of Jakupovic and Beckstein 2021
             barrier_or_abort(comm, plan.collective_timeout_s)
-    work.close()
+    with timer.phase("finalize"):
+        work.close()
     with timer.phase("comm"):
         arrays, rows = join_pieces(pieces, agreed_layout(comm, pieces))
         # the rank that analysed the most frames gathers and writes: rank 0 unless a
@@ -442,24 +456,27 @@ def main(argv=None):
                                 description="Analyse blocks of a trajectory (runs inside the pilot).")
     p.add_argument("--plan", required=True, help="the run's plan.json")
     p.add_argument("--block", type=int, help="tasks mode: the block to analyse")
+    marks = [("plan", time.time())]  # the rank's clock starts here: its set-up is its time
     args = p.parse_args(argv)
     plan = RunPlan.load(decode_path_arg(args.plan))
     mark_started(plan.workdir, "analyze")
-    if needs_mdanalysis(plan):  # imported before the rank's clock starts: start-up, not open
+    marks.append(("imports", time.time()))
+    if needs_mdanalysis(plan):
         import MDAnalysis  # noqa: F401
+    marks.append(("kernels", time.time()))
     kernels.warm_up()
     parts.warm_up()
     if plan.mode == "tasks":
         if args.block is None or not 0 <= args.block < plan.n_blocks:
             p.error(f"tasks mode needs --block between 0 and {plan.n_blocks - 1}")
         try:
-            run_tasks_mode(plan, args.block)
+            run_tasks_mode(plan, args.block, marks)
         except mda_analyses.AnalysisRaised as exc:
             mda_analyses.print_users_traceback(exc)
             return ANALYSIS_RAISED
         return 0
     try:
-        run_mpi_mode(plan)
+        run_mpi_mode(plan, marks)
     except BaseException as exc:
         # One failed rank must not leave the others waiting at a collective.
         code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1

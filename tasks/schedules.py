@@ -110,20 +110,22 @@ class Dynamic(Schedule):
 
     @contextlib.contextmanager
     def claims(self, comm, chunks, timer, timeout_s):
-        counter = claim_counter(comm, timeout_s)
+        with timer.phase("setup"):
+            counter = claim_counter(comm, timeout_s)
         try:
             yield self._claimed(counter, comm.Get_size(), self.claim_order(chunks), timer)
         except BaseException:
             counter.abandon()  # the task aborts: no collective call that would wait
             raise
-        counter.close()
+        with timer.phase("finalize"):
+            counter.close()
 
     @staticmethod
     def _claimed(counter, size, ordered, timer):
         n = len(ordered)
         pending = counter.claim()
         while True:
-            with timer.phase("wait"):  # a remote claim was mostly made during the last chunk
+            with timer.phase("claim"):  # a remote claim was mostly made during the last chunk
                 k = pending.wait()
             if k >= n:
                 return

@@ -7,7 +7,6 @@ frame, to keep the cost of capture negligible. At the end the record goes to
 RUNDIR/profile/<name>.jsonl and, when RADICAL profiling is on, as `app_*`
 events into the task's own profile ($RP_PROF_TGT).
 """
-import contextlib
 import json
 import os
 import socket
@@ -17,9 +16,14 @@ from . import faults
 from .placement import current_cpus, runqueue_wait_s
 from .rundir import open_in_run, write_text
 
-# Phase names follow Khoshlessan et al. 2019, Table 3 (t_open_topology, t_IO, ...).
-PHASES = ("open_topology", "open_trajectory", "io", "compute", "wait", "comm",
-          "write", "convert")
+# Phase names follow Khoshlessan et al. 2019, Table 3 (t_open_topology, t_IO, ...), with
+# what a rank does besides them named too, so that little of its time is left unaccounted
+# (`t_overhead`): `setup` (from the task's main(): plan and kernel load, MPI init and its
+# communicators, the chunk counter's window, the agreement before the first chunk),
+# `claim` (taking the next chunk from the counter) and `finalize` (closing readers and
+# windows after the last collective).
+PHASES = ("setup", "open_topology", "open_trajectory", "io", "compute", "claim", "wait",
+          "comm", "write", "convert", "finalize")
 # the phase a testing delay (faults.py, TRAJFLOW_TEST_DELAY) is injected into
 FAULT_PHASES = {"open_topology": "open", "io": "io", "compute": "compute", "comm": "comm"}
 PROGRESS_EVERY_S = 2.0  # how often a rank rewrites its progress file, at most
@@ -43,6 +47,36 @@ def write_progress(path, frames):
     write_text(path, f"{frames}\n")
 
 
+class _Interval:
+    """One timed phase. Phases nest: an inner phase's time is its own, not its outer's
+    too (the outer is split around it), so a wide phase can name the glue between
+    the narrow ones. A plain context manager: a rank enters thousands of them."""
+    __slots__ = ("timer", "name", "t0")
+
+    def __init__(self, timer, name):
+        self.timer, self.name = timer, name
+
+    def __enter__(self):
+        now = time.time()
+        stack = self.timer.open_phases
+        if stack:  # the outer phase's time so far
+            outer = stack[-1]
+            self.timer.intervals.append((outer.name, outer.t0, now))
+        stack.append(self)
+        self.t0 = now
+
+    def __exit__(self, kind, value, traceback):
+        if kind is None:
+            self.timer.inject(self.name)
+        now = time.time()
+        self.timer.intervals.append((self.name, self.t0, now))
+        stack = self.timer.open_phases
+        stack.pop()
+        if stack:  # the outer phase goes on from here
+            stack[-1].t0 = now
+        return False
+
+
 class RankTimer:
     """One task's (one MPI rank's) phases; with `progress_path`, its frames done so far.
 
@@ -53,32 +87,36 @@ class RankTimer:
     itself when it reports its first frames done.
     """
 
-    def __init__(self, task: str, rank: int = 0, size: int = 1, progress_path=None, **info):
+    def __init__(self, task: str, rank: int = 0, size: int = 1, progress_path=None,
+                 setup_marks=None, **info):
         self.task = task
         self.rank = rank
         self.size = size
         self.info = dict(info)
-        self.intervals = []  # (phase, start, stop)
-        self.t_start = time.time()
+        self.intervals = []  # (phase, start, stop), none overlapping another
+        self.open_phases = []  # the phases entered and not left, innermost last
+        self.t_start = time.time() if not setup_marks else setup_marks[0][1]
         self.t_stop = None
         self.progress_path = progress_path
         self.frames_done = 0
         self.counting = True  # False: frames done now are not the block's (a backup copy's)
         self._progress_written = 0.0
+        self._frames_written = 0
         self._runqueue_wait0 = runqueue_wait_s()
+        if setup_marks:  # [(what was done, when)] from the task's main(): its set-up so far
+            now = time.time()
+            self.intervals.append(("setup", self.t_start, now))
+            times = [t for _, t in setup_marks] + [now]
+            self.info["setup_parts"] = {what: b - a for (what, _), a, b
+                                        in zip(setup_marks, times, times[1:])}
 
-    @contextlib.contextmanager
     def phase(self, name: str):
+        """`with timer.phase(name):` times its body as one interval of `name`."""
         if name not in PHASES:
             raise ValueError(f"unknown phase {name!r}; known: {PHASES}")
         if name in WAITING and self.progress_path and self._progress_written:
             self._write_progress()  # all its frames said before it waits for the others
-        t0 = time.time()
-        try:
-            yield
-            self.inject(name)
-        finally:
-            self.intervals.append((name, t0, time.time()))
+        return _Interval(self, name)
 
     def inject(self, name: str):
         """The testing delay for this rank's block in this phase, once (see faults.py)."""
@@ -99,7 +137,11 @@ class RankTimer:
             self._progress_written = now
 
     def _write_progress(self):
-        write_progress(self.progress_path, self.frames_done)
+        if self._frames_written == self.frames_done and self._progress_written:
+            return
+        with self.phase("write"):  # a file the workstation reads
+            write_progress(self.progress_path, self.frames_done)
+        self._frames_written = self.frames_done
 
     def count(self, **amounts):
         """Add to the record's totals (`frames`, `bytes_read`): a rank of a dynamic
@@ -108,7 +150,8 @@ class RankTimer:
             self.info[key] = self.info.get(key, 0) + value
 
     def add(self, name: str, t0: float, t1: float):
-        """An interval measured by the caller (e.g. sums of per-frame times)."""
+        """An interval measured by the caller (e.g. sums of per-frame times), outside any
+        open phase (which would count the same time again)."""
         if name not in PHASES:
             raise ValueError(f"unknown phase {name!r}; known: {PHASES}")
         self.intervals.append((name, t0, t1))
@@ -138,9 +181,9 @@ class RankTimer:
 
     def finish(self, profile_path: str) -> dict:
         """Stop the clock and write the record (atomically) and RP events."""
-        self.t_stop = time.time()
         if self.progress_path:
             self._write_progress()
+        self.t_stop = time.time()
         rec = self.record()
         os.makedirs(os.path.dirname(profile_path), exist_ok=True)
         write_text(profile_path, json.dumps(rec) + "\n")

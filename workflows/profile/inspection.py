@@ -22,7 +22,7 @@ from trajflow.tasks.rundir import OUTCOME, PLAN, read_lines, read_outcome, write
 from trajflow.workflows.profile.advice import (advice, compare_strategies, MIN_ANALYSIS_S,
                                                slow_host_advice)
 from trajflow.workflows.profile.schedule_effects import schedule_lines
-from trajflow.workflows.profile.stragglers import (critical_path, describe, judge, judged_groups,
+from trajflow.workflows.profile.stragglers import (SHOWN_PHASES, critical_path, describe, judge, judged_groups,
                                                    MIN_GROUP, phase_times)
 from trajflow.workflows.profile.timing_tables import read_tables
 from trajflow.workflows.errors import InputError
@@ -165,7 +165,7 @@ def find_stragglers(records):
 
 
 def phase_table(records):
-    cols = ["open", "io", "compute", "wait", "comm", "write", "launch", "other"]
+    cols = SHOWN_PHASES
     width = max([16] + [len(r["run"]) for r in records])  # whole names: they tell runs apart
     head = f"{'run':{width}s} {'task':8s} {'rank':>4s} {'block':>5s} {'frames':>7s} " + \
         " ".join(f"{c:>8s}" for c in cols) + f" {'total':>8s}"

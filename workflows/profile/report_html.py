@@ -16,9 +16,11 @@ from trajflow.tasks.rundir import RESULT, write_text
 from trajflow.workflows.campaign.table import COLUMNS, curve_points
 from trajflow.workflows.profile.advice import pilot_span
 from trajflow.workflows.profile.inspection import rank_spans, straggler_lines
-from trajflow.workflows.profile.stragglers import describe, phase_times, PHASES, rank_list
+from trajflow.workflows.profile.stragglers import (describe, phase_times, PHASES, rank_list,
+                                                  SHOWN_PHASES)
 
-COLOURS = {"open_topology": "#8c564b", "open_trajectory": "#c49c94", "io": "#1f77b4",
+COLOURS = {"setup": "#e377c2", "claim": "#c5b0d5", "finalize": "#f7b6d2",
+           "open_topology": "#8c564b", "open_trajectory": "#c49c94", "io": "#1f77b4",
            "compute": "#2ca02c", "wait": "#d62728", "comm": "#9467bd", "write": "#ff7f0e",
            "convert": "#ffbb78", "launch": "#7f7f7f", "start-up": "#bcbd22", "exit": "#aec7e8",
            "other": "#cccccc",
@@ -187,7 +189,7 @@ def stacked_bars(records):
     rows.sort(key=lambda r: (r["run"], r.get("block", 0)))
     fig, ax = plt.subplots(figsize=(10, 3.5))
     bottom = [0.0] * len(rows)
-    for phase in ("open", "io", "compute", "wait", "comm", "write", "launch", "other"):
+    for phase in SHOWN_PHASES:
         vals = [r.get("t_wait", 0.0) if phase == "wait" else phase_times(r)[phase] for r in rows]
         colour = COLOURS.get(phase, COLOURS.get("open_topology") if phase == "open" else "#000")
         ax.bar(range(len(rows)), vals, bottom=bottom, color=colour,
@@ -300,7 +302,7 @@ def render_body(report, with_library=True):
                             [[r["analysis"], r["io"], r["mode"], r["N"], f"{r['t_total']:.3f}",
                               f"{r['S_total']:.2f}", f"{r['E_total']:.2f}"] for r in report["scaling"]]))
     parts.append("<h2>Every task and rank (seconds)</h2>")
-    cols = ["open", "io", "compute", "comm", "write", "launch", "other"]
+    cols = [p for p in SHOWN_PHASES if p != "wait"]
     parts.append(html_table(["run", "task", "rank", "block", "host", "frames"] + cols + ["wait", "total"],
                         [[r["run"], r["task"], r.get("rank"), r.get("block", ""), r.get("host"),
                           r.get("frames", "")] + [f"{phase_times(r)[c]:.3f}" for c in cols] +

@@ -36,9 +36,12 @@ each other member's wait up to the flag's excess, and the longest waiters).
 import math
 import statistics
 
-PHASES = {"open": ("t_open_topology", "t_open_trajectory", "t_open"), "io": ("t_io",),
-          "compute": ("t_compute",), "comm": ("t_comm",), "write": ("t_write", "t_convert"),
+PHASES = {"setup": ("t_setup", "t_finalize"),
+          "open": ("t_open_topology", "t_open_trajectory", "t_open"), "io": ("t_io",),
+          "compute": ("t_compute",), "comm": ("t_comm", "t_claim"), "write": ("t_write", "t_convert"),
           "launch": ("t_launch",), "other": ("t_overhead",)}
+# the columns a table of ranks shows, in a rank's order (`wait` is the record's t_wait)
+SHOWN_PHASES = ("setup", "open", "io", "compute", "wait", "comm", "write", "launch", "other")
 MAD_SCALE = 1.4826
 FLOOR_S = 0.2           # a straggler is late by more than this ...
 FLOOR_SHARE = 0.05      # ... and by more than this share of the group's makespan
