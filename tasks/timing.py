@@ -109,6 +109,9 @@ class RankTimer:
             times = [t for _, t in setup_marks] + [now]
             self.info["setup_parts"] = {what: b - a for (what, _), a, b
                                         in zip(setup_marks, times, times[1:])}
+            # the CPU this process used up to here (its interpreter's start-up too): flat in
+            # N where the set-up's own work is, whatever waiting for the others cost
+            self.info["setup_cpu_s"] = time.process_time()
 
     def phase(self, name: str):
         """`with timer.phase(name):` times its body as one interval of `name`."""

@@ -20,7 +20,7 @@ import warnings
 
 import numpy as np
 
-from trajflow.workflows.bench.measure import (analyze_records, mda_rmsd, mpiexec_stage_s,
+from trajflow.workflows.bench.measure import (analyze_records, mpiexec_stage_s,
                                               slowest_analyze_rank_s)
 from trajflow.workflows.datasets import cache_dir, mdanalysis_data, solvated_concatenated
 from trajflow.workflows.errors import InputError
@@ -81,14 +81,16 @@ def build_large(gb, say=print):
     return out
 
 
-def our_plan(files, fmt, n, workdir, select=None):
-    """An rmsd plan over the format's file (of CA, or `select`): io shared (our XTC and
-    DCD readers), or io h5md reading the prepared H5MD as its copy (no conversion)."""
+def our_plan(files, fmt, n, workdir, select=None, start=None, stop=None, name=None):
+    """An N-rank rmsd plan over the format's file (of CA, or `select`; frames [start,
+    stop)) in workdir/`name`: io shared (our XTC and DCD readers), or io h5md reading the
+    prepared H5MD as its copy (no conversion)."""
     traj = files["xtc"] if fmt == "h5md" else files[fmt]
     extra = {"select": select} if select else {}
-    plan = plan_from_options(files["top"], [traj], "rmsd", out=os.path.join(workdir, f"{fmt}_{n}"),
-                     io="h5md" if fmt == "h5md" else "shared", mode="mpi", blocks=n, cpus=n,
-                     **extra)
+    plan = plan_from_options(files["top"], [traj], "rmsd",
+                             out=os.path.join(workdir, name or f"{fmt}_{n}"),
+                             io="h5md" if fmt == "h5md" else "shared", mode="mpi", blocks=n,
+                             cpus=n, start=start, stop=stop, **extra)
     if fmt == "h5md":
         plan.shared_h5md = files["h5md"]
     path = write_plan(plan)
@@ -108,27 +110,6 @@ def check_equal(ours, theirs, what):
         raise RuntimeError(f"{what}: trajflow's RMSD differs from MDAnalysis' (max "
                            f"{np.max(np.abs(ours - theirs)) if ours.shape == theirs.shape else ours.shape} Å); "
                            "no numbers are reported for a wrong answer")
-
-
-def bench_format(files, fmt, workdir, launches):
-    n_frames = files["copies"] * FRAMES_PER_COPY
-    ours = {}
-    for n in (1, 2):
-        plan, path = our_plan(files, fmt, n, workdir)
-        ours[n] = min(mpiexec_stage_s(plan, path, launches))
-        read = sum(r.get("read_bytes") or 0 for r in analyze_records(plan))
-        result = our_result(plan, path)
-    mda_path = files[fmt]
-    serial_s, serial = mda_rmsd(files["top"], mda_path, 1, workdir)
-    mp2_s, mp2 = mda_rmsd(files["top"], mda_path, 2, workdir)
-    check_equal(result, serial, f"{fmt}, 2 ranks")
-    check_equal(mp2, serial, f"{fmt}, MDAnalysis' 2 workers")
-    us = lambda s: s / n_frames * 1e6  # noqa: E731
-    return {"ours_1rank_us": us(ours[1]), "ours_2rank_us": us(ours[2]),
-            "mda_serial_us": us(serial_s), "mda_mp2_us": us(mp2_s),
-            "efficiency_2": ours[1] / (2 * ours[2]),
-            "ours_2rank_read_bytes": read, "ours_2rank_bytes_per_s": read / ours[2],
-            "file_bytes": files["bytes"][fmt], "n_frames": n_frames}
 
 
 def pilot_vs_mpiexec(files, workdir, launches):
@@ -246,39 +227,42 @@ class CpuSampler:
         return used / (b_t - a_t)
 
 
-def run_large(gb=2.0, launches=3, with_entk=True, workdir=None, say=print):
+def run_large(gb=2.0, launches=3, with_entk=True, workdir=None, say=print, ranks=None,
+              ceiling=False, cases=None):
+    """The scaling rows (scaling.py) of every format at `ranks` (default 1, 2 and this
+    machine's cores), and the XTC stage in a kept pilot against plain mpiexec."""
     import tempfile
+    from trajflow.workflows.bench import scaling
     files = build_large(gb, say)
-    out = {"large": {"copies": files["copies"], "build_s": files["build_s"]}}
-    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
-        for fmt in FORMATS:
-            say(f"  {fmt}: trajflow 1 and 2 ranks, MDAnalysis serial and 2 workers ...")
-            out["large"][fmt] = bench_format(files, fmt, tmp, launches)
-        if with_entk:
+    out = {"large": {"copies": files["copies"], "build_s": files["build_s"],
+                     "bytes": files["bytes"]}}
+    out.update(scaling.run_scaling(files, ranks or scaling.default_ranks(), launches,
+                                   cases or tuple(scaling.CASES), ceiling=ceiling,
+                                   workdir=workdir, say=say))
+    if with_entk:
+        with tempfile.TemporaryDirectory(dir=workdir) as tmp:
             say("  the XTC analyze stage in a kept local pilot and under mpiexec ...")
             out["pilot_vs_mpiexec"] = pilot_vs_mpiexec(files, tmp, launches)
     return out
 
 
 def format_large(result):
+    from trajflow.workflows.bench import scaling
     lg = result["large"]
-    x = lg["xtc"]
     built = ("built by an earlier run" if lg["build_s"] is None
              else f"built now in {lg['build_s']:.0f} s")
-    lines = [f"\nlarge: solvated AdK x{lg['copies']} = {x['n_frames']} frames of 47,681 atoms "
-             f"(CA RMSD; files {built})",
-             f"  {'format':6s} {'GB':>6s} {'ours 1 rank':>12s} {'ours 2 ranks':>13s} "
-             f"{'MDA serial':>11s} {'MDA 2 workers':>14s} {'E(2)':>5s} {'GB read':>8s} "
-             f"{'MB/s':>6s}  (us per frame; what our 2 ranks read of the file, and how fast)"]
-    for fmt in FORMATS:
-        r = lg[fmt]
-        lines.append(f"  {fmt:6s} {r['file_bytes'] / 1e9:6.2f} {r['ours_1rank_us']:12.0f} "
-                     f"{r['ours_2rank_us']:13.0f} {r['mda_serial_us']:11.0f} {r['mda_mp2_us']:14.0f} "
-                     f"{r['efficiency_2']:5.2f} {r['ours_2rank_read_bytes'] / 1e9:8.2f} "
-                     f"{r['ours_2rank_bytes_per_s'] / 1e6:6.0f}")
-    lines.append(f"  XTC: MDA serial / ours 1 rank {x['mda_serial_us'] / x['ours_1rank_us']:.1f} "
-                 f"(target >= 5); MDA 2 workers / ours 2 ranks {x['mda_mp2_us'] / x['ours_2rank_us']:.1f} "
-                 f"(target >= 3); DCD E(2) {lg['dcd']['efficiency_2']:.2f} (target >= 0.9)")
+    lines = [f"\nlarge: solvated AdK x{lg['copies']} = {lg['copies'] * FRAMES_PER_COPY} frames of "
+             f"47,681 atoms, RMSD ({built}; XTC {lg['bytes']['xtc'] / 1e9:.2f} GB, DCD "
+             f"{lg['bytes']['dcd'] / 1e9:.2f} GB, H5MD {lg['bytes']['h5md'] / 1e9:.2f} GB)"]
+    lines += scaling.format_scaling(result)
+    rows = result["scaling"]
+    x, d = rows.get("xtc_ca", {}), rows.get("dcd_ca", {})
+    if 1 in x and 2 in x and x[1]["mda_us"] and x[2]["mda_us"]:
+        lines.append(f"  XTC: MDA serial / ours 1 rank {x[1]['mda_us'] / x[1]['ours_us']:.1f} "
+                     f"(target >= 5); MDA 2 workers / ours 2 ranks "
+                     f"{x[2]['mda_us'] / x[2]['ours_us']:.1f} (target >= 3)")
+    if 1 in d and 2 in d:
+        lines.append(f"  DCD E(2) {d[1]['ours_us'] / (2 * d[2]['ours_us']):.2f} (target >= 0.9)")
     if "pilot_vs_mpiexec" in result:
         p = result["pilot_vs_mpiexec"]
         lines.append(f"  the XTC analyze stage, 2 ranks (medians of {p['launches']}): in a kept "

@@ -47,14 +47,15 @@ warnings.simplefilter("ignore")
 import MDAnalysis as mda
 {imports}
 top, path, n_workers, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+run_kw = json.loads(sys.argv[5]) if len(sys.argv) > 5 else {{}}  # run()'s, and the analysis'
 u = mda.Universe(top, path)
 {setup}
 t0 = time.perf_counter()
 r = {analysis}
 if n_workers == 1:
-    r.run()
+    r.run(**run_kw)
 else:
-    r.run(backend="multiprocessing", n_workers=n_workers)
+    r.run(backend="multiprocessing", n_workers=n_workers, **run_kw)
 seconds = time.perf_counter() - t0
 np.save(out, r.results.{result})
 print(json.dumps(seconds))
@@ -64,7 +65,8 @@ print(json.dumps(seconds))
 def mda_timed_script(imports, analysis, result, setup=""):
     """A script for run_isolated: MDAnalysis' `analysis` (an expression of the Universe
     `u`) run serially or with N workers, its time printed and `results.<result>` saved:
-    ARGS topology trajectory N out.npy."""
+    ARGS topology trajectory N out.npy [JSON of run()'s keywords, `run_kw` to the analysis
+    expression, which may take its own from it]."""
     return MDA_TIMED.format(imports=imports, setup=setup, analysis=analysis, result=result)
 
 

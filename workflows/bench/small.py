@@ -402,7 +402,8 @@ def run_bench(copies=100, repeats=3, loop_frames=200, workdir=None, with_paralle
     return result
 
 
-def run_bench_large(gb=2.0, launches=3, with_entk=True, startup_launches=5, workdir=None):
+def run_bench_large(gb=2.0, launches=3, with_entk=True, startup_launches=5, workdir=None,
+                    ranks=None, ceiling=False, cases=None):
     """The gigabyte-scale case (bench_large.py) and a task's start-up and exit."""
     import tempfile
     import MDAnalysis as mda
@@ -410,7 +411,8 @@ def run_bench_large(gb=2.0, launches=3, with_entk=True, startup_launches=5, work
     result = {"system": {"machine": platform.machine(), "python": platform.python_version(),
                          "cpus": os.cpu_count(), "numpy": np.__version__,
                          "MDAnalysis": mda.__version__, "launches": launches}}
-    result.update(run_large(gb, launches, with_entk, workdir))
+    result.update(run_large(gb, launches, with_entk, workdir, ranks=ranks, ceiling=ceiling,
+                            cases=cases))
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         result["startup"] = bench_startup(*adk_files(), tmp, startup_launches)
     return result

@@ -13,6 +13,7 @@ from trajflow.workflows.bench.cpu_quota import unavailable as cpu_quota_unavaila
 from trajflow.workflows.bench.latency import format_latency, run_latency
 from trajflow.workflows.bench.stragglers import format_stragglers, run_stragglers
 from trajflow.workflows.bench.readers import format_readers, run_readers
+from trajflow.workflows.bench.scaling import format_setup_growth, run_setup_growth, SETUP_RANKS
 from trajflow.workflows.bench.width import cores_per_node, format_width, run_width
 from trajflow.workflows.campaign.folders import is_campaign_dir
 from trajflow.workflows.campaign.run import Campaign
@@ -332,6 +333,12 @@ def cmd_bench(args):
     if min(args.copies, args.repeats, args.loop_frames, args.startup_launches, args.launches) < 1:
         raise InputError("--copies, --repeats, --loop-frames, --startup-launches and --launches "
                          "must be at least 1")
+    if args.ranks is not None and (min(args.ranks) < 1 or len(set(args.ranks)) != len(args.ranks)):
+        raise InputError(f"--ranks: distinct counts of 1 rank or more, got {args.ranks}")
+    if (args.ranks or args.ceiling or args.cases) and not (args.scale == "large"
+                                                           or args.setup_growth):
+        raise InputError("--ranks, --ceiling and --cases measure the large case: add --scale "
+                         "large (or --setup-growth, for --ranks)")
     if not args.large_gb > 0:
         raise InputError(f"--large-gb must be more than 0, got {args.large_gb}")
     if args.width and (min(args.nodes) < 1 or len(set(args.nodes)) != len(args.nodes)):
@@ -358,14 +365,18 @@ def cmd_bench(args):
     elif args.latency:
         result = run_latency(args.repeats)
         print(format_latency(result))
+    elif args.setup_growth:
+        result = run_setup_growth(args.ranks or SETUP_RANKS, args.launches)
+        print("\n".join(format_setup_growth(result)))
     elif args.scale == "large":
         result = run_bench_large(args.large_gb, args.launches, with_entk=not args.no_entk,
-                                 startup_launches=args.startup_launches)
+                                 startup_launches=args.startup_launches, ranks=args.ranks,
+                                 ceiling=args.ceiling, cases=args.cases)
     else:
         result = run_bench(args.copies, args.repeats, args.loop_frames,
                            with_parallel=not args.no_parallel, with_entk=not args.no_entk,
                            user_copies=args.user_copies, startup_launches=args.startup_launches)
-    if not (args.stragglers or args.width or args.readers or args.latency):
+    if not (args.stragglers or args.width or args.readers or args.latency or args.setup_growth):
         print(format_table(result))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:

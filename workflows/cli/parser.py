@@ -9,6 +9,7 @@ from trajflow.workflows.demo import DEFAULT_COPIES
 from trajflow.workflows.run.held_client import DEFAULT_IDLE_MIN
 from trajflow.workflows.remote.client import add_remote_commands, add_remote_options
 from trajflow.workflows.run.spec import PilotSpec, RunSpec
+from trajflow.workflows.bench.scaling import CASES as SCALING_CASES, SETUP_RANKS
 
 
 def add_run_options(p):
@@ -143,9 +144,19 @@ def build_parser():
     bench.add_argument("--scale", choices=("small", "large"), default="small",
                        help="small: the AdK rows above; large: the solvated AdK (47,681 atoms) "
                             "repeated to --large-gb GB of XTC, also as DCD and H5MD (~3.5x each), "
-                            "built once in the cache, trajflow 1 and 2 ranks against MDAnalysis "
-                            "serial and 2 workers per format, the analyze stage in a kept pilot "
-                            "against plain mpiexec, and a task's start-up (default: small)")
+                            "built once in the cache, trajflow's N-rank stage against MDAnalysis' "
+                            "N workers per format and N (--ranks, --ceiling), the analyze stage "
+                            "in a kept pilot against plain mpiexec, and a task's start-up "
+                            "(default: small)")
+    bench.add_argument("--ranks", type=int, nargs="+", default=None, metavar="N",
+                       help="--scale large: the rank counts (default: 1, 2 and this machine's "
+                            "cores)")
+    bench.add_argument("--ceiling", action="store_true",
+                       help="--scale large: add the machine's own ceiling per N: the same frames "
+                            "cut N ways and run as N independent one-rank stages at once")
+    bench.add_argument("--cases", nargs="+", default=None, choices=tuple(SCALING_CASES),
+                       metavar="CASE", help="--scale large: the rows to measure, of "
+                       f"{', '.join(SCALING_CASES)} (default: all)")
     bench.add_argument("--large-gb", type=float, default=2.0, metavar="GB",
                        help="--scale large: the XTC's size in GB (default: 2; the three files "
                             "take ~8x that on disk)")
@@ -169,6 +180,10 @@ def build_parser():
                             "result, the shell to the exit, ten clients at once, InterRDF via "
                             "Backend against MDAnalysis' 2 workers), where a warm run's time "
                             "goes; medians of --repeats (~3 min)")
+    bench.add_argument("--setup-growth", action="store_true",
+                       help="instead: an analyze rank's set-up and finalize at --ranks ranks "
+                            f"(default: {' '.join(map(str, SETUP_RANKS))}; beyond the cores "
+                            "oversubscribed), the slowest rank and the median rank's parts")
     bench.add_argument("--width", action="store_true",
                        help="instead: a pilot's start-up and its tasks' launch at --nodes nodes of "
                             "a SLURM resource, one pilot each, and their growth per node (start "
