@@ -25,7 +25,7 @@ import numpy as np
 from trajflow.workflows.bench.large import FRAMES_PER_COPY, check_equal, our_plan, our_result
 from trajflow.workflows.bench.measure import (analyze_records, mda_timed_script, run_isolated,
                                               slowest_analyze_rank_s)
-from trajflow.workflows.datasets import adk_concatenated
+from trajflow.workflows.datasets import solvated_concatenated
 from trajflow.workflows.run.pipeline import stage_specs, task_environment
 from trajflow.workflows.run.planning import plan_from_options, write_plan
 
@@ -206,7 +206,7 @@ def setup_end(record):
 
 def run_setup_growth(ranks=SETUP_RANKS, launches=3, timeout=600, workdir=None, say=print):
     """How an analyze rank's set-up grows with N: an N-rank CA RMSD stage over a small DCD
-    (the work is nothing beside the set-up), medians of `launches`:
+    (4 frames a rank: the work is nothing beside the set-up), medians of `launches`:
       setup_growth  the slowest rank's set-up and finalize (main() to its first chunk,
                     and after its last collective), seconds;
       after_arrival from the last rank's main() to the last rank's end of set-up: what
@@ -218,7 +218,8 @@ def run_setup_growth(ranks=SETUP_RANKS, launches=3, timeout=600, workdir=None, s
                     interpreter's start-up too): the set-up's own work, without waiting;
       setup_parts   the median rank's parts (tasks/timing.py).
     Ranks beyond the cores are oversubscribed: that shows how a cost grows, not its size."""
-    top, traj = adk_concatenated(max(1, -(-max(ranks) * 4 // 98)), "DCD")
+    # the solvated AdK (what a machine with only its files has too), 4 frames a rank
+    top, traj = solvated_concatenated(max(1, -(-max(ranks) * 4 // FRAMES_PER_COPY)), "DCD")
     keys = ("setup_growth", "after_arrival", "arrival_skew", "setup_cpu")
     out = {k: {} for k in keys + ("setup_parts",)}
     with tempfile.TemporaryDirectory(dir=workdir) as work:
