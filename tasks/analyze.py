@@ -28,7 +28,8 @@ from .analyses import ANALYSIS_CLASSES
 from .plan import RunPlan, chunk_size, decode_path_arg
 from .rundir import mark_started
 from .block_claims import BlockClaims
-from .schedules import Chunk
+from .launch_env import this_launch
+from .schedules import Chunk, LaunchCounter
 from .dcd import open_dcd
 from .xtc import xtc_readable
 from .h5md import COLLECTIVE, is_h5md
@@ -333,29 +334,35 @@ def publish_block_copy(plan, work, block, claims, timer, backup):
 def run_mpi_mode(plan, setup_marks=None):
     """`setup_marks`: [(what, when it began)] of the rank's set-up in main()."""
     setup_marks = list(setup_marks or [])
-    setup_marks.append(("mpi_init", time.time()))
-    from mpi4py import MPI
-    comm = MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
-    if size != plan.analyze_ranks or (size < plan.n_blocks
-                                      and plan.schedule_strategy.one_chunk_per_rank):
+    schedule = plan.schedule_strategy
+    launch = starts_before_mpi_init(plan)
+    if launch is not None:  # MPI_Init after the chunks: no wait for the launch's last rank
+        comm, rank, size = None, launch.rank, launch.size
+    else:
+        setup_marks.append(("mpi_init", time.time()))
+        comm, rank, size = mpi_world()
+    if size != plan.analyze_ranks or (size < plan.n_blocks and schedule.one_chunk_per_rank):
         need = plan.analyze_ranks if size != plan.analyze_ranks else plan.n_blocks
         raise SystemExit(f"analyze: {size} MPI ranks for {plan.n_blocks} blocks "
                          f"({plan.schedule} schedule); start it with mpiexec -n {need}")
     timer = RankTimer("analyze", rank=rank, size=size, block=rank, mode="mpi",
-                      setup_marks=setup_marks,
+                      setup_marks=setup_marks, mpi_init_after_chunks=launch is not None,
                       gather=plan.gather, schedule=plan.schedule,
                       progress_path=plan.progress_path(rank))
     faults.maybe_fail(plan.workdir, rank)
     faults.maybe_slow_down(rank)
-    schedule = plan.schedule_strategy
     work = chunk_analysis(plan, timer, comm, schedule.one_chunk_per_rank)
     with timer.phase("setup"):
         chunks = schedule.chunks(plan)
         if schedule.one_chunk_per_rank:  # static: rank r's chunk is block r
             work.agree_on_collective_reads(chunks[rank])
-    with schedule.claims(comm, chunks, timer, plan.collective_timeout_s) as claims:
+        counter = (LaunchCounter(launch, plan.input_checksum, rank) if launch is not None
+                   else None)
+    with schedule.claims(comm, chunks, timer, plan.collective_timeout_s, counter) as claims:
         pieces = analyze_chunks(work, claims, timer)
+        if comm is None:
+            with timer.phase("setup"):
+                comm, _, _ = mpi_world(expected=(rank, size))
         work.even_up_collective_reads()
         with timer.phase("wait"):  # the straggler signal of Jakupovic and Beckstein 2021
             barrier_or_abort(comm, plan.collective_timeout_s)
@@ -376,6 +383,37 @@ def run_mpi_mode(plan, setup_marks=None):
             parts.write_part(plan.part_path("mpi"), in_chunk_order(gathered, rows_by_rank),
                              part_attrs(plan, work.attrs(), list(range(size))))
     timer.finish(plan.profile_path(f"analyze.block_{rank:05d}"))
+
+
+def mpi_world(expected=None):
+    """(COMM_WORLD, rank, size), MPI initialised by the import; `expected`: the (rank,
+    size) the launcher's environment said, which MPI must confirm."""
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if expected is not None and (rank, size) != expected:
+        raise RuntimeError(f"MPI says rank {rank} of {size} where the launcher's environment "
+                           f"said {expected[0]} of {expected[1]}: chunks were claimed as the "
+                           f"wrong rank; run with TRAJFLOW_MPI_INIT_FIRST=1")
+    return comm, rank, size
+
+
+def starts_before_mpi_init(plan):
+    """The launch (launch_env.py) where this rank may claim chunks before MPI_Init: a
+    dynamic schedule, every rank on this node, reads that do not go through MPI-IO;
+    else None (MPI first). TRAJFLOW_MPI_INIT_FIRST=1 asks for MPI first always."""
+    if os.environ.get("TRAJFLOW_MPI_INIT_FIRST", "") not in ("", "0"):
+        return None
+    if plan.schedule_strategy.one_chunk_per_rank or faults.remote_counter_forced():
+        return None
+    if plan.builtin and plan.io_strategy.one_file:
+        files, _ = plan.io_strategy.block_files(plan, 0)
+        if len(files) == 1 and is_h5md(files[0]):
+            import h5py
+            if h5py.get_config().mpi:  # opened collectively by every rank, through MPI-IO
+                return None
+    launch = this_launch()
+    return launch if launch is not None and launch.one_node else None
 
 
 def barrier_or_abort(comm, timeout_s):

@@ -20,12 +20,13 @@ import errno
 import hashlib
 import logging
 import os
-import stat
 import tempfile
 import warnings
 import zipfile
 
 import numpy as np
+
+from .rundir import private_folder
 
 log = logging.getLogger(__name__)
 
@@ -62,17 +63,6 @@ def valid_offsets(path, filename, n_atoms):
     except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
         pass  # none, another file's, or one being written
     return None
-
-
-def private_folder(path) -> bool:
-    """Whether `path` is a folder of this user's alone (not a link, not writable by others):
-    offsets planted by someone else would make a run read the wrong frames."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return (stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
-            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 
 
 def store(filename, n_atoms, offsets, scanned):

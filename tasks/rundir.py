@@ -496,3 +496,15 @@ def mark_started(workdir, stage):
             os.close(fd)
     except OSError:
         pass
+
+
+def private_folder(path) -> bool:
+    """Whether `path` is a folder of this user's alone (not a link, not writable by others):
+    what someone else planted there (offsets, a chunk counter) would make a run read the
+    wrong frames."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return (stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))

@@ -17,6 +17,8 @@ more pieces with its class' aggregator (equal to float rounding). Adding a
 schedule is one class registered in SCHEDULES.
 """
 import contextlib
+import os
+import stat
 import sys
 import threading
 import time
@@ -52,10 +54,12 @@ class Schedule:
         return [c for c in self.chunks(plan) if c.block == block]
 
     @contextlib.contextmanager
-    def claims(self, comm, chunks: List[Chunk], timer, timeout_s) -> Iterator[Iterator[Chunk]]:
+    def claims(self, comm, chunks: List[Chunk], timer, timeout_s,
+               counter=None) -> Iterator[Iterator[Chunk]]:
         """The chunks this rank analyses, as it should take them. The context ends
         after every rank has left its loop (the caller's barrier is inside it); a
-        claim not answered within `timeout_s` aborts the job."""
+        claim not answered within `timeout_s` aborts the job. `counter`: the claims'
+        counter where the caller made it (before MPI_Init: LaunchCounter)."""
         raise NotImplementedError
 
 
@@ -68,7 +72,7 @@ class Static(Schedule):
         return [Chunk(b, b, start, stop) for b, (start, stop) in enumerate(plan.blocks)]
 
     @contextlib.contextmanager
-    def claims(self, comm, chunks, timer, timeout_s):
+    def claims(self, comm, chunks, timer, timeout_s, counter=None):
         yield iter([chunks[comm.Get_rank()]])
 
 
@@ -109,11 +113,13 @@ class Dynamic(Schedule):
         return [c[i] for i in range(longest) for c in by_block.values() if i < len(c)]
 
     @contextlib.contextmanager
-    def claims(self, comm, chunks, timer, timeout_s):
-        with timer.phase("setup"):
-            counter = claim_counter(comm, timeout_s)
+    def claims(self, comm, chunks, timer, timeout_s, counter=None):
+        if counter is None:
+            with timer.phase("setup"):
+                counter = claim_counter(comm, timeout_s)
         try:
-            yield self._claimed(counter, comm.Get_size(), self.claim_order(chunks), timer)
+            size = comm.Get_size() if comm is not None else None  # for a remote counter only
+            yield self._claimed(counter, size, self.claim_order(chunks), timer)
         except BaseException:
             counter.abandon()  # the task aborts: no collective call that would wait
             raise
@@ -190,6 +196,84 @@ class SharedMemoryCounter:
 
     def abandon(self):
         pass
+
+
+class LaunchCounter:
+    """The counter before MPI_Init, for ranks that all share one node: an int64 in a
+    file of 8 bytes in this user's private folder in /dev/shm, named by the launch
+    (launch_env.py), mapped into each rank; a claim is the same atomic add as in
+    SharedMemoryCounter. So a rank claims its first chunk as soon as it starts, not
+    after the last rank of the launch has (MPI_Init waits for it). The rank that
+    closes it after the last claim (rank 0, after the barrier) removes the file."""
+    round_trip = False
+    FOLDER = "/dev/shm"
+
+    def __init__(self, launch, plan_checksum, rank):
+        import mmap
+        from . import kernels
+        from .rundir import private_folder
+        self.fetch_add, self.rank = kernels.atomic_fetch_add, rank
+        folder = os.path.join(self.FOLDER, f"trajflow-{os.getuid()}")
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        if not private_folder(folder):
+            raise RuntimeError(f"{folder} is not this user's own folder: a dynamic schedule "
+                               "cannot share its chunk counter there")
+        _remove_stale_counters(folder)
+        self.path = os.path.join(folder, f"claims-{plan_checksum[:16]}-{launch.id}")
+        _create_once(self.path, bytes(8))
+        fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_size != 8:
+                raise RuntimeError(f"{self.path} is not a chunk counter of this user's")
+            self.memory = mmap.mmap(fd, 8)
+        finally:
+            os.close(fd)
+        self.counter = np.frombuffer(self.memory, dtype=np.int64)
+
+    def claim(self):
+        return _Claimed(self.fetch_add(self.counter, 1))
+
+    def close(self):
+        """After every rank's last claim (the caller's barrier)."""
+        self.counter = None
+        self.memory.close()
+        if self.rank == 0:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+
+    def abandon(self):
+        pass
+
+
+def _remove_stale_counters(folder):
+    """The counters of launches whose launcher has gone (a job aborted before its rank 0
+    removed its file): named claims-<plan>-<launcher pid>-<its start time>."""
+    from .launch_env import launch_id
+    for name in os.listdir(folder):
+        fields = name.split("-")
+        if len(fields) != 4 or fields[0] != "claims" or not fields[2].isdigit():
+            continue  # not a counter (a file being created ends .tmp)
+        if launch_id(int(fields[2])) != f"{fields[2]}-{fields[3]}":
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(folder, name))
+
+
+def _create_once(path, content):
+    """`path` with `content`, created whole by the first of several processes (a full
+    file linked into place); the others find it there."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, content)
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        pass
+    finally:
+        os.unlink(tmp)
 
 
 class _Claim:

@@ -20,10 +20,11 @@ from .rundir import open_in_run, write_text
 # what a rank does besides them named too, so that little of its time is left unaccounted
 # (`t_overhead`): `setup` (from the task's main(): plan and kernel load, MPI init and its
 # communicators, the chunk counter's window, the agreement before the first chunk),
-# `claim` (taking the next chunk from the counter) and `finalize` (closing readers and
-# windows after the last collective).
-PHASES = ("setup", "open_topology", "open_trajectory", "io", "compute", "claim", "wait",
-          "comm", "write", "convert", "finalize")
+# `claim` (taking the next chunk from the counter), `progress` (rewriting the file the
+# workstation's progress bar reads) and `finalize` (closing readers and windows after
+# the last collective).
+PHASES = ("setup", "open_topology", "open_trajectory", "io", "compute", "claim", "progress",
+          "wait", "comm", "write", "convert", "finalize")
 # the phase a testing delay (faults.py, TRAJFLOW_TEST_DELAY) is injected into
 FAULT_PHASES = {"open_topology": "open", "io": "io", "compute": "compute", "comm": "comm"}
 PROGRESS_EVERY_S = 2.0  # how often a rank rewrites its progress file, at most
@@ -142,7 +143,7 @@ class RankTimer:
     def _write_progress(self):
         if self._frames_written == self.frames_done and self._progress_written:
             return
-        with self.phase("write"):  # a file the workstation reads
+        with self.phase("progress"):
             write_progress(self.progress_path, self.frames_done)
         self._frames_written = self.frames_done
 

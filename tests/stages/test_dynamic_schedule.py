@@ -4,6 +4,8 @@ made really slow (a cgroup CPU quota, workflows/bench/cpu_quota.py) does fewer
 frames (MPI) or is overtaken by a backup copy (tasks), the profile saying so."""
 import json
 import os
+import subprocess
+import sys
 
 import h5py
 import numpy as np
@@ -285,3 +287,36 @@ def test_a_dynamic_schedule_on_a_foreign_periodic_xtc_equals_the_data(
         assert max(len(r["chunks"]) for r in records(plan)) > 1
         np.testing.assert_array_equal(got["frame"], np.arange(n))
         np.testing.assert_allclose(got[key], expected[:n], rtol=0, atol=tolerance)
+
+
+def test_a_rank_launched_late_is_not_waited_for_before_the_first_chunk(tmp_path, long_xtc):
+    """mpiexec starts rank 1 3 s after rank 0 (MPMD: a shell sleeps, then execs the
+    rank): rank 0 claims and analyses chunks at once (the counter in /dev/shm,
+    launch_env.py), so it does nearly all of them and MPI_Init waits only after; the
+    result is static's, and the counter's file is gone."""
+    from run_stages import MPIEXEC, _env
+    plan = make_plan(long_xtc[0], [long_xtc[1]], "rmsd", str(tmp_path / "late"), blocks=2,
+                     cpus=2, schedule="dynamic")
+    path = write_plan(plan)
+    plan.lock.release()
+    spec = stage_specs(plan, path)
+    argv = spec["analyze"][0].argv(sys.executable)
+    late = ["sh", "-c", 'sleep 3; exec "$@"', "late"] + argv
+    proc = subprocess.run([MPIEXEC, "-n", "1"] + argv + [":", "-n", "1"] + late, env=_env(None),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-3000:]
+    for stage in ("reduce",):
+        done = subprocess.run(spec[stage][0].argv(sys.executable), env=_env(None),
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+    static, _ = plan_and_run(tmp_path / "static", long_xtc[0], [long_xtc[1]], "rmsd", blocks=2,
+                             cpus=2, schedule="static")
+    assert np.array_equal(datasets(plan.result_path())["rmsd"], datasets(static)["rmsd"])
+    ranks = {r["rank"]: r for r in records(plan)}
+    assert ranks[1]["t_start"] - ranks[0]["t_start"] > 2.5  # it really came late
+    first_chunk = min(c[4] for c in ranks[0]["chunks"])
+    assert first_chunk < ranks[1]["t_start"] - 2.0  # rank 0 did not wait for it
+    assert ranks[0]["frames"] > 0.9 * plan.n_frames, ranks[0]["frames"]
+    assert ranks[0]["mpi_init_after_chunks"] and ranks[1]["mpi_init_after_chunks"]
+    assert not [n for n in os.listdir(f"/dev/shm/trajflow-{os.getuid()}")
+                if plan.input_checksum[:16] in n]

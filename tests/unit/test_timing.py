@@ -100,7 +100,7 @@ def test_progress_is_written_in_a_named_phase(tmp_path):
     with timer.phase("compute"):
         timer.progress(5)
     assert path.read_text() == "5\n"
-    assert any(name == "write" for name, _, _ in timer.intervals)
+    assert any(name == "progress" for name, _, _ in timer.intervals)
     with timer.phase("wait"):  # nothing new since: not written again
         pass
-    assert sum(name == "write" for name, _, _ in timer.intervals) == 1
+    assert sum(name == "progress" for name, _, _ in timer.intervals) == 1

@@ -19,7 +19,7 @@ from trajflow.workflows.profile.inspection import rank_spans, straggler_lines
 from trajflow.workflows.profile.stragglers import (describe, phase_times, PHASES, rank_list,
                                                   SHOWN_PHASES)
 
-COLOURS = {"setup": "#e377c2", "claim": "#c5b0d5", "finalize": "#f7b6d2",
+COLOURS = {"setup": "#e377c2", "claim": "#c5b0d5", "finalize": "#f7b6d2", "progress": "#ffe0b0",
            "open_topology": "#8c564b", "open_trajectory": "#c49c94", "io": "#1f77b4",
            "compute": "#2ca02c", "wait": "#d62728", "comm": "#9467bd", "write": "#ff7f0e",
            "convert": "#ffbb78", "launch": "#7f7f7f", "start-up": "#bcbd22", "exit": "#aec7e8",

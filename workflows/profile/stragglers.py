@@ -38,7 +38,8 @@ import statistics
 
 PHASES = {"setup": ("t_setup", "t_finalize"),
           "open": ("t_open_topology", "t_open_trajectory", "t_open"), "io": ("t_io",),
-          "compute": ("t_compute",), "comm": ("t_comm", "t_claim"), "write": ("t_write", "t_convert"),
+          "compute": ("t_compute",), "comm": ("t_comm", "t_claim"),
+          "write": ("t_write", "t_convert", "t_progress"),
           "launch": ("t_launch",), "other": ("t_overhead",)}
 # the columns a table of ranks shows, in a rank's order (`wait` is the record's t_wait)
 SHOWN_PHASES = ("setup", "open", "io", "compute", "wait", "comm", "write", "launch", "other")
