@@ -181,6 +181,7 @@ def analyze_chunks(work, claims, timer):
     last position + 1, start and end time)."""
     pieces = []
     record = timer.info.setdefault("chunks", [])
+    timer.info.setdefault("frames", 0)  # a rank that claimed no chunk analysed none
     for chunk in claims:
         t0 = time.time()
         pieces.append((chunk.id, work.analyze(chunk)))

@@ -13,6 +13,7 @@ from trajflow.workflows.bench.cpu_quota import unavailable as cpu_quota_unavaila
 from trajflow.workflows.bench.latency import format_latency, run_latency
 from trajflow.workflows.bench.stragglers import format_stragglers, run_stragglers
 from trajflow.workflows.bench.readers import format_readers, run_readers
+from trajflow.workflows.bench.model import format_model, model_inputs_check, run_model_bench
 from trajflow.workflows.bench.scaling import format_setup_growth, run_setup_growth, SETUP_RANKS
 from trajflow.workflows.bench.width import cores_per_node, format_width, run_width
 from trajflow.workflows.campaign.folders import is_campaign_dir
@@ -365,6 +366,19 @@ def cmd_bench(args):
     elif args.latency:
         result = run_latency(args.repeats)
         print(format_latency(result))
+    elif args.model:
+        measured = None
+        if args.measured:
+            try:
+                with open(args.measured, encoding="utf-8") as fh:
+                    measured = json.load(fh)
+                model_inputs_check(measured)
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise InputError(f"--measured {args.measured}: not the numbers of "
+                                 f"trajflow.workflows.bench.manycore ({exc}); run it, or leave "
+                                 "--measured out to measure here")
+        result = {"model": run_model_bench(measured, launches=args.launches)}
+        print("\n".join(format_model(result["model"])))
     elif args.setup_growth:
         result = run_setup_growth(args.ranks or SETUP_RANKS, args.launches)
         print("\n".join(format_setup_growth(result)))
@@ -376,7 +390,8 @@ def cmd_bench(args):
         result = run_bench(args.copies, args.repeats, args.loop_frames,
                            with_parallel=not args.no_parallel, with_entk=not args.no_entk,
                            user_copies=args.user_copies, startup_launches=args.startup_launches)
-    if not (args.stragglers or args.width or args.readers or args.latency or args.setup_growth):
+    if not (args.stragglers or args.width or args.readers or args.latency or args.setup_growth
+            or args.model):
         print(format_table(result))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:

@@ -184,6 +184,14 @@ def build_parser():
                        help="instead: an analyze rank's set-up and finalize at --ranks ranks "
                             f"(default: {' '.join(map(str, SETUP_RANKS))}; beyond the cores "
                             "oversubscribed), the slowest rank and the median rank's parts")
+    bench.add_argument("--model", action="store_true",
+                       help="instead: the analyze stage's E(N) from 16 to 1,024 ranks on 1 to 32 "
+                            "nodes, static and dynamic, predicted from measured numbers (this "
+                            "machine's set-up growth, scaling rows with the ceiling and claims, "
+                            "or --measured's), with its error on the measured rows")
+    bench.add_argument("--measured", default=None, metavar="FILE",
+                       help="--model: the numbers of `python -m trajflow.workflows.bench.manycore` "
+                            "(e.g. a 16-core node's) instead of measuring here")
     bench.add_argument("--width", action="store_true",
                        help="instead: a pilot's start-up and its tasks' launch at --nodes nodes of "
                             "a SLURM resource, one pilot each, and their growth per node (start "
