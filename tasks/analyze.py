@@ -362,8 +362,11 @@ def run_mpi_mode(plan, setup_marks=None):
     with schedule.claims(comm, chunks, timer, plan.collective_timeout_s, counter) as claims:
         pieces = analyze_chunks(work, claims, timer)
         if comm is None:
+            t0, cpu0 = time.time(), time.process_time()
             with timer.phase("setup"):
                 comm, _, _ = mpi_world(expected=(rank, size))
+            timer.info["setup_parts"]["mpi_init"] = time.time() - t0  # after the chunks
+            timer.info["setup_cpu_s"] += time.process_time() - cpu0
         work.even_up_collective_reads()
         with timer.phase("wait"):  # the straggler signal of Jakupovic and Beckstein 2021
             barrier_or_abort(comm, plan.collective_timeout_s)

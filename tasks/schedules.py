@@ -252,8 +252,9 @@ def _remove_stale_counters(folder):
     from .launch_env import launch_id
     for name in os.listdir(folder):
         fields = name.split("-")
-        if len(fields) != 4 or fields[0] != "claims" or not fields[2].isdigit():
-            continue  # not a counter (a file being created ends .tmp)
+        if (len(fields) != 4 or fields[0] != "claims" or not fields[2].isdigit()
+                or not fields[3].isdigit()):
+            continue  # not a counter (one being created ends .<pid>.tmp)
         if launch_id(int(fields[2])) != f"{fields[2]}-{fields[3]}":
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(folder, name))

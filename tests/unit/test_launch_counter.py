@@ -65,8 +65,11 @@ def test_a_counter_of_a_launch_gone_is_removed(shm):
     shm.mkdir(mode=0o700)
     stale = shm / f"claims-{'0' * 16}-{dead.pid}-12345"
     stale.write_bytes(np.int64(7).tobytes())
+    being_made = shm / f"claims-{'0' * 16}-{dead.pid}-12345.{dead.pid}.tmp"  # another's, now
+    being_made.write_bytes(bytes(8))
     LaunchCounter(launch(), "abc" * 8, 0).close()
     assert not stale.exists()
+    assert being_made.exists()  # a rank of a live launch is linking it into place
 
 
 def test_a_folder_others_can_write_is_refused(shm):
