@@ -210,21 +210,25 @@ def agreed_layout(comm, pieces):
                 if layout is not None)
 
 
-def in_chunk_order(gathered, rows_by_rank):
-    """The gather's root: the gathered arrays (every rank's rows, rank after rank, each rank's
-    chunks in the order it analysed them) rearranged in chunk order, i.e. frame order."""
+def chunk_order(rows_by_rank):
+    """The gather's root: where each chunk's rows lie in the gathered arrays (every rank's
+    rows, rank after rank, each rank's chunks in the order it analysed them), as
+    {key: [(start, stop)]} in chunk order, i.e. frame order; None if they are in order
+    already. The part is written in that order straight from the gathered arrays, with no
+    reordered copy (a dynamic run's 67 MB of dihedral features took 0.13 s to copy)."""
     ids = [chunk_id for rows in rows_by_rank for chunk_id, _ in rows]
-    if ids == sorted(ids):  # static blocks, or chunks that fell in order: no copy
-        return gathered
-    out = {}
-    for key, value in gathered.items():
-        pieces, offset = [], 0
+    if ids == sorted(ids):  # static blocks, or chunks that fell in order
+        return None
+    keys = rows_by_rank[next(i for i, rows in enumerate(rows_by_rank) if rows)][0][1]
+    order = {}
+    for key in keys:
+        spans, offset = [], 0
         for rows in rows_by_rank:
             for chunk_id, counts in rows:
-                pieces.append((chunk_id, value[offset:offset + counts[key]]))
+                spans.append((chunk_id, offset, offset + counts[key]))
                 offset += counts[key]
-        out[key] = np.concatenate([piece for _, piece in sorted(pieces, key=lambda p: p[0])])
-    return out
+        order[key] = [(start, stop) for _, start, stop in sorted(spans)]
+    return order
 
 
 def analyze_block(plan, block, timer, comm=None):
@@ -384,8 +388,9 @@ def run_mpi_mode(plan, setup_marks=None):
         rows_by_rank = comm.gather(rows, root=root)
     if rank == root:
         with timer.phase("write"):
-            parts.write_part(plan.part_path("mpi"), in_chunk_order(gathered, rows_by_rank),
-                             part_attrs(plan, work.attrs(), list(range(size))))
+            parts.write_part(plan.part_path("mpi"), gathered,
+                             part_attrs(plan, work.attrs(), list(range(size))),
+                             row_order=chunk_order(rows_by_rank))
     timer.finish(plan.profile_path(f"analyze.block_{rank:05d}"))
 
 

@@ -43,27 +43,34 @@ class DamagedPart(Exception):
     """A part file that cannot be read or whose data do not match its checksum."""
 
 
-def checksum(arrays):
-    """CRC-32 over the arrays' names and bytes, in name order (~1 GB/s)."""
+def checksum(arrays, row_order=None):
+    """CRC-32 over the arrays' names and bytes, in name order (~1 GB/s); `row_order`:
+    {key: [(start, stop)]}, the rows of that key in that order (as write_part writes them)."""
     crc = 0
     for key in sorted(arrays):
         crc = zlib.crc32(key.encode(), crc)
-        crc = zlib.crc32(np.ascontiguousarray(arrays[key]).data, crc)
+        for start, stop in _spans(arrays[key], key, row_order):
+            crc = zlib.crc32(np.ascontiguousarray(arrays[key][start:stop]).data, crc)
     return crc
 
 
-def write_part(path, arrays, attrs, first_wins=False):
+def _spans(value, key, row_order):
+    return row_order[key] if row_order and key in row_order else [(0, len(value))]
+
+
+def write_part(path, arrays, attrs, first_wins=False, row_order=None):
     """Write the part whole under a temporary name, then put it in place. With
     `first_wins` (two copies of a block racing, block_claims.py) a part already
-    there is kept and False returned: the link fails where the part exists."""
+    there is kept and False returned: the link fails where the part exists.
+    `row_order`: {key: [(start, stop)]}, the rows of each array in the order written."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     if not first_wins:
         with replaced_whole(path) as tmp:
-            _write_h5(tmp, arrays, attrs)
+            _write_h5(tmp, arrays, attrs, row_order)
         return True
     tmp = temporary_name(path)
     try:
-        _write_h5(tmp, arrays, attrs)
+        _write_h5(tmp, arrays, attrs, row_order)
         os.link(tmp, path)
         return True
     except FileExistsError:
@@ -73,11 +80,22 @@ def write_part(path, arrays, attrs, first_wins=False):
             os.remove(tmp)
 
 
-def _write_h5(file, arrays, attrs):
+def _write_h5(file, arrays, attrs, row_order=None):
     with h5py.File(file, "w") as f:
         for key, value in arrays.items():
-            f.create_dataset(key, data=value)
-        f.attrs[ATTRIBUTE] = json.dumps({**attrs, "crc32": checksum(arrays)}, default=_plain)
+            spans = _spans(value, key, row_order)
+            if len(spans) == 1 and spans[0] == (0, len(value)):
+                f.create_dataset(key, data=value)
+                continue
+            rows = sum(stop - start for start, stop in spans)
+            dataset = f.create_dataset(key, shape=(rows,) + value.shape[1:], dtype=value.dtype)
+            at = 0
+            for start, stop in spans:
+                if stop > start:
+                    dataset[at:at + stop - start] = value[start:stop]
+                at += stop - start
+        f.attrs[ATTRIBUTE] = json.dumps({**attrs, "crc32": checksum(arrays, row_order)},
+                                        default=_plain)
 
 
 def read_part(path):

@@ -35,30 +35,35 @@ def test_bench_prints_ratios_and_writes_json(tmp_path):
             assert result[section][key] > 0, (section, key)
 
 
-LARGE_KEYS = ["ours_1rank_us", "ours_2rank_us", "mda_serial_us", "mda_mp2_us", "efficiency_2",
-              "ours_2rank_read_bytes",
-              "ours_2rank_bytes_per_s", "file_bytes"]
+LARGE_KEYS = ["ours_us", "ceiling_us", "mda_us"]
 
 
 @pytest.mark.entk
 def test_bench_large_writes_every_number_at_a_small_size(tmp_path):
-    """--scale large at 2 copies (20 frames): the three files built into the cache, each
-    format's rows (the bench refuses to report if our RMSD differs from MDAnalysis'),
-    the pilot against mpiexec row and the start-up; the same numbers in the JSON."""
+    """--scale large at 2 copies (20 frames), 1 and 2 ranks with the ceiling: the three
+    files built into the cache, every case's rows (the bench refuses to report if our
+    RMSD differs from MDAnalysis'), the pilot against mpiexec row and the start-up; the
+    same numbers in the JSON."""
     out = tmp_path / "large.json"
     proc = subprocess.run([TRAJFLOW, "bench", "--scale", "large", "--large-gb", "0.002",
-                           "--launches", "1", "--startup-launches", "1", "--json", str(out)],
+                           "--ranks", "1", "2", "--ceiling", "--launches", "1",
+                           "--startup-launches", "1", "--json", str(out)],
                           capture_output=True, text=True, timeout=900,
                           env={**os.environ, "TRAJFLOW_CACHE": str(tmp_path / "cache")})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "building the large case once: solvated AdK x2 = 20 frames" in proc.stdout
     assert "MDA serial / ours 1 rank" in proc.stdout and "in a kept local pilot" in proc.stdout
+    assert "ours/ceil" in proc.stdout and "worst ours/ceiling" in proc.stdout
     result = json.loads(out.read_text())
-    for fmt in ("xtc", "dcd", "h5md"):
-        assert result["large"][fmt]["n_frames"] == 20
-        for key in LARGE_KEYS:
-            assert result["large"][fmt][key] > 0, (fmt, key)
-    assert result["large"]["dcd"]["file_bytes"] > 3 * result["large"]["xtc"]["file_bytes"]
+    assert set(result["scaling"]) == {"xtc_ca", "xtc_all", "dcd_ca", "h5md_ca"}
+    for case, rows in result["scaling"].items():
+        assert result["frames"][case] == 20
+        assert set(rows) == {"1", "2"}
+        for row in rows.values():
+            for key in LARGE_KEYS:
+                assert row[key] > 0, (case, key)
+            assert 0 <= row["unaccounted_fraction"] < 0.05, (case, row)
+    assert result["large"]["bytes"]["dcd"] > 3 * result["large"]["bytes"]["xtc"]
     assert result["pilot_vs_mpiexec"]["pilot_s"] > 0 and result["pilot_vs_mpiexec"]["mpiexec_s"] > 0
     placed = result["pilot_vs_mpiexec"]["placed"]  # RADICAL on CPU 0, the ranks elsewhere
     assert placed["agent_cpus"] == [0] and 0 not in placed["rank_cpus"]

@@ -3,7 +3,8 @@
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from trajflow.tasks.analyze import in_chunk_order, join_pieces
+from trajflow.tasks.analyze import chunk_order, join_pieces
+from trajflow.tasks.parts import read_part, write_part
 from trajflow.tasks.plan import balanced_blocks
 from trajflow.tasks.schedules import CHUNKS_PER_BLOCK, MIN_CHUNK_FRAMES, SCHEDULES
 from trajflow.workflows.profile.schedule_effects import mpi_effect, mpi_lines, schedule_advice
@@ -44,9 +45,11 @@ def test_static_chunks_are_the_blocks():
 
 @settings(max_examples=100, deadline=None, derandomize=True)
 @given(st.integers(2, 300), st.integers(1, 6), st.randoms(use_true_random=False))
-def test_rows_gathered_rank_after_rank_come_back_in_frame_order(n_frames, n_ranks, rnd):
+def test_rows_gathered_rank_after_rank_come_back_in_frame_order(tmp_path_factory, n_frames,
+                                                                n_ranks, rnd):
     """However the chunks fell to the ranks, and whatever rows a chunk has (one per
-    frame, or one pickled blob per chunk), the root puts them back in chunk order."""
+    frame, or one pickled blob per chunk), the root writes them in chunk order (the part
+    read back, its checksum over what was written)."""
     n_ranks = min(n_ranks, n_frames)
     chunks = SCHEDULES["dynamic"].chunks(_Plan(n_frames, n_ranks))
     owners = [rnd.randrange(n_ranks) for _ in chunks]
@@ -62,7 +65,9 @@ def test_rows_gathered_rank_after_rank_come_back_in_frame_order(n_frames, n_rank
                                          (1, 3))}) for c in mine]
         per_rank.append(join_pieces(pieces, layout))
     gathered = {k: np.concatenate([arrays[k] for arrays, _ in per_rank]) for k in layout}
-    ordered = in_chunk_order(gathered, [rows for _, rows in per_rank])
+    part = str(tmp_path_factory.mktemp("part") / "mpi.h5")
+    write_part(part, gathered, {}, row_order=chunk_order([rows for _, rows in per_rank]))
+    ordered, _ = read_part(part)
     assert np.array_equal(ordered["frame"], np.arange(n_frames))
     assert np.array_equal(ordered["xyz"][:, 2], np.arange(n_frames))
     assert np.array_equal(ordered["blob"], np.concatenate(

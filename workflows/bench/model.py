@@ -96,13 +96,20 @@ def chunks(frames, ranks):
 
 
 def predict(inputs, ranks, nodes, schedule, frames=None, early_claims=True, shared_file=True,
-            parts=False):
-    """Seconds of the analyze stage's slowest rank (its t_total); `parts`: the terms."""
+            parts=False, host_cores=None):
+    """Seconds of the analyze stage's slowest rank (its t_total); `parts`: the terms;
+    `host_cores`: the nodes are virtual, sharing that many cores of one host."""
     frames = frames or inputs.frames
     per_node = math.ceil(ranks / nodes)
-    work = inputs.work_1 * frames / inputs.frames / ranks / inputs.efficiency_on_node(per_node)
+    on_host = min(ranks, host_cores) if host_cores else per_node
+    work = inputs.work_1 * frames / inputs.frames / ranks / inputs.efficiency_on_node(on_host)
+    if host_cores and ranks > host_cores:  # more ranks than the host has cores
+        work *= ranks / host_cores
     setup = inputs.setup_1 + inputs.setup_per_level * math.log2(ranks)
-    skew = inputs.skew.get(min(per_node, inputs.cores), max(inputs.skew.values()))
+    # the launch's skew as measured on one node at this many ranks (across nodes: all of
+    # them, at most the node's cores: a launch across nodes is not measured faster)
+    skew = inputs.skew.get(min(ranks if nodes > 1 else per_node, inputs.cores),
+                           max(inputs.skew.values()))
     hides_skew = schedule == "dynamic" and nodes == 1 and early_claims
     wait_for_launch = 0.0 if hides_skew else skew
     gather = inputs.gather_level_s * math.ceil(math.log2(ranks)) if ranks > 1 else 0.0
@@ -256,12 +263,53 @@ def measure_here(case="xtc_ca", gb=0.2, launches=3, say=print):
     return {"cores": cores, "setup": setup, "scaling": rows}
 
 
-def run_model_bench(measured=None, case="xtc_ca", gb=0.2, launches=3, say=print):
+def run_model_bench(measured=None, case="xtc_ca", gb=0.2, launches=3, validate_on=None,
+                    widths=(2, 4), say=print):
     """The model from `measured` (a manycore.json's numbers) or from numbers measured here
-    now, with this machine's claim costs."""
+    now, with this machine's claim costs; `validate_on`: also run the case on `widths`
+    nodes of that SLURM resource and put the prediction beside each."""
     say("  the claims' round trips ...")
     claims = measure_claims()
     data = measured if measured is not None else measure_here(case, gb, launches, say)
     model = run_model(Inputs(data, case, claims))
     model["claims"] = claims
+    if validate_on:
+        here = data if measured is None else measure_here(case, gb, launches, say)
+        model["validation"] += validate_on_resource(validate_on, widths, here, case, gb, say=say)
     return model
+
+
+def validate_on_resource(resource, widths, measured, case_name="xtc_all", gb=0.5,
+                         folder=None, say=print):
+    """[{"nodes", "ranks", "measured_s", "predicted_s", "error"}]: the case's analyze stage
+    on `widths` nodes of a SLURM resource (one rank a node: start the virtual cluster
+    with one CPU a node), one pilot for all, beside the model's prediction from
+    `measured` (this machine's numbers). The virtual nodes share this machine's cores and
+    disk: the prediction is told so, and the papers' shared-file stragglers are left out."""
+    import tempfile
+    import trajflow
+    from trajflow.workflows.bench import scaling
+    from trajflow.workflows.bench.large import build_large
+    case = scaling.CASES[case_name]
+    files = build_large(gb, say)
+    inputs = Inputs(measured, case_name, measure_claims())
+    host = len(os.sched_getaffinity(0))
+    folder = folder or tempfile.mkdtemp(prefix="trajflow-bench-model-")
+    rows = []
+    with trajflow.Pilot(resource, cpus=max(widths), walltime=20, progress=False,
+                        path=os.path.join(folder, "pilot")) as pilot:
+        for n in widths:
+            say(f"  {case_name} on {n} node(s) of {resource} ...")
+            run = pilot.run(files["top"], files[case.fmt], "rmsd", select=case.select,
+                            stop=case.frames(files), io="shared", mode="mpi",
+                            schedule="dynamic", blocks=n, out=os.path.join(folder, f"n{n}"))
+            if not run.ok:
+                raise RuntimeError(f"the {n}-node run failed: {run.path}")
+            ranks = [r for r in run.profile.records if r["task"] == "analyze"]
+            nodes = len({r["host"] for r in ranks})
+            measured_s = max(r["t_total"] for r in ranks)
+            predicted = predict(inputs, len(ranks), nodes, "dynamic", case.frames(files),
+                                shared_file=False, host_cores=host)
+            rows.append({"nodes": nodes, "ranks": len(ranks), "measured_s": measured_s,
+                         "predicted_s": predicted, "error": predicted / measured_s - 1})
+    return rows

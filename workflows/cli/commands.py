@@ -337,11 +337,12 @@ def cmd_bench(args):
     if args.ranks is not None and (min(args.ranks) < 1 or len(set(args.ranks)) != len(args.ranks)):
         raise InputError(f"--ranks: distinct counts of 1 rank or more, got {args.ranks}")
     if (args.ranks or args.ceiling or args.cases) and not (args.scale == "large"
-                                                           or args.setup_growth):
+                                                           or args.setup_growth or args.model):
         raise InputError("--ranks, --ceiling and --cases measure the large case: add --scale "
-                         "large (or --setup-growth, for --ranks)")
-    if not args.large_gb > 0:
-        raise InputError(f"--large-gb must be more than 0, got {args.large_gb}")
+                         "large (or --setup-growth, for --ranks; --model, for --cases)")
+    gb = args.large_gb if args.large_gb is not None else (0.2 if args.model else 2.0)
+    if not gb > 0:
+        raise InputError(f"--large-gb must be more than 0, got {gb}")
     if args.width and (min(args.nodes) < 1 or len(set(args.nodes)) != len(args.nodes)):
         raise InputError(f"--nodes: distinct widths of 1 node or more, got {args.nodes}")
     if args.width:
@@ -361,7 +362,7 @@ def cmd_bench(args):
                                                with_tasks=not args.no_entk)}
         print("\n".join(format_stragglers(result["stragglers"])))
     elif args.readers:
-        result = {"readers": run_readers(args.large_gb, args.launches)}
+        result = {"readers": run_readers(gb, args.launches)}
         print(format_readers(result["readers"]))
     elif args.latency:
         result = run_latency(args.repeats)
@@ -377,13 +378,15 @@ def cmd_bench(args):
                 raise InputError(f"--measured {args.measured}: not the numbers of "
                                  f"trajflow.workflows.bench.manycore ({exc}); run it, or leave "
                                  "--measured out to measure here")
-        result = {"model": run_model_bench(measured, launches=args.launches)}
+        result = {"model": run_model_bench(measured, (args.cases or ["xtc_ca"])[0],
+                                           gb,
+                                           args.launches, args.validate_on, args.nodes)}
         print("\n".join(format_model(result["model"])))
     elif args.setup_growth:
         result = run_setup_growth(args.ranks or SETUP_RANKS, args.launches)
         print("\n".join(format_setup_growth(result)))
     elif args.scale == "large":
-        result = run_bench_large(args.large_gb, args.launches, with_entk=not args.no_entk,
+        result = run_bench_large(gb, args.launches, with_entk=not args.no_entk,
                                  startup_launches=args.startup_launches, ranks=args.ranks,
                                  ceiling=args.ceiling, cases=args.cases)
     else:

@@ -157,9 +157,9 @@ def build_parser():
     bench.add_argument("--cases", nargs="+", default=None, choices=tuple(SCALING_CASES),
                        metavar="CASE", help="--scale large: the rows to measure, of "
                        f"{', '.join(SCALING_CASES)} (default: all)")
-    bench.add_argument("--large-gb", type=float, default=2.0, metavar="GB",
-                       help="--scale large: the XTC's size in GB (default: 2; the three files "
-                            "take ~8x that on disk)")
+    bench.add_argument("--large-gb", type=float, default=None, metavar="GB",
+                       help="--scale large, --readers, --model: the XTC's size in GB (default: "
+                            "2, --model 0.2; the three files take ~8x that on disk)")
     bench.add_argument("--launches", type=int, default=3, metavar="N",
                        help="--scale large: launches of each of our stages, best (pilot against "
                             "mpiexec: median) of N (default: 3)")
@@ -192,12 +192,17 @@ def build_parser():
     bench.add_argument("--measured", default=None, metavar="FILE",
                        help="--model: the numbers of `python -m trajflow.workflows.bench.manycore` "
                             "(e.g. a 16-core node's) instead of measuring here")
+    bench.add_argument("--validate-on", default=None, metavar="RESOURCE",
+                       help="--model: also run --cases' first case (default xtc_ca) on --nodes "
+                            "nodes of this SLURM resource, one rank a node, and put the "
+                            "prediction beside each (the virtual cluster: sudo "
+                            "tests/cluster/virtual.sh start 4 1)")
     bench.add_argument("--width", action="store_true",
                        help="instead: a pilot's start-up and its tasks' launch at --nodes nodes of "
                             "a SLURM resource, one pilot each, and their growth per node (start "
                             "the virtual cluster first: sudo tests/cluster/virtual.sh start 4)")
     bench.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 4], metavar="N",
-                       help="--width: the pilots' widths in nodes (default: 1 2 4)")
+                       help="--width, --validate-on: the widths in nodes (default: 1 2 4)")
     bench.add_argument("--width-resource", default="local.vcluster", metavar="NAME",
                        help="--width: the resource (default: local.vcluster)")
     bench.add_argument("--json", default=None, metavar="FILE", help="also write the numbers as JSON")
