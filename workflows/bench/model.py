@@ -282,34 +282,45 @@ def run_model_bench(measured=None, case="xtc_ca", gb=0.2, launches=3, validate_o
 def validate_on_resource(resource, widths, measured, case_name="xtc_all", gb=0.5,
                          folder=None, say=print):
     """[{"nodes", "ranks", "measured_s", "predicted_s", "error"}]: the case's analyze stage
-    on `widths` nodes of a SLURM resource (one rank a node: start the virtual cluster
-    with one CPU a node), one pilot for all, beside the model's prediction from
-    `measured` (this machine's numbers). The virtual nodes share this machine's cores and
-    disk: the prediction is told so, and the papers' shared-file stragglers are left out."""
+    on `widths` nodes of a SLURM resource (a rank on each of their cores), one pilot for
+    all, beside the model's prediction from `measured` (this machine's numbers). The
+    virtual cluster's nodes share this machine's cores and disk: the prediction is told
+    so (less what the pilot's own processes used of them meanwhile, sampled), and the
+    papers' shared-file stragglers are left out."""
     import tempfile
     import trajflow
     from trajflow.workflows.bench import scaling
-    from trajflow.workflows.bench.large import build_large
+    from trajflow.workflows.bench.large import build_large, CpuSampler
+    from trajflow.workflows.bench.width import cores_per_node
+    from trajflow.workflows.run.resources import resolve_resource
+    cores = cores_per_node(resolve_resource(resource))
     case = scaling.CASES[case_name]
     files = build_large(gb, say)
     inputs = Inputs(measured, case_name, measure_claims())
     host = len(os.sched_getaffinity(0))
     folder = folder or tempfile.mkdtemp(prefix="trajflow-bench-model-")
     rows = []
-    with trajflow.Pilot(resource, cpus=max(widths), walltime=20, progress=False,
+    with trajflow.Pilot(resource, cpus=cores * max(widths), walltime=20, progress=False,
                         path=os.path.join(folder, "pilot")) as pilot:
         for n in widths:
             say(f"  {case_name} on {n} node(s) of {resource} ...")
-            run = pilot.run(files["top"], files[case.fmt], "rmsd", select=case.select,
-                            stop=case.frames(files), io="shared", mode="mpi",
-                            schedule="dynamic", blocks=n, out=os.path.join(folder, f"n{n}"))
+            with CpuSampler() as cpu:
+                run = pilot.run(files["top"], files[case.fmt], "rmsd", select=case.select,
+                                stop=case.frames(files), io="shared", mode="mpi",
+                                schedule="dynamic", blocks=cores * n,
+                                out=os.path.join(folder, f"n{n}"))
             if not run.ok:
                 raise RuntimeError(f"the {n}-node run failed: {run.path}")
             ranks = [r for r in run.profile.records if r["task"] == "analyze"]
             nodes = len({r["host"] for r in ranks})
             measured_s = max(r["t_total"] for r in ranks)
+            # what RADICAL's agent, client and EnTK used of the host's cores meanwhile
+            others = cpu.cores_besides(min(r["t_start"] for r in ranks),
+                                       max(r["t_stop"] for r in ranks), "trajflow.tasks.analyze")
+            left = max(0.5, host - (others if others == others else 0.0))
             predicted = predict(inputs, len(ranks), nodes, "dynamic", case.frames(files),
-                                shared_file=False, host_cores=host)
+                                shared_file=False, host_cores=left)
             rows.append({"nodes": nodes, "ranks": len(ranks), "measured_s": measured_s,
-                         "predicted_s": predicted, "error": predicted / measured_s - 1})
+                         "predicted_s": predicted, "error": predicted / measured_s - 1,
+                         "host_cores_left": left})
     return rows

@@ -194,9 +194,9 @@ def build_parser():
                             "(e.g. a 16-core node's) instead of measuring here")
     bench.add_argument("--validate-on", default=None, metavar="RESOURCE",
                        help="--model: also run --cases' first case (default xtc_ca) on --nodes "
-                            "nodes of this SLURM resource, one rank a node, and put the "
+                            "nodes of this SLURM resource, a rank on each core, and put the "
                             "prediction beside each (the virtual cluster: sudo "
-                            "tests/cluster/virtual.sh start 4 1)")
+                            "tests/cluster/virtual.sh start 4)")
     bench.add_argument("--width", action="store_true",
                        help="instead: a pilot's start-up and its tasks' launch at --nodes nodes of "
                             "a SLURM resource, one pilot each, and their growth per node (start "
