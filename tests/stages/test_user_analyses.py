@@ -310,18 +310,15 @@ def test_a_module_that_would_not_reach_the_tasks_is_refused_here(tmp_path, adk, 
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.serial  # judges time: run alone (see the Makefile)
-def test_a_per_frame_error_is_refused_in_seconds_without_a_pilot(adk, tmp_path):
-    """MDAnalysis fails in under a second serially; so does trajflow, before any pilot,
-    with the user's traceback (their file, their line)."""
-    import time
-    t0 = time.time()
+def test_a_per_frame_error_is_refused_before_any_pilot(adk, tmp_path):
+    """MDAnalysis fails at once serially; so does trajflow, in its trial on the
+    workstation, before any pilot or run folder, with the user's traceback (their file,
+    their line). (How long that takes is the latency bench's to say, not a test's.)"""
     proc = trajflow_run(adk, tmp_path, f"{FACTORIES}:empty_selection")
-    wall = time.time() - t0
     assert proc.returncode == 2, proc.stderr
     assert "failed on the first 5 frame(s)" in proc.stderr and "_single_frame" in proc.stderr
     assert "factories.py" in proc.stderr and "--no-trial" in proc.stderr
-    assert wall < 10, f"{wall:.1f} s"
+    assert "pilot" not in proc.stdout.lower()
     assert not (tmp_path / "run").exists()
     assert not [p for p in os.listdir(tmp_path) if p.startswith("re.session")]
 
