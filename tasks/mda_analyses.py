@@ -21,6 +21,7 @@ import hashlib
 import importlib
 import importlib.util
 import io
+import logging
 import os
 import pickle
 import sys
@@ -31,6 +32,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from .combine import FRAME_AXES, FRAME_ROWS
+
+log = logging.getLogger(__name__)
 
 
 # the name a factory file is imported under, in the workstation, the analyze
@@ -165,6 +168,9 @@ def build_analysis(factory, universe, args):
     return analysis
 
 
+NOT_IMPORTED = {}  # MDAnalysis' analysis modules that parallelisable_classes could not import
+
+
 def parallelisable_classes():
     """{class name: module} of the installed MDAnalysis' analyses that declare
     themselves parallelisable: the ones `--analysis FILE.py:NAME` can run."""
@@ -181,7 +187,10 @@ def parallelisable_classes():
                 continue
             try:
                 module = importlib.import_module(info.name)
-            except Exception:  # optional dependencies missing
+            except Exception as exc:  # noqa: BLE001 - optional dependencies missing
+                NOT_IMPORTED[info.name] = f"{type(exc).__name__}: {exc}"
+                log.warning("MDAnalysis' %s cannot be imported here (%s): its analyses are "
+                            "not offered", info.name, NOT_IMPORTED[info.name])
                 continue
             yield module
             if info.ispkg:

@@ -84,13 +84,14 @@ def test_the_navigation_lists_every_page():
 def test_every_parallelisable_class_says_how_its_results_combine():
     """The guide's table names every class the installed MDAnalysis declares parallelisable
     (each row says how its pieces combine and what file it is tested on)."""
-    from trajflow.tasks.mda_analyses import parallelisable_classes
+    from trajflow.tasks.mda_analyses import NOT_IMPORTED, parallelisable_classes
     text = open(os.path.join(ROOT, "docs", "guide", "own-analysis.md"), encoding="utf-8").read()
     table = text[text.index("## How each analysis' results combine"):]
     rows = [line.split("|")[1] for line in table.splitlines() if line.startswith("| ")]
     named = {name.strip(" `") for row in rows for name in re.split(r",\s*", row)}
     missing = set(parallelisable_classes()) - named
     assert not missing, f"docs/guide/own-analysis.md's table lacks {sorted(missing)}"
+    assert not NOT_IMPORTED, f"analyses the test environment cannot import: {NOT_IMPORTED}"
 
 
 def test_the_chunk_default_is_the_same_in_help_and_guide():
