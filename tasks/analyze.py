@@ -28,8 +28,8 @@ from .analyses import ANALYSIS_CLASSES
 from .plan import RunPlan, chunk_size, decode_path_arg
 from .rundir import mark_started
 from .block_claims import BlockClaims
-from .launch_env import this_launch
-from .schedules import Chunk, LaunchCounter
+from .launch_env import MPI_INIT_FIRST, this_launch
+from .schedules import Chunk, CounterUnavailable, LaunchCounter
 from .dcd import open_dcd
 from .xtc import xtc_readable
 from .h5md import COLLECTIVE, is_h5md
@@ -340,18 +340,21 @@ def run_mpi_mode(plan, setup_marks=None):
     """`setup_marks`: [(what, when it began)] of the rank's set-up in main()."""
     setup_marks = list(setup_marks or [])
     schedule = plan.schedule_strategy
-    launch = starts_before_mpi_init(plan)
-    if launch is not None:  # MPI_Init after the chunks: no wait for the launch's last rank
+    early = claims_before_mpi_init(plan)
+    if early is not None:  # MPI_Init after the chunks: no wait for the launch's last rank
+        launch, counter = early
         comm, rank, size = None, launch.rank, launch.size
     else:
         setup_marks.append(("mpi_init", time.time()))
         comm, rank, size = mpi_world()
+        counter = None
+        agree_on_the_start(comm, early=False)
     if size != plan.analyze_ranks or (size < plan.n_blocks and schedule.one_chunk_per_rank):
         need = plan.analyze_ranks if size != plan.analyze_ranks else plan.n_blocks
         raise SystemExit(f"analyze: {size} MPI ranks for {plan.n_blocks} blocks "
                          f"({plan.schedule} schedule); start it with mpiexec -n {need}")
     timer = RankTimer("analyze", rank=rank, size=size, block=rank, mode="mpi",
-                      setup_marks=setup_marks, mpi_init_after_chunks=launch is not None,
+                      setup_marks=setup_marks, mpi_init_after_chunks=early is not None,
                       gather=plan.gather, schedule=plan.schedule,
                       progress_path=plan.progress_path(rank))
     faults.maybe_fail(plan.workdir, rank)
@@ -361,16 +364,17 @@ def run_mpi_mode(plan, setup_marks=None):
         chunks = schedule.chunks(plan)
         if schedule.one_chunk_per_rank:  # static: rank r's chunk is block r
             work.agree_on_collective_reads(chunks[rank])
-        counter = (LaunchCounter(launch, plan.input_checksum, rank) if launch is not None
-                   else None)
     with schedule.claims(comm, chunks, timer, plan.collective_timeout_s, counter) as claims:
-        pieces = analyze_chunks(work, claims, timer)
+        try:
+            pieces = analyze_chunks(work, claims, timer)
+        except BaseException:
+            if counter is not None:  # the others stop at their next claim, then abort with us
+                counter.exhaust(len(chunks))
+            raise
         if comm is None:
-            t0, cpu0 = time.time(), time.process_time()
-            with timer.phase("setup"):
-                comm, _, _ = mpi_world(expected=(rank, size))
-            timer.info["setup_parts"]["mpi_init"] = time.time() - t0  # after the chunks
-            timer.info["setup_cpu_s"] += time.process_time() - cpu0
+            comm = late_mpi_init(timer, rank, size, plan.collective_timeout_s)
+            agree_on_the_start(comm, early=True)
+            check_claims(comm, counter, pieces, len(chunks))
         work.even_up_collective_reads()
         with timer.phase("wait"):  # the straggler signal of Jakupovic and Beckstein 2021
             barrier_or_abort(comm, plan.collective_timeout_s)
@@ -403,15 +407,16 @@ def mpi_world(expected=None):
     if expected is not None and (rank, size) != expected:
         raise RuntimeError(f"MPI says rank {rank} of {size} where the launcher's environment "
                            f"said {expected[0]} of {expected[1]}: chunks were claimed as the "
-                           f"wrong rank; run with TRAJFLOW_MPI_INIT_FIRST=1")
+                           f"wrong rank; run with {MPI_INIT_FIRST}=1 and report it")
     return comm, rank, size
 
 
-def starts_before_mpi_init(plan):
-    """The launch (launch_env.py) where this rank may claim chunks before MPI_Init: a
-    dynamic schedule, every rank on this node, reads that do not go through MPI-IO;
-    else None (MPI first). TRAJFLOW_MPI_INIT_FIRST=1 asks for MPI first always."""
-    if os.environ.get("TRAJFLOW_MPI_INIT_FIRST", "") not in ("", "0"):
+def claims_before_mpi_init(plan):
+    """(launch, its counter) where this rank may claim chunks before MPI_Init: a dynamic
+    schedule, every rank on this node, a launch named for sure (launch_env.py) and of the
+    plan's size, reads that do not go through MPI-IO, a counter this user alone can
+    write; else None (MPI first)."""
+    if os.environ.get(MPI_INIT_FIRST, "") not in ("", "0"):
         return None
     if plan.schedule_strategy.one_chunk_per_rank or faults.remote_counter_forced():
         return None
@@ -422,7 +427,61 @@ def starts_before_mpi_init(plan):
             if h5py.get_config().mpi:  # opened collectively by every rank, through MPI-IO
                 return None
     launch = this_launch()
-    return launch if launch is not None and launch.one_node else None
+    if launch is None or not launch.one_node or launch.size != plan.analyze_ranks:
+        return None
+    try:
+        return launch, LaunchCounter(launch, plan.workdir, launch.rank)
+    except (CounterUnavailable, OSError) as exc:
+        print(f"analyze rank {launch.rank}: {exc}; MPI is initialised first",
+              file=sys.stderr, flush=True)
+        return None
+
+
+def late_mpi_init(timer, rank, size, timeout_s):
+    """MPI_Init after this rank's chunks, timed as `wait` (it waits for the launch's
+    other ranks); a rank lost before its own MPI_Init must not leave this one there
+    until the walltime: past `timeout_s` this process exits."""
+    import threading
+
+    def give_up():
+        print(f"analyze rank {rank}: the other ranks did not reach MPI_Init within "
+              f"{timeout_s:.0f} s; exiting", file=sys.stderr, flush=True)
+        os._exit(COLLECTIVE_TIMEOUT)
+
+    watchdog = threading.Timer(timeout_s, give_up)
+    watchdog.daemon = True
+    t0, cpu0 = time.time(), time.process_time()
+    watchdog.start()
+    try:
+        with timer.phase("wait"):
+            comm, _, _ = mpi_world(expected=(rank, size))
+    finally:
+        watchdog.cancel()
+    timer.info.setdefault("setup_parts", {})["mpi_init"] = time.time() - t0
+    timer.info["setup_cpu_s"] = timer.info.get("setup_cpu_s", 0.0) + time.process_time() - cpu0
+    return comm
+
+
+def agree_on_the_start(comm, early):
+    """Every rank's first collective: all claimed before MPI_Init, or none did (the
+    choice is each rank's own; ranks that differ would wait in different collectives)."""
+    if len(set(comm.allgather(bool(early)))) > 1:
+        raise RuntimeError(f"some ranks claimed chunks before MPI_Init and some did not; run "
+                           f"with {MPI_INIT_FIRST}=1 and report it")
+
+
+def check_claims(comm, counter, pieces, n_chunks):
+    """After claims made before MPI_Init: every rank used the same counter, and the
+    chunks claimed are each chunk once. Otherwise the part would hold rows twice or
+    miss some: the run fails here, naming why."""
+    mine = [chunk_id for chunk_id, _ in pieces]
+    seen = comm.allgather((counter.identity, mine))
+    files = {identity for identity, _ in seen}
+    claimed = sorted(chunk_id for _, ids in seen for chunk_id in ids)
+    if len(files) > 1 or claimed != list(range(n_chunks)):
+        raise RuntimeError(f"the ranks' claims before MPI_Init do not cover the {n_chunks} "
+                           f"chunks once ({len(files)} counter file(s), {len(claimed)} claims): "
+                           f"run with {MPI_INIT_FIRST}=1 and report it")
 
 
 def barrier_or_abort(comm, timeout_s):

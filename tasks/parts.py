@@ -49,13 +49,11 @@ def checksum(arrays, row_order=None):
     crc = 0
     for key in sorted(arrays):
         crc = zlib.crc32(key.encode(), crc)
-        for start, stop in _spans(arrays[key], key, row_order):
-            crc = zlib.crc32(np.ascontiguousarray(arrays[key][start:stop]).data, crc)
+        spans = (row_order or {}).get(key)
+        pieces = [arrays[key]] if spans is None else [arrays[key][a:b] for a, b in spans]
+        for piece in pieces:
+            crc = zlib.crc32(np.ascontiguousarray(piece).data, crc)
     return crc
-
-
-def _spans(value, key, row_order):
-    return row_order[key] if row_order and key in row_order else [(0, len(value))]
 
 
 def write_part(path, arrays, attrs, first_wins=False, row_order=None):
@@ -83,8 +81,8 @@ def write_part(path, arrays, attrs, first_wins=False, row_order=None):
 def _write_h5(file, arrays, attrs, row_order=None):
     with h5py.File(file, "w") as f:
         for key, value in arrays.items():
-            spans = _spans(value, key, row_order)
-            if len(spans) == 1 and spans[0] == (0, len(value)):
+            spans = (row_order or {}).get(key)
+            if spans is None:
                 f.create_dataset(key, data=value)
                 continue
             rows = sum(stop - start for start, stop in spans)

@@ -198,17 +198,25 @@ class SharedMemoryCounter:
         pass
 
 
+class CounterUnavailable(Exception):
+    """The launch's counter cannot be made here (the folder is not this user's alone):
+    the ranks initialise MPI first instead."""
+
+
 class LaunchCounter:
     """The counter before MPI_Init, for ranks that all share one node: an int64 in a
-    file of 8 bytes in this user's private folder in /dev/shm, named by the launch
-    (launch_env.py), mapped into each rank; a claim is the same atomic add as in
+    file of 8 bytes in this user's private folder in /dev/shm, named by the run and the
+    launch (launch_env.py), mapped into each rank; a claim is the same atomic add as in
     SharedMemoryCounter. So a rank claims its first chunk as soon as it starts, not
-    after the last rank of the launch has (MPI_Init waits for it). The rank that
-    closes it after the last claim (rank 0, after the barrier) removes the file."""
+    after the last rank of the launch has (MPI_Init waits for it). After MPI_Init the
+    ranks check that they shared one file and that their claims cover every chunk once
+    (analyze.py); rank 0 removes the file after the barrier."""
     round_trip = False
     FOLDER = "/dev/shm"
+    STALE_S = 7 * 86400  # a counter left by a job that aborted, removed by the next run
 
-    def __init__(self, launch, plan_checksum, rank):
+    def __init__(self, launch, run_folder, rank):
+        import hashlib
         import mmap
         from . import kernels
         from .rundir import private_folder
@@ -216,23 +224,28 @@ class LaunchCounter:
         folder = os.path.join(self.FOLDER, f"trajflow-{os.getuid()}")
         os.makedirs(folder, mode=0o700, exist_ok=True)
         if not private_folder(folder):
-            raise RuntimeError(f"{folder} is not this user's own folder: a dynamic schedule "
-                               "cannot share its chunk counter there")
-        _remove_stale_counters(folder)
-        self.path = os.path.join(folder, f"claims-{plan_checksum[:16]}-{launch.id}")
+            raise CounterUnavailable(f"{folder} is not this user's own folder")
+        _remove_stale_counters(folder, self.STALE_S)
+        key = hashlib.sha256(f"{os.path.realpath(run_folder)}\0{launch.id}".encode()).hexdigest()
+        self.path = os.path.join(folder, f"claims-{key[:32]}")
         _create_once(self.path, bytes(8))
         fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_size != 8:
-                raise RuntimeError(f"{self.path} is not a chunk counter of this user's")
+                raise CounterUnavailable(f"{self.path} is not a chunk counter of this user's")
             self.memory = mmap.mmap(fd, 8)
+            self.identity = (st.st_dev, st.st_ino)  # the ranks compare it after MPI_Init
         finally:
             os.close(fd)
         self.counter = np.frombuffer(self.memory, dtype=np.int64)
 
     def claim(self):
         return _Claimed(self.fetch_add(self.counter, 1))
+
+    def exhaust(self, n_chunks):
+        """No chunk left to claim: this rank failed, the others stop at their next claim."""
+        self.fetch_add(self.counter, n_chunks)
 
     def close(self):
         """After every rank's last claim (the caller's barrier)."""
@@ -246,18 +259,17 @@ class LaunchCounter:
         pass
 
 
-def _remove_stale_counters(folder):
-    """The counters of launches whose launcher has gone (a job aborted before its rank 0
-    removed its file): named claims-<plan>-<launcher pid>-<its start time>."""
-    from .launch_env import launch_id
+def _remove_stale_counters(folder, older_than_s):
+    """Counters (and half-made ones) untouched for `older_than_s`: left by jobs that
+    aborted before their rank 0 removed them."""
+    now = time.time()
     for name in os.listdir(folder):
-        fields = name.split("-")
-        if (len(fields) != 4 or fields[0] != "claims" or not fields[2].isdigit()
-                or not fields[3].isdigit()):
-            continue  # not a counter (one being created ends .<pid>.tmp)
-        if launch_id(int(fields[2])) != f"{fields[2]}-{fields[3]}":
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(folder, name))
+        if not name.startswith("claims-"):
+            continue
+        path = os.path.join(folder, name)
+        with contextlib.suppress(FileNotFoundError):
+            if now - os.lstat(path).st_mtime > older_than_s:
+                os.unlink(path)
 
 
 def _create_once(path, content):

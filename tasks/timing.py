@@ -60,7 +60,7 @@ class _Interval:
     def __enter__(self):
         now = time.time()
         stack = self.timer.open_phases
-        if stack:  # the outer phase's time so far
+        if stack and now > stack[-1].t0:  # the outer phase's time so far
             outer = stack[-1]
             self.timer.intervals.append((outer.name, outer.t0, now))
         stack.append(self)
@@ -70,7 +70,8 @@ class _Interval:
         if kind is None:
             self.timer.inject(self.name)
         now = time.time()
-        self.timer.intervals.append((self.name, self.t0, now))
+        if now > self.t0:  # an empty fragment (an outer phase's, between two inner) is none
+            self.timer.intervals.append((self.name, self.t0, now))
         stack = self.timer.open_phases
         stack.pop()
         if stack:  # the outer phase goes on from here

@@ -320,3 +320,34 @@ def test_a_rank_launched_late_is_not_waited_for_before_the_first_chunk(tmp_path,
     assert ranks[0]["mpi_init_after_chunks"] and ranks[1]["mpi_init_after_chunks"]
     assert not [n for n in os.listdir(f"/dev/shm/trajflow-{os.getuid()}")
                 if plan.input_checksum[:16] in n]
+
+
+@pytest.mark.parametrize("job_ids,early", [
+    ({}, False),  # each rank under a shell of its own, no job id: the launch has no sure name
+    ({"RP_SESSION_ID": "re.session.t", "RP_PILOT_ID": "pilot.0000", "RP_TASK_ID": "task.1"},
+     True),  # as RADICAL-Pilot runs a rank (task.*.exec.sh: `rank &; wait`), with its ids
+])
+def test_ranks_under_shells_of_their_own_claim_early_only_when_the_launch_is_named(
+        tmp_path, long_xtc, job_ids, early):
+    """Ranks whose parent is not the launcher must not each make a counter of their own
+    (each would analyse every chunk): they claim before MPI_Init only where the job's ids
+    name the launch; either way every chunk is analysed once and the result is static's."""
+    from run_stages import MPIEXEC, _env
+    plan = make_plan(long_xtc[0], [long_xtc[1]], "rmsd", str(tmp_path / "run"), blocks=2,
+                     cpus=2, schedule="dynamic")
+    path = write_plan(plan)
+    plan.lock.release()
+    spec = stage_specs(plan, path)
+    shell = ["sh", "-c", '"$@"; exit $?', "rank"] + spec["analyze"][0].argv(sys.executable)
+    proc = subprocess.run([MPIEXEC, "-n", "2"] + shell, env={**_env(None), **job_ids},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-3000:]
+    done = subprocess.run(spec["reduce"][0].argv(sys.executable), env=_env(None),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    static, _ = plan_and_run(tmp_path / "static", long_xtc[0], [long_xtc[1]], "rmsd", blocks=2,
+                             cpus=2, schedule="static")
+    assert np.array_equal(datasets(plan.result_path())["rmsd"], datasets(static)["rmsd"])
+    ranks = records(plan)
+    assert sum(r["frames"] for r in ranks) == plan.n_frames
+    assert [r["mpi_init_after_chunks"] for r in ranks] == [early, early]

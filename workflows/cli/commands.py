@@ -330,16 +330,34 @@ def _inspect_campaign(args):
     return EXIT_OK
 
 
+# each option of `trajflow bench` that only some of its measurements take, and those
+BENCH_OPTION_USERS = {"ranks": ("--scale large", "--setup-growth"),
+                      "ceiling": ("--scale large",), "cases": ("--scale large", "--model"),
+                      "measured": ("--model",), "validate_on": ("--model",)}
+
+
+def check_bench_options(args):
+    """One measurement at a time, and no option it would ignore (InputError)."""
+    instead = [flag for flag, on in (("--stragglers", args.stragglers), ("--readers", args.readers),
+                                     ("--latency", args.latency), ("--width", args.width),
+                                     ("--setup-growth", args.setup_growth),
+                                     ("--model", args.model)) if on]
+    if len(instead) > 1:
+        raise InputError(f"{' and '.join(instead)}: one measurement at a time")
+    mode = instead[0] if instead else f"--scale {args.scale}"
+    for option, users in BENCH_OPTION_USERS.items():
+        if getattr(args, option) not in (None, False) and mode not in users:
+            raise InputError(f"--{option.replace('_', '-')} goes with {' or '.join(users)}, "
+                             f"not {mode}")
+    if args.ranks is not None and (min(args.ranks) < 1 or len(set(args.ranks)) != len(args.ranks)):
+        raise InputError(f"--ranks: distinct counts of 1 rank or more, got {args.ranks}")
+
+
 def cmd_bench(args):
     if min(args.copies, args.repeats, args.loop_frames, args.startup_launches, args.launches) < 1:
         raise InputError("--copies, --repeats, --loop-frames, --startup-launches and --launches "
                          "must be at least 1")
-    if args.ranks is not None and (min(args.ranks) < 1 or len(set(args.ranks)) != len(args.ranks)):
-        raise InputError(f"--ranks: distinct counts of 1 rank or more, got {args.ranks}")
-    if (args.ranks or args.ceiling or args.cases) and not (args.scale == "large"
-                                                           or args.setup_growth or args.model):
-        raise InputError("--ranks, --ceiling and --cases measure the large case: add --scale "
-                         "large (or --setup-growth, for --ranks; --model, for --cases)")
+    check_bench_options(args)
     gb = args.large_gb if args.large_gb is not None else (0.2 if args.model else 2.0)
     if not gb > 0:
         raise InputError(f"--large-gb must be more than 0, got {gb}")
@@ -373,7 +391,7 @@ def cmd_bench(args):
             try:
                 with open(args.measured, encoding="utf-8") as fh:
                     measured = json.load(fh)
-                model_inputs_check(measured)
+                model_inputs_check(measured, (args.cases or ["xtc_ca"])[0])
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 raise InputError(f"--measured {args.measured}: not the numbers of "
                                  f"trajflow.workflows.bench.manycore ({exc}); run it, or leave "

@@ -10,6 +10,7 @@ import shutil
 from typing import Dict, List
 
 from trajflow.tasks.exit_codes import NOT_RETRIED
+from trajflow.tasks.launch_env import MPI_INIT_FIRST
 from trajflow.tasks.parts import is_whole
 from trajflow.tasks.plan import encode_path_arg, RunPlan
 from trajflow.tasks.rundir import CLAIMS
@@ -69,9 +70,10 @@ def remaining_specs(plan: RunPlan, plan_path: str) -> Dict[str, List[TaskSpec]]:
 def task_environment() -> Dict[str, str]:
     """Variables the tasks must see: one BLAS/OpenMP thread per rank (a rank is
     given one core; more threads would fight the other ranks for it), and the
-    documented testing hooks, if set."""
+    documented testing hooks and TRAJFLOW_MPI_INIT_FIRST (tasks/analyze.py), if set."""
     env = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    env.update({k: v for k, v in os.environ.items() if k.startswith("TRAJFLOW_TEST_")})
+    env.update({k: v for k, v in os.environ.items()
+                if k.startswith("TRAJFLOW_TEST_") or k == MPI_INIT_FIRST})
     return env
 
 
