@@ -16,6 +16,7 @@ A frame's way: reader -> kernel (analyses.py) -> gather -> part -> reduce.
 """
 import argparse
 import os
+import signal
 import sys
 import time
 import traceback
@@ -365,6 +366,7 @@ def run_mpi_mode(plan, setup_marks=None):
         if schedule.one_chunk_per_rank:  # static: rank r's chunk is block r
             work.agree_on_collective_reads(chunks[rank])
     with schedule.claims(comm, chunks, timer, plan.collective_timeout_s, counter) as claims:
+        faults.maybe_kill(rank)
         try:
             pieces = analyze_chunks(work, claims, timer)
         except BaseException:
@@ -372,7 +374,7 @@ def run_mpi_mode(plan, setup_marks=None):
                 counter.exhaust(len(chunks))
             raise
         if comm is None:
-            comm = late_mpi_init(timer, rank, size, plan.collective_timeout_s)
+            comm = late_mpi_init(timer, rank, size, plan.collective_timeout_s, counter)
             agree_on_the_start(comm, early=True)
             check_claims(comm, counter, pieces, len(chunks))
         work.even_up_collective_reads()
@@ -437,29 +439,46 @@ def claims_before_mpi_init(plan):
         return None
 
 
-def late_mpi_init(timer, rank, size, timeout_s):
+def late_mpi_init(timer, rank, size, timeout_s, counter):
     """MPI_Init after this rank's chunks, timed as `wait` (it waits for the launch's
-    other ranks); a rank lost before its own MPI_Init must not leave this one there
-    until the walltime: past `timeout_s` this process exits."""
-    import threading
-
-    def give_up():
-        print(f"analyze rank {rank}: the other ranks did not reach MPI_Init within "
-              f"{timeout_s:.0f} s; exiting", file=sys.stderr, flush=True)
-        os._exit(COLLECTIVE_TIMEOUT)
-
-    watchdog = threading.Timer(timeout_s, give_up)
-    watchdog.daemon = True
+    other ranks). A rank lost before its own MPI_Init must not leave this one there
+    until the walltime: a watcher process (MPI_Init holds the interpreter: no thread of
+    this one runs meanwhile) ends this one once a rank that started has ended (`counter`
+    holds their pids), or after `timeout_s`."""
     t0, cpu0 = time.time(), time.process_time()
-    watchdog.start()
+    watcher = watch_mpi_init(rank, counter, timeout_s)
     try:
         with timer.phase("wait"):
             comm, _, _ = mpi_world(expected=(rank, size))
     finally:
-        watchdog.cancel()
+        os.kill(watcher, signal.SIGKILL)
+        os.waitpid(watcher, 0)
     timer.info.setdefault("setup_parts", {})["mpi_init"] = time.time() - t0
     timer.info["setup_cpu_s"] = timer.info.get("setup_cpu_s", 0.0) + time.process_time() - cpu0
     return comm
+
+
+def watch_mpi_init(rank, counter, timeout_s, every_s=0.25):
+    """Fork the watcher of this rank's late MPI_Init; its pid."""
+    rank_pid = os.getpid()
+    watcher = os.fork()
+    if watcher:
+        return watcher
+    try:  # the watcher: polls, and never returns into the rank's code
+        deadline = time.time() + timeout_s
+        while True:
+            time.sleep(every_s)
+            if os.getppid() != rank_pid:
+                os._exit(0)  # the rank has ended
+            gone = counter.ranks_gone()
+            if gone or time.time() > deadline:
+                why = (f"rank(s) {gone} ended before MPI_Init" if gone else
+                       f"the other ranks did not reach MPI_Init within {timeout_s:.0f} s")
+                os.write(2, f"analyze rank {rank}: {why}; ending this rank\n".encode())
+                os.kill(rank_pid, signal.SIGKILL)
+                os._exit(0)
+    finally:
+        os._exit(0)
 
 
 def agree_on_the_start(comm, early):
@@ -592,6 +611,8 @@ def main(argv=None):
         elif not isinstance(exc, SystemExit):
             traceback.print_exc()
         sys.stderr.flush()
+        if "mpi4py.MPI" not in sys.modules:  # failed before its MPI_Init: the others see
+            return code                       # it gone (late_mpi_init) or are killed with it
         # mpiexec forwards a rank's stderr asynchronously and the abort ends the
         # forwarding with the job: give it a moment, or the reason is lost (seen)
         time.sleep(0.2)

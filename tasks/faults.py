@@ -8,8 +8,9 @@ TRAJFLOW_TEST_FAIL=<block>:<times> makes the analyze work of that block exit
 with code 3 on its first <times> attempts (counted in RUNDIR/faults/), so
 that tests can check retries, and failure once retries are spent.
 
-TRAJFLOW_TEST_KILL=<rank> makes that MPI rank SIGKILL itself in the middle
-of its loop, so that tests can check nothing hangs and nothing is published.
+TRAJFLOW_TEST_KILL=<rank> makes that MPI rank SIGKILL itself as it begins its
+chunks (whether or not any is left for it: a rank that starts late may find none),
+so that tests can check nothing hangs and nothing is published.
 
 TRAJFLOW_TEST_SLOW=<rank>:<cgroup folder>[,...] moves that MPI rank (in tasks
 mode: the task of that block) into a cgroup the caller made with a CPU quota

@@ -228,17 +228,26 @@ class LaunchCounter:
         _remove_stale_counters(folder, self.STALE_S)
         key = hashlib.sha256(f"{os.path.realpath(run_folder)}\0{launch.id}".encode()).hexdigest()
         self.path = os.path.join(folder, f"claims-{key[:32]}")
-        _create_once(self.path, bytes(8))
+        size = 8 * (1 + launch.size)  # the counter, then each rank's pid
+        _create_once(self.path, bytes(size))
         fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_size != 8:
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_size != size:
                 raise CounterUnavailable(f"{self.path} is not a chunk counter of this user's")
-            self.memory = mmap.mmap(fd, 8)
+            self.memory = mmap.mmap(fd, size)
             self.identity = (st.st_dev, st.st_ino)  # the ranks compare it after MPI_Init
         finally:
             os.close(fd)
-        self.counter = np.frombuffer(self.memory, dtype=np.int64)
+        words = np.frombuffer(self.memory, dtype=np.int64)
+        self.counter, self.pids = words[:1], words[1:]
+        self.pids[rank] = os.getpid()  # so the others can tell this rank died before MPI_Init
+
+    def ranks_gone(self):
+        """The ranks that started, claimed, and ended before MPI_Init (a crash, a kill):
+        the others would wait for them in MPI_Init, which some launchers (a rank under
+        a shell of its own) do not end."""
+        return [rank for rank, pid in enumerate(self.pids) if pid and not _alive(int(pid))]
 
     def claim(self):
         return _Claimed(self.fetch_add(self.counter, 1))
@@ -249,7 +258,7 @@ class LaunchCounter:
 
     def close(self):
         """After every rank's last claim (the caller's barrier)."""
-        self.counter = None
+        self.counter = self.pids = None
         self.memory.close()
         if self.rank == 0:
             with contextlib.suppress(FileNotFoundError):
@@ -257,6 +266,15 @@ class LaunchCounter:
 
     def abandon(self):
         pass
+
+
+def _alive(pid):
+    """Whether a process runs (a zombie, ended and not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 def _remove_stale_counters(folder, older_than_s):

@@ -85,8 +85,7 @@ class RankTimer:
     The testing hooks live here, not in the analysis loops: a rank with a
     `block` sleeps where TRAJFLOW_TEST_DELAY says, at the end of the first
     interval of that phase (so the delay is inside it, and a delayed gather
-    delays only this rank), and an MPI rank named by TRAJFLOW_TEST_KILL kills
-    itself when it reports its first frames done.
+    delays only this rank).
     """
 
     def __init__(self, task: str, rank: int = 0, size: int = 1, progress_path=None,
@@ -134,8 +133,6 @@ class RankTimer:
         PROGRESS_EVERY_S; the workstation sums them into its progress bar)."""
         if self.counting:
             self.frames_done += frames
-        if self.info.get("mode") == "mpi":
-            faults.maybe_kill(self.rank)
         now = time.time()
         if self.progress_path and now - self._progress_written >= PROGRESS_EVERY_S:
             self._write_progress()

@@ -351,3 +351,24 @@ def test_ranks_under_shells_of_their_own_claim_early_only_when_the_launch_is_nam
     ranks = records(plan)
     assert sum(r["frames"] for r in ranks) == plan.n_frames
     assert [r["mpi_init_after_chunks"] for r in ranks] == [early, early]
+
+
+def test_a_rank_killed_before_mpi_init_does_not_leave_the_others_waiting(tmp_path, long_xtc):
+    """Under shells of their own (as RADICAL-Pilot runs ranks), the launcher does not end
+    the job when a rank dies before MPI_Init: the others, in MPI_Init, see its pid gone
+    (the counter's file) and exit, long before the collective timeout; nothing published."""
+    from run_stages import MPIEXEC, _env
+    plan = make_plan(long_xtc[0], [long_xtc[1]], "rmsd", str(tmp_path / "run"), blocks=2,
+                     cpus=2, schedule="dynamic")
+    plan.collective_timeout_s = 600.0  # the watchdog must not be what ends it
+    path = write_plan(plan)
+    plan.lock.release()
+    shell = ["sh", "-c", '"$@"; exit $?', "rank"] + stage_specs(plan, path)["analyze"][0].argv(
+        sys.executable)
+    ids = {"RP_SESSION_ID": "re.session.k", "RP_PILOT_ID": "pilot.0000", "RP_TASK_ID": "task.2",
+           "TRAJFLOW_TEST_KILL": "1"}
+    proc = subprocess.run([MPIEXEC, "-n", "2"] + shell, env={**_env(None), **ids},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "rank(s) [1] ended before MPI_Init" in proc.stdout + proc.stderr
+    assert not os.path.exists(plan.part_path("mpi"))

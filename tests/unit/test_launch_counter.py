@@ -114,3 +114,18 @@ def test_a_link_in_place_of_the_counter_is_not_followed(shm, tmp_path):
     with pytest.raises(OSError):
         LaunchCounter(LAUNCH, str(tmp_path / "run"), 1)
     assert target.read_bytes() == bytes(8)
+
+
+def test_a_rank_that_ended_before_mpi_init_is_seen_gone(shm, tmp_path):
+    """What the late MPI_Init's watchdog looks at: a rank that registered and ended."""
+    import subprocess
+    import sys
+    script = ("import sys; from trajflow.tasks.launch_env import Launch; "
+              "from trajflow.tasks.schedules import LaunchCounter as C; "
+              f"C.FOLDER = {str(tmp_path)!r}; "
+              f"C(Launch(1, 2, True, {LAUNCH.id!r}), {str(tmp_path / 'run')!r}, 1)")
+    mine = LaunchCounter(LAUNCH, str(tmp_path / "run"), 0)
+    assert mine.ranks_gone() == []  # rank 1 has not started: not gone
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    assert mine.ranks_gone() == [1]
+    mine.close()
