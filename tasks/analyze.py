@@ -345,6 +345,7 @@ def run_mpi_mode(plan, setup_marks=None):
     if early is not None:  # MPI_Init after the chunks: no wait for the launch's last rank
         launch, counter = early
         comm, rank, size = None, launch.rank, launch.size
+        EARLY_START.update(launch=launch, counter=counter, timeout_s=plan.collective_timeout_s)
     else:
         setup_marks.append(("mpi_init", time.time()))
         comm, rank, size = mpi_world()
@@ -367,12 +368,7 @@ def run_mpi_mode(plan, setup_marks=None):
             work.agree_on_collective_reads(chunks[rank])
     with schedule.claims(comm, chunks, timer, plan.collective_timeout_s, counter) as claims:
         faults.maybe_kill(rank)
-        try:
-            pieces = analyze_chunks(work, claims, timer)
-        except BaseException:
-            if counter is not None:  # the others stop at their next claim, then abort with us
-                counter.exhaust(len(chunks))
-            raise
+        pieces = analyze_chunks(work, claims, timer)  # a failure: initialise_after_a_failure
         if comm is None:
             comm = late_mpi_init(timer, rank, size, plan.collective_timeout_s, counter)
             agree_on_the_start(comm, early=True)
@@ -398,6 +394,25 @@ def run_mpi_mode(plan, setup_marks=None):
                              part_attrs(plan, work.attrs(), list(range(size))),
                              row_order=chunk_order(rows_by_rank))
     timer.finish(plan.profile_path(f"analyze.block_{rank:05d}"))
+
+
+# where this rank claims before MPI_Init: what main() needs to end a failed one as the
+# others end (MPI_Init, then MPI_Abort with its code), filled by run_mpi_mode
+EARLY_START = {}
+
+
+def initialise_after_a_failure():
+    """A rank that failed before its MPI_Init: no chunk is left for the others (they stop
+    at their next claim), and it joins their MPI_Init, watched, so that its MPI_Abort
+    ends the job with its exit code."""
+    counter, launch = EARLY_START["counter"], EARLY_START["launch"]
+    counter.exhaust(1 << 40)
+    watcher = watch_mpi_init(launch.rank, counter, EARLY_START["timeout_s"])
+    try:
+        mpi_world()
+    finally:
+        os.kill(watcher, signal.SIGKILL)
+        os.waitpid(watcher, 0)
 
 
 def mpi_world(expected=None):
@@ -611,8 +626,8 @@ def main(argv=None):
         elif not isinstance(exc, SystemExit):
             traceback.print_exc()
         sys.stderr.flush()
-        if "mpi4py.MPI" not in sys.modules:  # failed before its MPI_Init: the others see
-            return code                       # it gone (late_mpi_init) or are killed with it
+        if "mpi4py.MPI" not in sys.modules and EARLY_START:
+            initialise_after_a_failure()
         # mpiexec forwards a rank's stderr asynchronously and the abort ends the
         # forwarding with the job: give it a moment, or the reason is lost (seen)
         time.sleep(0.2)

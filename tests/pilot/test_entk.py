@@ -143,8 +143,10 @@ def test_every_rank_left_a_timing_record_also_in_radicals_profile(session):
     assert sorted(r["rank"] for r in ranks) == [0, 1]
     # the default schedule of a built-in analysis in mpi mode: chunks claimed as they go
     assert sum(r["frames"] for r in ranks) == 98
+    # a rank that starts late may find every chunk taken (claims before MPI_Init)
+    assert max(r["frames"] for r in ranks) > 0
     for r in ranks:
-        assert r["schedule"] == "dynamic" and r["frames"] > 0 and r["t_total"] > 0
+        assert r["schedule"] == "dynamic" and r["frames"] >= 0 and r["t_total"] > 0
         assert sum(c[3] - c[2] for c in r["chunks"]) == r["frames"]
         assert r["t_total"] >= r["t_io"] + r["t_compute"] + r["t_wait"] + r["t_comm"]
     task = next(o for o in report.outcomes if o.pipeline == "rmsd_mpi" and o.stage == "analyze")
@@ -162,13 +164,18 @@ def test_the_trace_shows_radicals_launch_start_up_and_exit_around_every_rank(ses
     report, plans = session
     events = trace_events(inspect_runs([plans["rmsd_mpi"].workdir]))["traceEvents"]
     analyze = [e for e in events if e["ph"] == "X" and e["args"].get("task") == "analyze"]
+    worked = 0
     for rank in (0, 1):
         mine = {e["name"]: e for e in analyze if e["tid"] == rank}
-        assert {"launch", "start-up", "exit", "io", "compute"} <= set(mine), sorted(mine)
+        assert {"launch", "start-up", "exit", "setup"} <= set(mine), sorted(mine)
         # RADICAL's launch, then the rank's start-up, then its phases, then its exit
         assert mine["launch"]["ts"] + mine["launch"]["dur"] <= mine["start-up"]["ts"] + 1
-        assert mine["start-up"]["ts"] + mine["start-up"]["dur"] <= mine["io"]["ts"] + 1
-        assert mine["exit"]["ts"] >= mine["compute"]["ts"] + mine["compute"]["dur"] - 1
+        assert mine["start-up"]["ts"] + mine["start-up"]["dur"] <= mine["setup"]["ts"] + 1
+        if "compute" in mine:  # a rank that starts late may find every chunk taken
+            worked += 1
+            assert mine["start-up"]["ts"] + mine["start-up"]["dur"] <= mine["io"]["ts"] + 1
+            assert mine["exit"]["ts"] >= mine["compute"]["ts"] + mine["compute"]["dur"] - 1
+    assert worked >= 1
     assert len({e["pid"] for e in analyze}) == 1  # one MPI task: one process, a thread per rank
     [pilot] = [e for e in events if e["ph"] == "X" and e["name"] == "pilot"]  # its own row
     assert pilot["ts"] <= min(e["ts"] for e in analyze)

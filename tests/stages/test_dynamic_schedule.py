@@ -372,3 +372,24 @@ def test_a_rank_killed_before_mpi_init_does_not_leave_the_others_waiting(tmp_pat
     assert proc.returncode != 0
     assert "rank(s) [1] ended before MPI_Init" in proc.stdout + proc.stderr
     assert not os.path.exists(plan.part_path("mpi"))
+
+
+def test_a_rank_that_fails_before_mpi_init_ends_the_job_with_its_code(tmp_path, long_xtc):
+    """TRAJFLOW_TEST_FAIL on rank 0 of ranks that claim before MPI_Init: it leaves no chunk
+    to the others, joins their MPI_Init and aborts the job with its own exit code (3),
+    the code the workstation judges a retry by."""
+    from run_stages import MPIEXEC, _env
+    from trajflow.tasks.exit_codes import INJECTED_FAILURE
+    plan = make_plan(long_xtc[0], [long_xtc[1]], "rmsd", str(tmp_path / "run"), blocks=2,
+                     cpus=2, schedule="dynamic")
+    path = write_plan(plan)
+    plan.lock.release()
+    shell = ["sh", "-c", '"$@"; exit $?', "rank"] + stage_specs(plan, path)["analyze"][0].argv(
+        sys.executable)
+    ids = {"RP_SESSION_ID": "re.session.f", "RP_PILOT_ID": "pilot.0000", "RP_TASK_ID": "task.3",
+           "TRAJFLOW_TEST_FAIL": "0:1"}
+    proc = subprocess.run([MPIEXEC, "-n", "2"] + shell, env={**_env(None), **ids},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == INJECTED_FAILURE, proc.stdout[-1500:] + proc.stderr[-2000:]
+    assert "TRAJFLOW_TEST_FAIL: block 0 fails on purpose" in proc.stderr
+    assert not os.path.exists(plan.part_path("mpi"))
