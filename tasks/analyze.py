@@ -461,13 +461,13 @@ def late_mpi_init(timer, rank, size, timeout_s, counter):
     this one runs meanwhile) ends this one once a rank that started has ended (`counter`
     holds their pids), or after `timeout_s`."""
     t0, cpu0 = time.time(), time.process_time()
-    watcher = watch_mpi_init(rank, counter, timeout_s)
-    try:
-        with timer.phase("wait"):
+    with timer.phase("wait"):  # the watcher's fork and end too (a few ms of a large process)
+        watcher = watch_mpi_init(rank, counter, timeout_s)
+        try:
             comm, _, _ = mpi_world(expected=(rank, size))
-    finally:
-        os.kill(watcher, signal.SIGKILL)
-        os.waitpid(watcher, 0)
+        finally:
+            os.kill(watcher, signal.SIGKILL)
+            os.waitpid(watcher, 0)
     timer.info.setdefault("setup_parts", {})["mpi_init"] = time.time() - t0
     timer.info["setup_cpu_s"] = timer.info.get("setup_cpu_s", 0.0) + time.process_time() - cpu0
     return comm
