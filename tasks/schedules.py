@@ -278,16 +278,25 @@ def _alive(pid):
 
 
 def _remove_stale_counters(folder, older_than_s):
-    """Counters (and half-made ones) untouched for `older_than_s`: left by jobs that
-    aborted before their rank 0 removed them."""
+    """Counters left by jobs that aborted before their rank 0 removed them: every rank
+    that registered has ended, or (a half-made one) untouched for `older_than_s`."""
     now = time.time()
     for name in os.listdir(folder):
         if not name.startswith("claims-"):
             continue
         path = os.path.join(folder, name)
-        with contextlib.suppress(FileNotFoundError):
-            if now - os.lstat(path).st_mtime > older_than_s:
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            if now - os.lstat(path).st_mtime > older_than_s or _all_ranks_ended(path):
                 os.unlink(path)
+
+
+def _all_ranks_ended(path):
+    """Whether a counter's registered ranks (its pids after the count) have all ended."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        words = np.frombuffer(fh.read(1 << 20), dtype=np.int64)
+    pids = [int(pid) for pid in words[1:] if pid > 0]
+    return bool(pids) and not any(map(_alive, pids))
 
 
 def _create_once(path, content):

@@ -2,6 +2,7 @@
 environment read right, a launch named only where it is sure, a counter shared by one
 run's launch and by no one else's, and nothing planted by another user trusted."""
 import os
+import subprocess
 import time
 
 import numpy as np
@@ -81,8 +82,13 @@ def test_a_counter_left_for_a_week_is_removed(shm, tmp_path):
     os.utime(stale, (week, week))
     recent = shm / ("claims-" + "1" * 32)
     recent.write_bytes(bytes(8))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    ended = shm / ("claims-" + "2" * 32)  # a job aborted: its ranks registered, all ended
+    ended.write_bytes(np.array([5, dead.pid, 0], dtype=np.int64).tobytes())
     LaunchCounter(LAUNCH, str(tmp_path / "run"), 0).close()
-    assert not stale.exists() and recent.exists()
+    assert not stale.exists() and not ended.exists()
+    assert recent.exists()  # no rank registered yet: being made now
 
 
 def test_a_folder_others_can_write_is_refused(shm, tmp_path):
@@ -118,7 +124,6 @@ def test_a_link_in_place_of_the_counter_is_not_followed(shm, tmp_path):
 
 def test_a_rank_that_ended_before_mpi_init_is_seen_gone(shm, tmp_path):
     """What the late MPI_Init's watchdog looks at: a rank that registered and ended."""
-    import subprocess
     import sys
     script = ("import sys; from trajflow.tasks.launch_env import Launch; "
               "from trajflow.tasks.schedules import LaunchCounter as C; "
