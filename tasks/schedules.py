@@ -225,9 +225,11 @@ class LaunchCounter:
         os.makedirs(folder, mode=0o700, exist_ok=True)
         if not private_folder(folder):
             raise CounterUnavailable(f"{folder} is not this user's own folder")
-        _remove_stale_counters(folder, self.STALE_S)
         key = hashlib.sha256(f"{os.path.realpath(run_folder)}\0{launch.id}".encode()).hexdigest()
         self.path = os.path.join(folder, f"claims-{key[:32]}")
+        # never this launch's own: a rank that registered and died before this one came
+        # must stay there to be seen gone (ranks_gone)
+        _remove_stale_counters(folder, self.STALE_S, keep=os.path.basename(self.path))
         size = 8 * (1 + launch.size)  # the counter, then each rank's pid
         _create_once(self.path, bytes(size))
         fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -277,12 +279,13 @@ def _alive(pid):
         return False
 
 
-def _remove_stale_counters(folder, older_than_s):
-    """Counters left by jobs that aborted before their rank 0 removed them: every rank
-    that registered has ended, or (a half-made one) untouched for `older_than_s`."""
+def _remove_stale_counters(folder, older_than_s, keep):
+    """Counters left by jobs that aborted before their rank 0 removed them, but `keep`:
+    every rank that registered has ended, or (a half-made one) untouched for
+    `older_than_s`."""
     now = time.time()
     for name in os.listdir(folder):
-        if not name.startswith("claims-"):
+        if not name.startswith("claims-") or name == keep:
             continue
         path = os.path.join(folder, name)
         with contextlib.suppress(FileNotFoundError, ValueError):

@@ -134,3 +134,17 @@ def test_a_rank_that_ended_before_mpi_init_is_seen_gone(shm, tmp_path):
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
     assert mine.ranks_gone() == [1]
     mine.close()
+
+
+def test_a_rank_that_died_before_the_others_came_is_still_seen_gone(shm, tmp_path):
+    """The launch's own counter is never taken for a stale one: rank 1 registered and
+    died before rank 0 arrived, and rank 0 must see it gone, not start a fresh count."""
+    import sys
+    script = ("from trajflow.tasks.launch_env import Launch; "
+              "from trajflow.tasks.schedules import LaunchCounter as C; "
+              f"C.FOLDER = {str(tmp_path)!r}; "
+              f"C(Launch(1, 2, True, {LAUNCH.id!r}), {str(tmp_path / 'run')!r}, 1)")
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    rank0 = LaunchCounter(LAUNCH, str(tmp_path / "run"), 0)
+    assert rank0.ranks_gone() == [1]
+    rank0.close()
