@@ -85,6 +85,11 @@ CHUNKS_PER_BLOCK = 32
 MIN_CHUNK_FRAMES = 4
 
 
+def chunks_in_block(frames):
+    """How many chunks a dynamic run cuts a block of `frames` frames into."""
+    return max(1, min(CHUNKS_PER_BLOCK, int(frames) // MIN_CHUNK_FRAMES))
+
+
 class Dynamic(Schedule):
     name = "dynamic"
     help = ("MPI ranks take small chunks of frames from a shared counter, so a slow rank "
@@ -95,7 +100,7 @@ class Dynamic(Schedule):
     def chunks(self, plan):
         out = []
         for b, (start, stop) in enumerate(plan.blocks):
-            n = max(1, min(CHUNKS_PER_BLOCK, (stop - start) // MIN_CHUNK_FRAMES))
+            n = chunks_in_block(stop - start)
             edges = np.linspace(start, stop, n + 1).round().astype(int)
             out += [Chunk(len(out) + i, b, int(lo), int(hi))
                     for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:]))]

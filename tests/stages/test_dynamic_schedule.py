@@ -322,6 +322,23 @@ def test_a_rank_launched_late_is_not_waited_for_before_the_first_chunk(tmp_path,
                 if plan.input_checksum[:16] in n]
 
 
+def analyze_under_shells(tmp_path, traj, env, timeout_s=None):
+    """(plan, path, process) of a 2-rank dynamic analyze stage whose ranks each run under a
+    shell of their own (as RADICAL-Pilot's task.*.exec.sh runs them), with `env` added."""
+    from run_stages import MPIEXEC, _env
+    plan = make_plan(traj[0], [traj[1]], "rmsd", str(tmp_path / "run"), blocks=2, cpus=2,
+                     schedule="dynamic")
+    if timeout_s is not None:
+        plan.collective_timeout_s = timeout_s
+    path = write_plan(plan)
+    plan.lock.release()
+    shell = ["sh", "-c", '"$@"; exit $?', "rank"] + stage_specs(plan, path)["analyze"][0].argv(
+        sys.executable)
+    proc = subprocess.run([MPIEXEC, "-n", "2"] + shell, env={**_env(None), **env},
+                          capture_output=True, text=True, timeout=120)
+    return plan, path, proc
+
+
 @pytest.mark.parametrize("job_ids,early", [
     ({}, False),  # each rank under a shell of its own, no job id: the launch has no sure name
     ({"RP_SESSION_ID": "re.session.t", "RP_PILOT_ID": "pilot.0000", "RP_TASK_ID": "task.1"},
@@ -332,15 +349,9 @@ def test_ranks_under_shells_of_their_own_claim_early_only_when_the_launch_is_nam
     """Ranks whose parent is not the launcher must not each make a counter of their own
     (each would analyse every chunk): they claim before MPI_Init only where the job's ids
     name the launch; either way every chunk is analysed once and the result is static's."""
-    from run_stages import MPIEXEC, _env
-    plan = make_plan(long_xtc[0], [long_xtc[1]], "rmsd", str(tmp_path / "run"), blocks=2,
-                     cpus=2, schedule="dynamic")
-    path = write_plan(plan)
-    plan.lock.release()
+    from run_stages import _env
+    plan, path, proc = analyze_under_shells(tmp_path, long_xtc, job_ids)
     spec = stage_specs(plan, path)
-    shell = ["sh", "-c", '"$@"; exit $?', "rank"] + spec["analyze"][0].argv(sys.executable)
-    proc = subprocess.run([MPIEXEC, "-n", "2"] + shell, env={**_env(None), **job_ids},
-                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-3000:]
     done = subprocess.run(spec["reduce"][0].argv(sys.executable), env=_env(None),
                           capture_output=True, text=True, timeout=120)
@@ -357,18 +368,10 @@ def test_a_rank_killed_before_mpi_init_does_not_leave_the_others_waiting(tmp_pat
     """Under shells of their own (as RADICAL-Pilot runs ranks), the launcher does not end
     the job when a rank dies before MPI_Init: the others, in MPI_Init, see its pid gone
     (the counter's file) and exit, long before the collective timeout; nothing published."""
-    from run_stages import MPIEXEC, _env
-    plan = make_plan(long_xtc[0], [long_xtc[1]], "rmsd", str(tmp_path / "run"), blocks=2,
-                     cpus=2, schedule="dynamic")
-    plan.collective_timeout_s = 600.0  # the watchdog must not be what ends it
-    path = write_plan(plan)
-    plan.lock.release()
-    shell = ["sh", "-c", '"$@"; exit $?', "rank"] + stage_specs(plan, path)["analyze"][0].argv(
-        sys.executable)
     ids = {"RP_SESSION_ID": "re.session.k", "RP_PILOT_ID": "pilot.0000", "RP_TASK_ID": "task.2",
            "TRAJFLOW_TEST_KILL": "1"}
-    proc = subprocess.run([MPIEXEC, "-n", "2"] + shell, env={**_env(None), **ids},
-                          capture_output=True, text=True, timeout=120)
+    # the collective timeout (600 s) must not be what ends it
+    plan, _, proc = analyze_under_shells(tmp_path, long_xtc, ids, timeout_s=600.0)
     assert proc.returncode != 0
     assert "rank(s) [1] ended before MPI_Init" in proc.stdout + proc.stderr
     assert not os.path.exists(plan.part_path("mpi"))
@@ -378,18 +381,10 @@ def test_a_rank_that_fails_before_mpi_init_ends_the_job_with_its_code(tmp_path, 
     """TRAJFLOW_TEST_FAIL on rank 0 of ranks that claim before MPI_Init: it leaves no chunk
     to the others, joins their MPI_Init and aborts the job with its own exit code (3),
     the code the workstation judges a retry by."""
-    from run_stages import MPIEXEC, _env
     from trajflow.tasks.exit_codes import INJECTED_FAILURE
-    plan = make_plan(long_xtc[0], [long_xtc[1]], "rmsd", str(tmp_path / "run"), blocks=2,
-                     cpus=2, schedule="dynamic")
-    path = write_plan(plan)
-    plan.lock.release()
-    shell = ["sh", "-c", '"$@"; exit $?', "rank"] + stage_specs(plan, path)["analyze"][0].argv(
-        sys.executable)
     ids = {"RP_SESSION_ID": "re.session.f", "RP_PILOT_ID": "pilot.0000", "RP_TASK_ID": "task.3",
            "TRAJFLOW_TEST_FAIL": "0:1"}
-    proc = subprocess.run([MPIEXEC, "-n", "2"] + shell, env={**_env(None), **ids},
-                          capture_output=True, text=True, timeout=120)
+    plan, _, proc = analyze_under_shells(tmp_path, long_xtc, ids)
     assert proc.returncode == INJECTED_FAILURE, proc.stdout[-1500:] + proc.stderr[-2000:]
     assert "TRAJFLOW_TEST_FAIL: block 0 fails on purpose" in proc.stderr
     assert not os.path.exists(plan.part_path("mpi"))

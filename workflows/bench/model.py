@@ -27,7 +27,7 @@ import os
 import subprocess
 import sys
 
-from trajflow.tasks.schedules import CHUNKS_PER_BLOCK, MIN_CHUNK_FRAMES, RemoteCounter
+from trajflow.tasks.schedules import chunks_in_block, RemoteCounter
 
 STRAGGLER_SHARE, STRAGGLER_FACTOR = 11 / 72, 3.0  # Khoshlessan et al. 2019, Fig. 2
 MODEL_RANKS = (16, 32, 64, 128, 256, 512, 1024)
@@ -92,8 +92,7 @@ def model_inputs_check(measured, case="xtc_ca"):
 
 def chunks(frames, ranks):
     """How many chunks a dynamic run cuts `frames` into at N blocks (schedules.Dynamic)."""
-    per_block = frames / ranks
-    return ranks * max(1, min(CHUNKS_PER_BLOCK, int(per_block // MIN_CHUNK_FRAMES)))
+    return ranks * chunks_in_block(frames // ranks)
 
 
 def predict(inputs, ranks, nodes, schedule, frames=None, early_claims=True, shared_file=True,
