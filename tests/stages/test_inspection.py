@@ -92,8 +92,11 @@ def test_a_run_too_short_to_judge_sets_its_flags_aside(tmp_path, adk):
     plan_and_run(run, adk[0], [adk[1]], "rmsd", env={"TRAJFLOW_TEST_DELAY": "2:io:0.6"},
                  mode="mpi", blocks=4, cpus=4, chunk=8, schedule="static")
     report = inspect_runs([str(run)])
-    [flag] = report["stragglers"]  # measured, kept in the data ...
-    assert (flag["block"], flag["cause"], flag["judged"]) == (2, "io", False)
+    # measured, kept in the data (a loaded machine may add a rank slow to start: the same
+    # rule sets every flag of the run aside) ...
+    [flag] = [f for f in report["stragglers"] if f["block"] == 2]
+    assert (flag["cause"], flag["judged"]) == ("io", False)
+    assert not any(f["judged"] for f in report["stragglers"]), report["stragglers"]
     text = summary_text(report)  # ... and set aside in what the user reads
     assert "stragglers of run: not judged: its analyze ranks ran" in text, text
     assert "too short to tell a straggler from start-up noise" in text
