@@ -15,7 +15,8 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from .rundir import BACKEND_RESULT, PLAN, RESULT, SELECTION, replaced_whole, write_text
+from .rundir import (BACKEND_RESULT, is_finite_number, PLAN, RESULT, SELECTION, replaced_whole,
+                     write_text)
 
 
 
@@ -350,17 +351,6 @@ def _check_factory(factory, path, hint):
                              or ".." in copy.split(os.sep)):
         raise PlanError(f"{path}: key 'factory': its copy {copy!r} is not a name inside the run "
                         f"folder: {hint}")
-
-
-def is_finite_number(value) -> bool:
-    """An int or float (not a bool) that is finite as a float (a 400-digit int is not)."""
-    import math
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
 
 
 def _type_problem(value, kind):

@@ -21,6 +21,7 @@ before anything else is importable and uses `write_record` too.
 import contextlib
 import errno
 import json
+import math
 import os
 import secrets
 import stat
@@ -205,6 +206,9 @@ def record_outcome(rundir, status, error=None, stopped_at=None, failed_tasks=(),
               "retried_tasks": list(retried_tasks)}
     if note:
         record["note"] = note
+    raw = read_record(path(rundir, OUTCOME))
+    if _provisional(raw):  # when it was handed over and began: where its wall time went
+        record.update({k: raw[k] for k in HANDOVER_TIMES if is_finite_number(raw.get(k))})
     # a resumed run keeps how its earlier attempts ended (not the provisional record)
     before = (outcome_said(rundir) and read_outcome(rundir)) or \
         _typed_record(read_record(path(rundir, OUTCOME_BEFORE))) or {}
@@ -322,13 +326,25 @@ def record_handed_over(rundir):
     pilot, until how it ended replaces it: a client killed at any moment leaves a folder
     that says so (a Ctrl-C right after the pilot was requested once left none). While
     the process holding the run's lock lives, read_outcome reads it as not ended."""
-    record = {"run": os.path.basename(rundir), "status": "failed", "ended": time.time(),
+    now = time.time()
+    record = {"run": os.path.basename(rundir), "status": "failed", "ended": now,
               "stopped_at": None, "error": INTERRUPTED, "failed_tasks": [],
-              "retried_tasks": [], "provisional": True}
+              "retried_tasks": [], "provisional": True, "handed_at": now}
     try:
         write_text(path(rundir, OUTCOME), json.dumps(record, indent=1))
     except OSError:  # a full disk: the space check said so; the run goes on
         pass
+
+
+def record_dispatched(rundir):
+    """The moment a handed-over run left its pilot's queue (it had waited there behind
+    other runs), kept in its provisional record until how it ended replaces it."""
+    record = read_record(path(rundir, OUTCOME))
+    if not _provisional(record):
+        return
+    record["dispatched_at"] = time.time()
+    with contextlib.suppress(OSError):
+        write_text(path(rundir, OUTCOME), json.dumps(record, indent=1))
 
 
 def withdraw_handover(rundir):
@@ -341,6 +357,16 @@ def withdraw_handover(rundir):
             os.replace(path(rundir, OUTCOME_BEFORE), path(rundir, OUTCOME))
         else:
             os.remove(path(rundir, OUTCOME))
+
+
+def is_finite_number(value) -> bool:
+    """An int or float (not a bool) that is finite as a float (a 400-digit int is not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _provisional(record) -> bool:
@@ -454,7 +480,10 @@ def _not_ours(why):
 # the fields of outcome.json and what each holds (read_outcome keeps only these)
 _OUTCOME_FIELDS = {"run": str, "status": str, "ended": (int, float), "time": (int, float),
                    "stopped_at": str, "error": str, "note": str, "failed_tasks": list,
-                   "retried_tasks": list, "earlier": list}
+                   "retried_tasks": list, "earlier": list, "handed_at": (int, float),
+                   "dispatched_at": (int, float)}
+# the moments before its tasks a run's outcome keeps (see wall_time.py in workflows/profile)
+HANDOVER_TIMES = ("handed_at", "dispatched_at")
 
 
 def _typed_outcome(record, earlier=False):

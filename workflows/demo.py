@@ -71,7 +71,7 @@ def run_demo(out, copies, pilot_spec, spec, say=print):
 
 
 def _say_comparison(say, run, ours, serial_s, workers_s, equal):
-    times = run_times(run.profile.records, run.path)
+    times = run_times(run.profile.records, run.plan)
     n = run.plan.n_frames
     say(f"CA RMSD of {n:,} frames ({run.plan.n_atoms:,} atoms), the call to the result:")
     say(f"  trajflow, 2 MPI ranks on the kept pilot  {ours:6.2f} s   (its analysis itself "
@@ -82,7 +82,6 @@ def _say_comparison(say, run, ours, serial_s, workers_s, equal):
         f"({workers_s / ours:.1f}x trajflow's time)")
     say("  the three results " + ("agree (within 1e-5)" if equal else
                                    "DISAGREE: please report this, it is a defect"))
-    for line in straggler_lines(run.profile.stragglers, run.profile.records,
-                                run.profile.report.get("not_judged"))[:2]:
+    for line in straggler_lines(run.profile.report)[:2]:
         say(f"  {line}")
     say(f"  report: {run.write_report()}")

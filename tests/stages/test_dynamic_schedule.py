@@ -139,7 +139,7 @@ def test_a_slow_rank_does_fewer_frames_and_the_report_says_so(tmp_path, longer_x
     assert ids == list(range(len(ids)))
     assert ranks[0]["gather_root"] == 0  # rank 0 did the most frames: it gathers
     _, recs = load_run(plan.workdir)
-    lines = "\n".join(straggler_lines(find_stragglers(recs), recs))
+    lines = "\n".join(straggler_lines({"stragglers": find_stragglers(recs), "records": recs}))
     assert "rank 1 ran at 0." in lines and "dynamic scheduling gave it" in lines
     assert "sooner than static blocks would have" in lines
     assert "--schedule static" not in advice(plan, recs).get("text", "")
@@ -205,7 +205,7 @@ def test_a_late_task_is_overtaken_by_a_backup_copy(tmp_path, long_xtc):
     assert [(c["block"], c["won"]) for c in backups] == [(2, True)]
     _, recs = load_run(plan.workdir)
     assert "block 2: a backup copy in the task of block" in "\n".join(
-        straggler_lines(find_stragglers(recs), recs))
+        straggler_lines({"stragglers": find_stragglers(recs), "records": recs}))
 
 
 @pytest.fixture(scope="module")

@@ -45,14 +45,24 @@ def test_a_run_too_short_to_judge_gets_no_strategy_advice(tmp_path):
 
 
 def test_the_wait_for_the_pilot_is_counted_where_its_profile_was_kept(tmp_path):
+    """A pilot started for the run: its start, to the moment RADICAL declared it active,
+    is a part of the run's wall time, from the lines the run kept (or, in a folder made
+    before those were kept, its session's profiles)."""
     p = plan(tmp_path)
+    p.asked_at = 50.0
     session = tmp_path / "re.session.x"
     (session / "pilot.0000").mkdir(parents=True)
-    (session / "pilot.0000" / "bootstrap_0.prof").write_text("#time,event\n60.0,bootstrap_0_start\n")
+    (session / "pilot.0000" / "bootstrap_0.prof").write_text(
+        "#time,event,comp,thread,uid,state,msg\n60.0,bootstrap_0_start,b,M,pilot.0000,,\n")
+    (session / "pilot.0000" / "agent_0.prof").write_text(
+        "90.0,advance,agent_0,M,pilot.0000,PMGR_ACTIVE,\n")
     (tmp_path / "run" / "radical_session").write_text(str(session))
     a = advice(p, ranks(io=0.2, compute=0.05, launch=2.0))  # first launch at t = 98
-    assert "38.0 s waiting for the pilot" in a["text"]
-    assert a["times"]["whole"] == pytest.approx(98.0 - 60.0 + 2.0 + 0.35)
+    wall = a["times"]["wall"]
+    assert wall["parts"]["pilot start"] == pytest.approx(40.0)  # from the call: no handover
+    assert wall["parts"]["hand-over"] == pytest.approx(8.0)
+    assert a["times"]["whole"] == pytest.approx(100.35 - 50.0)
+    assert "40.0 s pilot start" in a["text"]
 
 
 def test_shared_io_bound_names_the_strategy_and_cites_by_author_and_year(tmp_path):

@@ -123,7 +123,7 @@ def test_with_no_straggler_the_critical_path_is_still_named():
     for m in members:
         m.update(run="bridges", task="analyze")
     assert judge_group(members, ("bridges", "analyze", "")) == []
-    lines = straggler_lines([], members)
+    lines = straggler_lines({"stragglers": [], "records": members})
     assert lines[0].startswith("stragglers: none")
     assert "critical path of bridges analyze: rank 5 worked longest, 0.075 s more than the " \
            "median member; its open took 0.175 s, 1.75x the median" in lines[1], lines
@@ -159,6 +159,7 @@ def test_flags_of_a_run_too_short_to_judge_are_set_aside_with_the_reason():
     assert flags
     for f in flags:
         f["run"] = "short"
-    lines = straggler_lines(flags, members, {"short": "the analysis took 0.50 s"})
+    lines = straggler_lines({"stragglers": flags, "records": members,
+                             "not_judged": {"short": "the analysis took 0.50 s"}})
     assert lines == ["stragglers of short: not judged: the analysis took 0.50 s"]
-    assert straggler_lines(flags, members)[0] == "stragglers (most harmful first):"
+    assert straggler_lines({"stragglers": flags, "records": members})[0] == "stragglers (most harmful first):"

@@ -56,14 +56,14 @@ def run_width(resource, cores, widths=WIDTHS, folder=None):
                       out=os.path.join(folder, f"width-{nodes}"))
         wall = time.time() - t0
         records = run.profile.records
-        times = run_times(records, run.path, run.plan.asked_at)
+        times = run_times(records, run.plan)
         launch = {task: max(r.get("t_launch", 0.0) for r in records if r["task"] == task)
                   for task in ("split", "analyze", "reduce")}
         first_task = min(r["t_start"] - r.get("t_launch", 0.0) for r in records)
         rows.append({"nodes": nodes, "cpus": nodes * cores,
                      "hosts": sorted({r["host"] for r in records if r["task"] == "analyze"}),
                      "pilot_s": first_task - run.plan.asked_at,
-                     "pilot_wait_s": times["pilot_wait"],
+                     "pilot_wait_s": times["wall"]["parts"].get("pilot start"),
                      "split_launch_s": launch["split"], "analyze_launch_s": launch["analyze"],
                      "reduce_launch_s": launch["reduce"], "tasks_s": times["tasks_span"],
                      "wall_s": wall})

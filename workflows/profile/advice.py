@@ -15,9 +15,12 @@ import os
 import socket
 
 from trajflow.tasks.io_strategies import GUIDELINES
-from trajflow.tasks.rundir import read_lines, SESSIONS
+from trajflow.tasks.rundir import KEPT_TASK_FILES, read_lines, read_outcome, SESSIONS
+from trajflow.workflows.run.outcomes import PILOT_EVENTS, PILOT_PROFILES
+from trajflow.workflows.profile.judgeable import too_short_for_advice
 from trajflow.workflows.profile.schedule_effects import schedule_advice
 from trajflow.workflows.profile.stragglers import phase_times, rank_list
+from trajflow.workflows.profile.wall_time import describe as describe_wall, wall_time
 
 REFERENCES = {
     "Khoshlessan et al. 2019": (
@@ -38,8 +41,6 @@ REFERENCES = {
         "parallelism in CHARMM? (IPDPS 2002)"),
 }
 
-MIN_ANALYSIS_S = 2.0     # an analysis shorter than this is noise beside a task's start-up
-MIN_ANALYSIS_SHARE = 0.1  # ... as is one under this share of the run's time
 JUDGE_S = 10.0           # how long an analysis must be for its strategy to be judged
 COMPUTE_BOUND = 100.0    # t_compute / t_IO above this: compute bound
 GATHER_SHARE = 0.1       # a gather over this share of the analyze stage is worth a word
@@ -75,12 +76,38 @@ def prepare_seconds(records):
     return sum(r.get("conversion_reused_s", r["t_total"]) for r in records if r["task"] == "split")
 
 
-def run_times(records, rundir=None, asked_at=0.0):
+def pilot_active(rundir):
+    """(start, active) of the pilot that ran this run: its bootstrapper's start and the
+    moment RADICAL declared it active, from the lines the run kept (outcomes.py), or
+    its session folder's profiles; None where not known."""
+    lines = list(read_lines(os.path.join(rundir, KEPT_TASK_FILES, PILOT_EVENTS)))
+    if not lines:
+        sessions = [line for line in read_lines(os.path.join(rundir, SESSIONS)) if line.strip()]
+        for name in (PILOT_PROFILES if sessions else ()):
+            for prof in sorted(glob.glob(os.path.join(sessions[-1], "pilot.*", name))):
+                lines += read_lines(prof)
+    start = active = None
+    for line in lines:
+        parts = line.rstrip("\n").split(",")
+        if len(parts) < 6:
+            continue
+        try:
+            when = float(parts[0])
+        except ValueError:  # not RADICAL's: a folder may come from anyone
+            continue
+        if not math.isfinite(when):
+            continue
+        if parts[1] == "bootstrap_0_start":
+            start = when if start is None else min(start, when)
+        elif parts[1] == "advance" and parts[5] == "PMGR_ACTIVE":
+            active = when if active is None else min(active, when)
+    return (start, active) if start is not None or active is not None else None
+
+
+def stage_times(records):
     """Seconds, from the records: the analysis itself (the slowest analyze rank's open,
     I/O and compute), the analyze stage, the split or conversion, the launch of the
-    tasks (RADICAL's share and the ranks' start-up), the span of the tasks, where
-    the pilot's start is known the wait for it, and the whole: from `asked_at` (when
-    the user asked: planning, RADICAL's session, the pilot's request) to the last task."""
+    tasks (RADICAL's share and the ranks' start-up) and the span of the tasks."""
     analyze = [r for r in records if r["task"] == "analyze"]
     first = min(r["t_start"] - r.get("t_launch", 0.0) for r in records)
     last = max(r["t_stop"] for r in records)
@@ -90,19 +117,18 @@ def run_times(records, rundir=None, asked_at=0.0):
              - min(r["t_start"] - r.get("t_launch", 0.0) for r in analyze),
              "prepare": prepare_seconds(records),
              "launch": sum(r.get("t_launch", 0.0) for r in records if r.get("rank", 0) == 0),
-             "tasks_span": last - first, "pilot_wait": None}
-    span = pilot_span(rundir) if rundir else None
-    asked = asked_at if asked_at and asked_at <= first else None
-    if span and span[0] < first:
-        # a Pilot kept for several runs started before this one was asked for: this run
-        # waited only from its call
-        times["pilot_wait"] = first - max(span[0], asked or span[0])
-    times["whole"] = times["tasks_span"] + (times["pilot_wait"] or 0.0)
-    times["before_pilot"] = None
-    if asked is not None:
-        start = span[0] if span and span[0] < first else first
-        times["before_pilot"] = max(0.0, start - asked)
-        times["whole"] = last - asked
+             "tasks_span": last - first}
+    return times
+
+
+def run_times(records, plan):
+    """stage_times, and the run's wall time with where it went (`wall`, see
+    wall_time.py; `whole` its sum), from the run's folder."""
+    times = stage_times(records)
+    outcome = read_outcome(plan.workdir) or {}
+    times["wall"] = wall_time(records, plan.asked_at, outcome, pilot_active(plan.workdir),
+                              outcome.get("ended"))
+    times["whole"] = times["wall"]["whole"]
     return times
 
 
@@ -118,12 +144,12 @@ def advice(plan, records):
     analyze = [r for r in records if r["task"] == "analyze"]
     if not analyze:
         return {"ratio": None, "text": "no analyze records: the run did not reach the analyze stage"}
-    times = run_times(records, plan.workdir, plan.asked_at)
+    times = run_times(records, plan)
     t_io = sum(r["t_io"] for r in analyze)
     t_compute = sum(r["t_compute"] for r in analyze)
     ratio = t_compute / t_io if t_io > 0 else float("inf")
     out = {"ratio": ratio, "t_io": t_io, "t_compute": t_compute, "times": times}
-    if too_short_to_judge(times):  # nor its CPU wait: start-up noise, not a culprit
+    if too_short_for_advice(times):  # nor its CPU wait: start-up noise, not a culprit
         out["text"] = too_short(plan, times)
         return out
     strategy = strategy_flags(plan.io, plan.mode, plan.gather)
@@ -175,23 +201,15 @@ def slow_host_advice(flags):
         "frames." for f in flags if f["kind"] == "host")
 
 
-def too_short_to_judge(times) -> bool:
-    """Whether a run's analysis was too short for its strategy, its stragglers or its CPU
-    wait to be judged: under MIN_ANALYSIS_S, or under MIN_ANALYSIS_SHARE of the run."""
-    return times["analysis"] < max(MIN_ANALYSIS_S, MIN_ANALYSIS_SHARE * times["whole"])
-
-
 def too_short(plan, times):
-    parts = [f"{times['before_pilot']:.1f} s planning and requesting the pilot"] \
-        if times["before_pilot"] else []
-    parts += [f"{times['pilot_wait']:.1f} s waiting for the pilot"] if times["pilot_wait"] else []
-    parts.append(f"{times['launch']:.1f} s launching tasks (process start-up, imports)")
-    if times["prepare"]:
-        parts.append(f"{times['prepare']:.1f} s {plan.io_strategy.preparing}")
     frames = plan.n_frames * JUDGE_S / max(times["analysis"], 1e-3)
     frames = int(round(frames, -int(math.floor(math.log10(frames))) + 1))  # 2 digits: ~120000
+    tasks = f"{times['launch']:.1f} s launching tasks (process start-up, imports)"
+    if times["prepare"]:
+        tasks += f", {times['prepare']:.1f} s {plan.io_strategy.preparing}"
     return (f"too short to judge a strategy: the analysis itself took {times['analysis']:.2f} s "
-            f"of the run's {times['whole']:.1f} s ({', '.join(parts)}). Time a trajectory of "
+            f"of the run's wall time, {describe_wall(times['wall'])}; of the tasks' time "
+            f"{tasks}. Time a trajectory of "
             f"~{frames:,} frames or more (about {JUDGE_S:.0f} s of analysis) before choosing "
             "--io, --mode or the rank count.")
 
@@ -230,7 +248,7 @@ def compare_strategies(runs):
     for plan, records in runs:
         if not any(r["task"] == "analyze" for r in records):
             continue
-        times = run_times(records)
+        times = stage_times(records)
         label = strategy_flags(plan.io, plan.mode, plan.gather, plan.schedule)
         key = (plan.input_checksum, plan.analysis, plan.n_workers)
         points.setdefault(key, {}).setdefault(label, []).append(

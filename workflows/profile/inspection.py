@@ -19,12 +19,13 @@ from trajflow.tasks.exit_codes import ANALYSIS_RAISED
 from trajflow.tasks.plan import is_finite_number, PlanError, RunPlan
 from trajflow.tasks.timing import PHASES
 from trajflow.tasks.rundir import OUTCOME, PLAN, read_lines, read_outcome, write_text
-from trajflow.workflows.profile.advice import (advice, compare_strategies, MIN_ANALYSIS_S,
-                                               slow_host_advice)
+from trajflow.workflows.profile.advice import advice, compare_strategies, slow_host_advice
+from trajflow.workflows.profile.judgeable import stragglers_not_judged
 from trajflow.workflows.profile.schedule_effects import schedule_lines
 from trajflow.workflows.profile.stragglers import (SHOWN_PHASES, critical_path, describe, judge, judged_groups,
                                                    MIN_GROUP, phase_times)
 from trajflow.workflows.profile.timing_tables import read_tables
+from trajflow.workflows.profile.wall_time import describe as describe_wall
 from trajflow.workflows.errors import InputError
 from trajflow.workflows.run.pipeline import remaining_specs  # what a resume runs again
 
@@ -63,32 +64,46 @@ def load_run(rundir, notes=None):
         rec["radical"] = radical.get(rec.get("rp_task_id"), {})
         start = rec["radical"].get("launch_start")
         rec["t_launch"] = max(0.0, rec["t_start"] - start) if start else 0.0
+        queued, cores = rec["radical"].get("queued"), rec["radical"].get("cores")
+        # waiting in the agent's scheduler for cores (others' or the run's own tasks')
+        rec["t_queued"] = max(0.0, cores - queued) if queued and cores else 0.0
         rec["t_work"] = rec["t_total"] - rec.get("t_wait", 0.0) + rec["t_launch"]
         rec["run"] = os.path.basename(rundir)
     return plan, records
 
 
-RADICAL_EVENTS = ("launch_start", "rank_start", "rank_stop", "launch_stop")
+# RADICAL's events kept per task (their name, or (name, state) for a state change) and
+# the name given here: the scheduler's lines say when it waited for cores and got them
+RADICAL_EVENTS = {"launch_start": "launch_start", "rank_start": "rank_start",
+                  "rank_stop": "rank_stop", "launch_stop": "launch_stop",
+                  ("advance", "AGENT_SCHEDULING"): "queued", "schedule_ok": "cores"}
+LAST_OF = ("rank_stop", "launch_stop")  # the others: the first
 
 
 def radical_task_events(rundir, notes=None):
-    """RADICAL task id -> {event: time} from the copied task profiles: when its launch
-    began, its first rank started and its last rank stopped, and its launch ended."""
+    """RADICAL task id -> {event: time} from the copied task profiles: when it came to
+    the agent's scheduler ("queued"), got its cores ("cores"), its launch began, its
+    first rank started and its last rank stopped, and its launch ended."""
     events = {}
     for prof in plain_files(os.path.join(rundir, "radical", "*", "*.prof"),
                             [] if notes is None else notes):
         for line in read_lines(prof):
             parts = line.rstrip("\n").split(",")
-            if len(parts) >= 5 and parts[1] in RADICAL_EVENTS:
-                try:
-                    when = float(parts[0])
-                except ValueError:
-                    continue
-                if not is_finite_number(when):
-                    continue
-                task = events.setdefault(parts[4], {})
-                pick = max if parts[1] in ("rank_stop", "launch_stop") else min
-                task[parts[1]] = pick(task.get(parts[1], when), when)
+            if len(parts) < 5:
+                continue
+            name = RADICAL_EVENTS.get(parts[1]) or (
+                RADICAL_EVENTS.get((parts[1], parts[5])) if len(parts) > 5 else None)
+            if name is None:
+                continue
+            try:
+                when = float(parts[0])
+            except ValueError:
+                continue
+            if not is_finite_number(when):
+                continue
+            task = events.setdefault(parts[4], {})
+            pick = max if name in LAST_OF else min
+            task[name] = pick(task.get(name, when), when)
     return events
 
 
@@ -144,6 +159,8 @@ def rank_spans(rec):
     spans = [(name, "phase", a, b) for name, a, b in rec.get("intervals", [])]
     if not spans:  # a timing table: its phases have no order, one span holds them
         spans = [("rank", "phase", rec["t_start"], rec["t_start"] + rec["t_total"])]
+    if "queued" in rp and "cores" in rp:
+        spans.append(("queued", "radical", rp["queued"], rp["cores"]))
     if "launch_start" in rp and "rank_start" in rp:
         spans.append(("launch", "radical", rp["launch_start"], rp["rank_start"]))
         spans.append(("start-up", "radical", rp["rank_start"], rec["t_start"]))
@@ -179,10 +196,11 @@ def phase_table(records):
     return "\n".join(lines)
 
 
-def straggler_lines(flags, records, not_judged=None):
-    """The stragglers as the terminal says them; the flags of a run in `not_judged` (run
-    -> why: too short to judge) are set aside with that reason, not shown as findings."""
-    not_judged = not_judged or {}
+def straggler_lines(report):
+    """The stragglers as the terminal says them; the flags of a run the report did not
+    judge (`not_judged`: run -> why, too short) are set aside with that reason."""
+    flags, records, not_judged = (report["stragglers"], report["records"],
+                                  report.get("not_judged") or {})
     aside = [f"stragglers of {run}: not judged: {why}" for run, why in sorted(not_judged.items())
              if any(f["run"] == run for f in flags)]
     flags = [f for f in flags if f["run"] not in not_judged]
@@ -389,11 +407,9 @@ def inspect_runs(rundirs, tables=(), trust=False):
     not_judged = {}  # a run too short to judge: its flags are start-up noise, set aside
     for p, rs in runs:
         name = os.path.basename(p.workdir)
-        ranks = [r for r in rs if r["task"] == "analyze"]
-        span = max(r["t_stop"] for r in ranks) - min(r["t_start"] for r in ranks) if ranks else 0
-        if ranks and span < MIN_ANALYSIS_S:
-            not_judged[name] = (f"its analyze ranks ran {span:.2f} s, too short to tell a "
-                                f"straggler from start-up noise ({MIN_ANALYSIS_S:.0f} s at least)")
+        why = stragglers_not_judged(rs)
+        if why:
+            not_judged[name] = why
         else:
             advices[name]["text"] += slow_host_advice([f for f in flags if f["run"] == name])
     for f in flags:
@@ -409,8 +425,10 @@ def inspect_runs(rundirs, tables=(), trust=False):
 def summary_text(report):
     lines = [line for ending in report.get("endings", {}).values() for line in ending["lines"]]
     lines += [phase_table(report["records"]), ""] + report.get("notes", [])
-    lines += straggler_lines(report["stragglers"], report["records"], report.get("not_judged"))
+    lines += straggler_lines(report)
     for run, a in report["advice"].items():
+        if (a.get("times") or {}).get("wall"):
+            lines.append(f"wall time of {run}: {describe_wall(a['times']['wall'])}")
         lines.append(f"advice for {run}: {a['text']}")
     if report.get("comparisons"):
         lines.append("strategies measured side by side (analyze stage + split/convert):")

@@ -15,6 +15,7 @@ import re
 from trajflow.tasks.rundir import RESULT, write_text
 from trajflow.workflows.campaign.table import COLUMNS, curve_points
 from trajflow.workflows.profile.advice import pilot_span
+from trajflow.workflows.profile.wall_time import describe as describe_wall
 from trajflow.workflows.profile.inspection import rank_spans, straggler_lines
 from trajflow.workflows.profile.stragglers import (describe, phase_times, PHASES, rank_list,
                                                   SHOWN_PHASES)
@@ -264,11 +265,15 @@ def render_body(report, with_library=True):
     if failed:  # what failed, where and why, before any timing
         parts.append("<h2>Did not complete</h2>" + "".join(
             f"<pre>{html.escape(chr(10).join(e['lines']))}</pre>" for e in failed))
+    walls = {run: a["times"]["wall"] for run, a in report["advice"].items()
+             if (a.get("times") or {}).get("wall")}
+    if walls:  # the one wall time `trajflow runs` and the summary give, and where it went
+        parts.append("<h2>Wall time</h2>" + html_table(
+            ["run", "wall s"] + ["where it went"],
+            [[run, f"{w['whole']:.1f}", describe_wall(w)] for run, w in walls.items()]))
     parts.append("<h2>Stragglers</h2>")
     parts.append("<ul>" + "".join(f"<li>{_prose(line.strip())}</li>"
-                                  for line in straggler_lines(report["stragglers"], records,
-                                                              report.get("not_judged")))
-                 + "</ul>")
+                                  for line in straggler_lines(report)) + "</ul>")
     if flags:
         parts.append(html_table(
             ["run", "task", "kind", "rank(s)", "block", "host", "duration s", "baseline s",
@@ -287,7 +292,8 @@ def render_body(report, with_library=True):
         parts.append("<h2>Timeline</h2>" + interactive_timeline(records, flags, pilots,
                                                                     with_library))
         parts.append("<p><small>pilot: the pilot's bootstrapper from its start to its end "
-                     "(queue wait before it is not seen). launch: RADICAL-Pilot launching a "
+                     "(queue wait before it is not seen). queued: a task waiting in "
+                     "RADICAL's agent scheduler for cores. launch: RADICAL-Pilot launching a "
                      "task (its launch_start to the first rank's start). start-up: a rank's "
                      "interpreter start, imports and, on a fresh install, the kernels' "
                      "compilation, before its first timestamp. exit: its last timestamp to "

@@ -160,7 +160,57 @@ def collect(name, plan, run):
                 stderr_tail="" if task.state == "DONE" else _stderr_tail(task.path)))
     for o in outcomes:
         keep_task_files(o, plan.path(KEPT_TASK_FILES))
+    keep_pilot_events(outcomes, plan.path(KEPT_TASK_FILES))
     return outcomes
+
+
+# RADICAL's profiles in the pilot's sandbox that say when a task waited for cores, and
+# when the pilot itself started: copied (their lines about this run) beside the tasks'
+SCHEDULER_PROFILES = "agent_scheduling.*.prof"
+PILOT_PROFILES = ("bootstrap_0.prof", "agent_0.prof")
+SCHEDULING = "scheduling.prof"   # in each task's kept folder: its own scheduler lines
+PILOT_EVENTS = "pilot.prof"      # in RUNDIR/radical/: the pilot's own lines
+
+
+def keep_pilot_events(outcomes, dest_root):
+    """Each kept task's lines of the agent scheduler's profile (when it came to the
+    scheduler, when it got its cores) and the pilot's own lines (its start), so that
+    the run's wall time can be told apart from RUNDIR alone (see wall_time.py)."""
+    kept = [o for o in outcomes if o.kept and o.sandbox and os.path.isdir(o.sandbox)]
+    if not kept:
+        return
+    pilot_sandbox = os.path.dirname(os.path.normpath(kept[0].sandbox))
+    by_task = {os.path.basename(os.path.normpath(o.sandbox)): o.kept for o in kept}
+    lines = {uid: [] for uid in by_task}
+    for prof in sorted(glob.glob(os.path.join(pilot_sandbox, SCHEDULER_PROFILES))):
+        for line in _lines(prof):
+            uid = _uid(line)
+            if uid in lines:
+                lines[uid].append(line)
+    pilot_lines = [line for name in PILOT_PROFILES
+                   for line in _lines(os.path.join(pilot_sandbox, name))
+                   if _uid(line).startswith("pilot.")]
+    try:
+        for uid, found in lines.items():
+            if found:
+                write_text(os.path.join(by_task[uid], SCHEDULING), "".join(found))
+        if pilot_lines:
+            write_text(os.path.join(dest_root, PILOT_EVENTS), "".join(pilot_lines))
+    except OSError as exc:  # a full disk: the run's own outcome still has to be written
+        log.warning("could not keep the pilot's scheduling events: %s", exc)
+
+
+def _lines(prof):
+    try:
+        with open(prof, encoding="utf-8", errors="replace") as fh:
+            return fh.readlines()
+    except OSError:
+        return []
+
+
+def _uid(line):
+    parts = line.split(",", 5)
+    return parts[4] if len(parts) > 4 else ""
 
 
 def write_outcome(plan, outcomes, stopped_at, error, note=""):

@@ -27,8 +27,8 @@ import os
 import threading
 import time
 
-from trajflow.tasks.rundir import (add_to_failure, begin_attempt, PLAN, record_handed_over,
-                                   record_outcome, withdraw_handover)
+from trajflow.tasks.rundir import (add_to_failure, begin_attempt, PLAN, record_dispatched,
+                                   record_handed_over, record_outcome, withdraw_handover)
 from trajflow.workflows.errors import InputError, Interrupted, RunFailed
 from trajflow.workflows.run import resources
 from trajflow.workflows.run.execute import PilotProcess, RunRequest
@@ -343,6 +343,8 @@ class Pilot:
             if not batch:
                 continue
             self._running.update({f.request.name: f for f in batch})
+            for f in batch:  # its wait behind the runs before it ends here
+                record_dispatched(f.request.plan.workdir)
             try:
                 self._process.run_batch([f.request for f in batch], close_after=last,
                                         on_run_ended=self._ended)

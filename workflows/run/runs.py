@@ -24,6 +24,7 @@ from trajflow.workflows.profile.inspection import (how_it_ended, inspect_runs, s
                                                    summary_text)
 from trajflow.workflows.profile.report_html import (html_table, library_once, render_body,
                                                     result_plot, write_html)
+from trajflow.workflows.profile.wall_time import describe as describe_wall, whole_from_outcome
 from trajflow.workflows.run.results import open_result
 
 log = logging.getLogger(__name__)
@@ -118,8 +119,7 @@ class Run:
     @property
     def wall_s(self):
         """Seconds from the call to the run's end, where both are known, else None."""
-        ended = (self.outcome or {}).get("ended")
-        return ended - self.plan.asked_at if ended and self.plan.asked_at else None
+        return whole_from_outcome(self.plan.asked_at, self.outcome)
 
     @property
     def result_path(self):
@@ -202,10 +202,8 @@ class Run:
         lines = how_it_ended(self.path, self.plan)["lines"]
         lines.append(f"{os.path.basename(self.path)}: profiles: {self.plan.path('profile')}")
         times = self.profile.report["advice"].get(os.path.basename(self.path), {}).get("times")
-        if times and times.get("before_pilot") is not None:
-            pilot = times["before_pilot"] + (times["pilot_wait"] or 0.0)
-            lines.append(f"  {times['whole']:.1f} s from the call to the result, {pilot:.1f} s "
-                         "of it before the first task (planning, the pilot's start)")
+        if times and times.get("wall"):
+            lines.append(f"  wall time {describe_wall(times['wall'])}")
         if self.plan.truncated:
             t = self.plan.truncated
             lines.append(f"  TRUNCATED INPUT: {t['file']}: analysed {t['analysed']} whole frames "
@@ -271,7 +269,7 @@ class Profile:
 
     def summary_lines(self):
         """Stragglers and advice in a few lines (what the CLI prints after a run)."""
-        lines = straggler_lines(self.stragglers, self.records, self.report.get("not_judged"))
+        lines = straggler_lines(self.report)
         lines += ["advice: " + text for text in self.advice.values()]
         return lines
 

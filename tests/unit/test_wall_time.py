@@ -1,0 +1,106 @@
+"""A run's wall time is one number, from the call to its end, and its parts add up to it
+(workflows/profile/wall_time.py); no pilot."""
+import json
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from trajflow.workflows.profile.wall_time import (COLLECTING, describe, wall_time,
+                                                  whole_from_outcome)
+
+
+def task(uid, stage, queued, cores, stop, run="r"):
+    """The record of a task's one rank, with the RADICAL events the run keeps."""
+    return {"run": run, "task": stage, "rp_task_id": uid, "t_start": cores + 0.2, "t_stop": stop,
+            "radical": {"queued": queued, "cores": cores, "launch_start": cores + 0.01,
+                        "launch_stop": stop}}
+
+
+def test_a_run_behind_others_on_a_held_pilot_has_every_second_named():
+    records = [task("t.0", "split", 57.0, 57.0, 60.0),
+               task("t.1", "analyze", 61.0, 61.0, 64.0),
+               task("t.2", "analyze", 61.0, 64.0, 66.0),  # waits for its sibling's core
+               task("t.3", "reduce", 67.0, 69.0, 70.0)]   # waits while another run holds both
+    handover = {"handed_at": 51.0, "dispatched_at": 55.0}
+    wall = wall_time(records, 50.0, handover, pilot=(40.0, 45.0), ended=71.0)
+    assert wall["parts"] == pytest.approx({
+        "planning": 1.0, "queued behind other runs": 4.0, "pilot start": 0.0, "hand-over": 2.0,
+        "split": 3.0, "analyze": 5.0, "reduce": 1.0, "waiting for cores": 2.0,
+        "between stages": 2.0, COLLECTING: 1.0})
+    assert wall["whole"] == 21.0 == whole_from_outcome(50.0, {**handover, "ended": 71.0})
+    assert describe(wall).startswith("21.0 s (1.0 s planning, 4.0 s queued behind other runs, "
+                                     "2.0 s hand-over, 3.0 s split")
+
+
+def test_a_pilot_started_for_the_run_is_its_own_part():
+    records = [task("t.0", "analyze", 80.0, 80.0, 90.0)]
+    wall = wall_time(records, 50.0, {"handed_at": 52.0, "dispatched_at": 52.5},
+                     pilot=(53.0, 75.0), ended=91.0)
+    assert wall["parts"]["pilot start"] == pytest.approx(22.5)
+    assert wall["parts"]["hand-over"] == pytest.approx(5.0)
+
+
+def test_a_folder_without_the_moments_still_adds_up():
+    """An older run (no handover moments, no scheduler events) and a campaign's
+    experiment (no call: timed from its hand-over)."""
+    rec = {"run": "r", "task": "analyze", "t_start": 100.0, "t_stop": 104.0, "t_launch": 1.0}
+    wall = wall_time([rec], 90.0, None, None, 105.0)
+    assert wall["parts"] == pytest.approx({"hand-over": 9.0, "analyze": 5.0,
+                                           "waiting for cores": 0.0, "between stages": 0.0,
+                                           COLLECTING: 1.0})
+    assert wall_time([rec], 0.0, {"handed_at": 95.0}, None, 105.0)["whole"] == 10.0
+    assert whole_from_outcome(0.0, {"handed_at": 95.0, "ended": 105.0}) == 10.0
+    assert whole_from_outcome(0.0, {"ended": 105.0}) is None
+
+
+moment = st.floats(1.0, 200.0, allow_nan=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(asked=moment, handed=st.none() | moment, dispatched=st.none() | moment,
+       pilot=st.none() | st.tuples(moment, st.none() | moment),
+       tasks=st.lists(st.tuples(st.sampled_from(["split", "analyze", "reduce"]),
+                                moment, st.floats(0, 20), st.floats(0, 20)), max_size=8),
+       ended=st.none() | moment)
+def test_the_parts_are_never_negative_and_add_up_to_the_whole(asked, handed, dispatched, pilot,
+                                                             tasks, ended):
+    records = [task(f"t.{i}", stage, q, q + wait, q + wait + run)
+               for i, (stage, q, wait, run) in enumerate(tasks)]
+    handover = {k: v for k, v in (("handed_at", handed), ("dispatched_at", dispatched)) if v}
+    wall = wall_time(records, asked, handover, pilot, ended)
+    assert all(s >= 0 for s in wall["parts"].values()), wall
+    assert sum(wall["parts"].values()) == pytest.approx(wall["whole"], abs=1e-9)
+    if ended and ended >= max([asked, handed or 0, dispatched or 0]
+                              + [q + w + r for _, q, w, r in tasks]):
+        assert wall["whole"] == pytest.approx(whole_from_outcome(asked, {**handover,
+                                                                         "ended": ended}))
+    json.dumps(wall)  # what inspect --json gives
+
+
+def test_the_scheduler_and_pilot_lines_are_kept_in_the_run_folder(tmp_path):
+    """collect() keeps, beside each task's RADICAL files, its lines of the agent
+    scheduler's profile, and the pilot's own lines: the run folder alone then says when
+    a task waited for cores and when its pilot became active."""
+    from trajflow.workflows.profile.advice import pilot_active
+    from trajflow.workflows.profile.inspection import radical_task_events
+    from trajflow.workflows.run.outcomes import (keep_pilot_events, keep_task_files,
+                                                 TaskOutcome)
+    pilot = tmp_path / "pilot.0000"
+    (pilot / "task.000001").mkdir(parents=True)
+    (pilot / "task.000001" / "task.000001.prof").write_text(
+        "12.0,launch_start,,M,task.000001,AGENT_EXECUTING,\n")
+    (pilot / "agent_scheduling.0000.prof").write_text(
+        "10.0,advance,agent_scheduling.0000,T,task.000001,AGENT_SCHEDULING,\n"
+        "10.0,advance,agent_scheduling.0000,T,task.000009,AGENT_SCHEDULING,\n"  # another run's
+        "11.5,schedule_ok,agent_scheduling.0000,T,task.000001,,\n")
+    (pilot / "bootstrap_0.prof").write_text("1.0,bootstrap_0_start,b,M,pilot.0000,P,\n")
+    (pilot / "agent_0.prof").write_text("5.0,advance,agent_0,M,pilot.0000,PMGR_ACTIVE,\n"
+                                        "10.0,advance,agent_0,M,task.000001,X,\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    o = TaskOutcome("p", "analyze", 1, "analyze", "DONE", 0, str(pilot / "task.000001"), "")
+    keep_task_files(o, str(run / "radical"))
+    keep_pilot_events([o], str(run / "radical"))
+    events = radical_task_events(str(run))
+    assert events == {"task.000001": {"queued": 10.0, "cores": 11.5, "launch_start": 12.0}}
+    assert pilot_active(str(run)) == (1.0, 5.0)
