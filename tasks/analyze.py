@@ -29,6 +29,7 @@ from .analyses import ANALYSIS_CLASSES
 from .plan import RunPlan, chunk_size, decode_path_arg
 from .rundir import mark_started
 from .block_claims import BlockClaims
+from .cpu_neighbours import CpuNeighbours
 from .launch_env import MPI_INIT_FIRST, this_launch
 from .schedules import Chunk, CounterUnavailable, LaunchCounter
 from .dcd import open_dcd
@@ -250,7 +251,8 @@ def part_attrs(plan, analysis_attrs, blocks):
 
 def run_tasks_mode(plan, block, setup_marks=None):
     timer = RankTimer("analyze", rank=0, size=1, block=block, mode="tasks", setup_marks=setup_marks,
-                      schedule=plan.schedule, progress_path=plan.progress_path(block))
+                      schedule=plan.schedule, progress_path=plan.progress_path(block),
+                      neighbours=CpuNeighbours.for_rank(0, plan.workdir))
     faults.maybe_slow_down(block)
     if plan.schedule_strategy.copies_late_blocks:
         run_claimed_blocks(plan, block, timer)
@@ -358,7 +360,8 @@ def run_mpi_mode(plan, setup_marks=None):
     timer = RankTimer("analyze", rank=rank, size=size, block=rank, mode="mpi",
                       setup_marks=setup_marks, mpi_init_after_chunks=early is not None,
                       gather=plan.gather, schedule=plan.schedule,
-                      progress_path=plan.progress_path(rank))
+                      progress_path=plan.progress_path(rank),
+                      neighbours=CpuNeighbours.for_rank(rank, plan.workdir))
     faults.maybe_fail(plan.workdir, rank)
     faults.maybe_slow_down(rank)
     work = chunk_analysis(plan, timer, comm, schedule.one_chunk_per_rank)

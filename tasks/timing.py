@@ -89,7 +89,9 @@ class RankTimer:
     """
 
     def __init__(self, task: str, rank: int = 0, size: int = 1, progress_path=None,
-                 setup_marks=None, **info):
+                 setup_marks=None, neighbours=None, **info):
+        """`neighbours`: a CpuNeighbours started with the record (the node's first rank's):
+        what the node's other processes used meanwhile goes in the record."""
         self.task = task
         self.rank = rank
         self.size = size
@@ -104,6 +106,7 @@ class RankTimer:
         self._progress_written = 0.0
         self._frames_written = 0
         self._runqueue_wait0 = runqueue_wait_s()
+        self.neighbours = neighbours
         if setup_marks:  # [(what was done, when)] from the task's main(): its set-up so far
             now = time.time()
             self.intervals.append(("setup", self.t_start, now))
@@ -185,6 +188,9 @@ class RankTimer:
         """Stop the clock and write the record (atomically) and RP events."""
         if self.progress_path:
             self._write_progress()
+        if self.neighbours is not None:
+            with self.phase("finalize"):
+                self.info["cpu_neighbours"] = self.neighbours.measure()
         self.t_stop = time.time()
         rec = self.record()
         os.makedirs(os.path.dirname(profile_path), exist_ok=True)

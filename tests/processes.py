@@ -108,7 +108,7 @@ def tasks_of_session(session):
     the environment RP gives every task (the teardown's own test): each test judges its
     own pilot's tasks only, so that the pilot layer's tests can run side by side."""
     from trajflow.workflows.run.entk_client import is_task_of_session
-    from trajflow.workflows.run.procfs import processes
+    from trajflow.tasks.procfs import processes
     return [p.pid for p in processes() if p.state != "Z" and is_task_of_session(p.pid, session)]
 
 

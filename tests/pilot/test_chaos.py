@@ -19,7 +19,7 @@ import pytest
 from processes import (analyze_tasks, assert_resumed_equal, assert_nothing_left, output_so_far, processes_mentioning,
                        session_name, START_LIMIT, start_with_sleeping_tasks, stop, TRAJFLOW, wait_for_analyze)
 
-from trajflow.workflows.run.procfs import state as process_state
+from trajflow.tasks.procfs import state as process_state
 
 pytestmark = pytest.mark.entk
 

@@ -16,7 +16,7 @@ import pytest
 
 import trajflow
 from trajflow.tasks.placement import RADICAL_TIMER_SLACK_NS, timer_slack_ns
-from trajflow.workflows.run.procfs import descendants, processes
+from trajflow.tasks.procfs import descendants, processes
 
 pytestmark = pytest.mark.serial  # every CPU but the agent's is the pilot's
 

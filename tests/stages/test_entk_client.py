@@ -9,7 +9,8 @@ import types
 
 import pytest
 
-from trajflow.workflows.run import entk_client, procfs
+from trajflow.tasks import procfs
+from trajflow.workflows.run import entk_client
 
 
 def _prof(path, events):

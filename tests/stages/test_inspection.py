@@ -104,6 +104,29 @@ def test_a_run_too_short_to_judge_sets_its_flags_aside(tmp_path, adk):
     assert "too short to judge a strategy" in report["advice"]["run"]["text"]
 
 
+@pytest.mark.serial  # a competitor takes the cores: run alone (see the Makefile)
+def test_the_nodes_first_rank_names_who_else_used_the_cores(tmp_path, adk):
+    """A program spinning beside a real 2-rank run is measured by rank 0 (its node's
+    first) and named as another's; rank 1, the run's own, is named as the run's; rank 1
+    does not measure (one sampler a node)."""
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        # rank 0 pauses 1 s in its compute: the spinner runs meanwhile, whatever the load
+        plan_and_run(tmp_path / "run", adk[0], [adk[1]], "rmsd", mode="mpi", blocks=2, cpus=2,
+                     schedule="static", env={"TRAJFLOW_TEST_DELAY": "0:compute:1.0"})
+    finally:
+        spin.kill()
+        spin.wait(timeout=60)
+    report = inspect_runs([str(tmp_path / "run")])
+    ranks = {r["rank"]: r for r in report["records"] if r["task"] == "analyze"}
+    assert "cpu_neighbours" not in ranks[1]
+    seen = ranks[0]["cpu_neighbours"]
+    [spinner] = [e for e in seen["top"] if e[1] == spin.pid]
+    assert spinner[2] == "other" and spinner[3] > 0.1, seen
+    assert all(kind == "this run" for _, pid, kind, _ in seen["top"] if pid == ranks[1]["pid"])
+    assert seen["by_kind"]["other"] >= spinner[3]
+
+
 @pytest.mark.serial  # judges time: run alone (see the Makefile)
 def test_clean_run_flags_nothing_and_is_too_short_for_advice(tmp_path, adk):
     """98 frames of AdK analyse in well under a second: no strategy advice, the numbers why."""

@@ -84,23 +84,78 @@ def test_a_rank_records_its_cpus_and_its_wait_for_one():
         assert 0.0 <= record["t_cpu_wait"] <= record["t_total"] + 0.01
 
 
-def ranks(wait, total=10.0, host=None, n=2):
-    return [{"task": "analyze", "rank": r, "t_total": total, "t_cpu_wait": wait,
+def ranks(wait, total=10.0, host=None, n=2, neighbours=None):
+    """n analyze ranks' records; the first one with what it measured of its node."""
+    recs = [{"task": "analyze", "rank": r, "t_total": total, "t_cpu_wait": wait,
              "host": host or socket.gethostname()} for r in range(n)]
+    if neighbours:
+        recs[0]["cpu_neighbours"] = {"window_s": total, "node_cpus": 2, "by_kind": {
+            kind: sum(s for _, _, k, s in neighbours if k == kind)
+            for kind in ("this run", "RADICAL", "other")},
+            "top": [list(e) for e in neighbours]}
+    return recs
 
 
-def test_a_wait_for_a_cpu_worth_saying_is_said_with_who_held_it():
-    here = cpu_wait_note(ranks(2.0))
-    assert "waited 4.0 s of their 20.0 s (20%)" in here
-    assert "RADICAL's agent and client and EnTK" in here and "local.localhost_agent_core" in here
-    placed = ranks(2.0)
-    for r in placed:
-        r["cpus"] = CPUS[1:]
-    if len(CPUS) > 1:  # RADICAL had a core of its own already: not suggested again
-        text = cpu_wait_note(placed)
-        assert "other programs running here" in text and "agent_core" not in text
-    there = cpu_wait_note(ranks(2.0, host="node-that-is-not-here"))
-    assert "other jobs or daemons" in there and "blocked_cores" in there
+def test_a_wait_for_a_cpu_is_answered_by_who_was_measured_to_hold_it():
+    """The culprit is the one the node's first rank measured: another program is named
+    (the agent is not blamed), RADICAL gets the kept core, the run's own ranks fewer
+    ranks; a record without the measurement says so and advises nothing."""
+    other = cpu_wait_note(ranks(2.0, neighbours=[["stress-ng", 4242, "other", 7.5],
+                                                 ["python3", 17, "RADICAL", 0.4]]))
+    assert "waited 4.0 s of their 20.0 s (20%)" in other
+    assert "other used 7.5 CPU-s, RADICAL used 0.4 CPU-s" in other
+    assert "stress-ng pid 4242, other, 7.5 s" in other
+    assert "neither trajflow's nor RADICAL's" in other and "agent_core" not in other
+    agent = cpu_wait_note(ranks(2.0, neighbours=[["python3", 17, "RADICAL", 3.0]]))
+    assert "local.localhost_agent_core" in agent
+    there = cpu_wait_note(ranks(2.0, host="node-that-is-not-here",
+                                neighbours=[["python3", 17, "RADICAL", 3.0]]))
+    assert "blocked_cores" in there and "agent_core" not in there
+    own = cpu_wait_note(ranks(2.0, neighbours=[["python", 99, "this run", 5.0]]))
+    assert "fewer ranks" in own and "agent" not in own
+    unmeasured = cpu_wait_note(ranks(2.0))
+    assert unmeasured.endswith("who held it was not measured (records of an older trajflow).")
+    planted = ranks(2.0)
+    planted[0]["cpu_neighbours"] = {"by_kind": {"other": "x"}, "top": [["a", "b", "c", "d"]]}
+    assert "not measured" in cpu_wait_note(planted)
+
+
+def test_the_first_rank_of_a_node_measures_who_else_ran(tmp_path):
+    """A process busy beside the rank is seen, named and counted as another's; the
+    rank's own CPU is not counted."""
+    import subprocess
+    import sys
+    import time
+    from trajflow.tasks.cpu_neighbours import CpuNeighbours, first_on_node
+    assert first_on_node(3, {"MPI_LOCALRANKID": "0"}) and not first_on_node(0, {"SLURM_LOCALID": "1"})
+    assert first_on_node(0, {}) and not first_on_node(1, {})
+    sampler = CpuNeighbours(str(tmp_path))
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\n"
+                             "while time.time() - t < 0.6: pass"])
+    try:
+        busy.wait(timeout=60)
+    finally:
+        busy.kill()
+    time.sleep(0.05)
+    seen = sampler.measure()
+    assert seen["window_s"] >= 0.6 and seen["node_cpus"] == os.cpu_count()
+    # it ended inside the window: a process that started and ended there is not seen ...
+    assert all(pid != busy.pid for _, pid, _, _ in seen["top"])
+    sampler = CpuNeighbours(str(tmp_path))
+    busy = subprocess.Popen([sys.executable, "-c", "import time\n"
+                             "while time.process_time() < 0.5: pass\n"
+                             "print('spun', flush=True)\ntime.sleep(30)"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert busy.stdout.readline() == "spun\n"
+        seen = sampler.measure()  # ... one still there is, with its CPU
+    finally:
+        busy.kill()
+        busy.wait(timeout=60)
+        busy.stdout.close()
+    [mine] = [e for e in seen["top"] if e[1] == busy.pid]
+    assert mine[2] == "other" and mine[3] >= 0.45, seen
+    assert seen["by_kind"]["other"] >= mine[3]
 
 
 @pytest.mark.parametrize("wait, total", [(0.0, 10.0), (None, 10.0), (0.9, 10.0), (0.2, 1.0)])

@@ -15,7 +15,7 @@ from trajflow.tasks.plan import RunPlan
 from trajflow.tasks.rundir import mark_started
 from trajflow.tasks.timing import write_progress
 from trajflow.workflows.run.signals import describe_stop
-from trajflow.workflows.run.procfs import state as process_state
+from trajflow.tasks.procfs import state as process_state
 from trajflow.workflows.run.watchdog import (bounds, parse_limits, PHASES, START_GRACE_S,
                                             stopped_tasks, Watchdog)
 

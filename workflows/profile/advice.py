@@ -15,6 +15,7 @@ import os
 import socket
 
 from trajflow.tasks.io_strategies import GUIDELINES
+from trajflow.tasks.plan import is_finite_number
 from trajflow.tasks.rundir import KEPT_TASK_FILES, read_lines, read_outcome, SESSIONS
 from trajflow.workflows.run.outcomes import PILOT_EVENTS, PILOT_PROFILES
 from trajflow.workflows.profile.judgeable import too_short_for_advice
@@ -167,27 +168,66 @@ def advice(plan, records):
 def cpu_wait_note(analyze):
     """How long the analyze ranks were ready to run but waited for a CPU another process
     held (t_cpu_wait, Linux' run-queue wait), where it is a share worth saying, and who
-    those processes likely were: on this machine RADICAL's agent, client and EnTK."""
-    waits = [(r.get("t_cpu_wait") or 0.0, r["t_total"], r.get("host")) for r in analyze]
-    wait, total = sum(w for w, _, _ in waits), sum(t for _, t, _ in waits)
+    held it as the nodes' first ranks measured (tasks/cpu_neighbours.py): RADICAL's
+    processes, the run's own, or others, each answered with its own remedy."""
+    waits = [(r.get("t_cpu_wait") or 0.0, r["t_total"]) for r in analyze]
+    wait, total = sum(w for w, _ in waits), sum(t for _, t in waits)
     if total <= 0 or wait < max(CPU_WAIT_MIN_S, CPU_WAIT_SHARE * total):
         return ""
     said = (f" The analyze ranks waited {wait:.1f} s of their {total:.1f} s ({wait / total:.0%}) "
             "for a CPU that other processes held")
-    here = all(host == socket.gethostname() for _, _, host in waits)
-    used = set().union(*(r.get("cpus") or () for r in analyze))
-    if here and used and used < set(os.sched_getaffinity(0)):  # RADICAL had a core of its own
-        return (said + f": on this machine, with RADICAL kept off the ranks' CPUs "
-                f"{sorted(used)}, other programs running here. Close them, or give the run "
-                "fewer ranks.")
+    by_kind, top = cpu_neighbours(analyze)
+    if not by_kind:
+        return said + "; who held it was not measured (records of an older trajflow)."
+    culprit = max(by_kind, key=by_kind.get)
+    said += ("; meanwhile on their nodes " + ", ".join(
+        f"{kind} used {seconds:.1f} CPU-s" for kind, seconds in
+        sorted(by_kind.items(), key=lambda kv: -kv[1]) if seconds >= 0.05)
+        + " (most: " + ", ".join(f"{name} pid {pid}, {kind}, {seconds:.1f} s"
+                                 for name, pid, kind, seconds in top[:3]) + ")")
+    return said + REMEDIES[culprit](analyze)
+
+
+def cpu_neighbours(analyze):
+    """({kind: CPU seconds}, [(name, pid, kind, seconds)], most first) summed over the
+    records that measured them; ({}, []) where none did. A folder may come from anyone:
+    entries that are not what cpu_neighbours.py writes are left out."""
+    by_kind, top = {}, []
+    for r in analyze:
+        seen = r.get("cpu_neighbours")
+        if not isinstance(seen, dict) or not isinstance(seen.get("by_kind"), dict):
+            continue
+        for kind, seconds in seen["by_kind"].items():
+            if kind in REMEDIES and is_finite_number(seconds) and seconds >= 0:
+                by_kind[kind] = by_kind.get(kind, 0.0) + seconds
+        for entry in seen.get("top") or []:
+            if (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], str)
+                    and isinstance(entry[1], int) and entry[2] in REMEDIES
+                    and is_finite_number(entry[3])):
+                top.append((entry[0][:32], entry[1], entry[2], float(entry[3])))
+    return by_kind, sorted(top, key=lambda e: -e[3])
+
+
+def _radical_remedy(analyze):
+    here = all(r.get("host") == socket.gethostname() for r in analyze)
     if here:
-        return (said + ": on this machine, RADICAL's agent and client and EnTK, which share "
-                "the ranks' cores. --resource local.localhost_agent_core keeps CPU 0 for them "
-                "(its ranks then ran as fast as under plain mpiexec, at one core fewer), or "
-                "give the run fewer ranks than cores.")
-    return (said + ": other jobs or daemons on the nodes, or RADICAL's agent on the pilot's "
-            "first node. A resource config's system_architecture.blocked_cores keeps cores "
-            "for the agent, which trajflow's ranks then leave.")
+        return (": RADICAL's agent and client share the ranks' cores here. --resource "
+                "local.localhost_agent_core keeps CPU 0 for them (its ranks then ran as fast "
+                "as under plain mpiexec, at one core fewer), or give the run fewer ranks "
+                "than cores.")
+    return (": RADICAL's agent shares the ranks' cores on the pilot's first node. A resource "
+            "config's system_architecture.blocked_cores keeps cores for the agent, which "
+            "trajflow's ranks then leave.")
+
+
+REMEDIES = {
+    "RADICAL": _radical_remedy,
+    "this run": lambda analyze: (": the run's own processes, more of them than free cores; "
+                                 "give it fewer ranks (or blocks) than the cores left to it."),
+    "other": lambda analyze: (": programs that are neither trajflow's nor RADICAL's ran on "
+                              "the ranks' cores. Run when they have ended, or give the run "
+                              "fewer ranks than the cores they leave free."),
+}
 
 
 def slow_host_advice(flags):

@@ -25,7 +25,7 @@ import time
 import types
 
 from trajflow.tasks.client_guard import remove_task_tmp
-from trajflow.workflows.run import procfs
+from trajflow.tasks import procfs
 
 
 @contextlib.contextmanager

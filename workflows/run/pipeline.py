@@ -9,6 +9,7 @@ import os
 import shutil
 from typing import Dict, List
 
+from trajflow.tasks.cpu_neighbours import CLIENT_PID
 from trajflow.tasks.exit_codes import NOT_RETRIED
 from trajflow.tasks.launch_env import MPI_INIT_FIRST
 from trajflow.tasks.parts import is_whole
@@ -70,8 +71,10 @@ def remaining_specs(plan: RunPlan, plan_path: str) -> Dict[str, List[TaskSpec]]:
 def task_environment() -> Dict[str, str]:
     """Variables the tasks must see: one BLAS/OpenMP thread per rank (a rank is
     given one core; more threads would fight the other ranks for it), and the
-    documented testing hooks and TRAJFLOW_MPI_INIT_FIRST (tasks/analyze.py), if set."""
-    env = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    documented testing hooks and TRAJFLOW_MPI_INIT_FIRST (tasks/analyze.py), if set;
+    this process' pid (it runs EnTK: its CPU is RADICAL's, tasks/cpu_neighbours.py)."""
+    env = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           CLIENT_PID: str(os.getpid())}  # RADICAL's client, as the ranks name who ran
     env.update({k: v for k, v in os.environ.items()
                 if k.startswith("TRAJFLOW_TEST_") or k == MPI_INIT_FIRST})
     return env

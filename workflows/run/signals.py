@@ -12,7 +12,7 @@ import signal
 import subprocess
 import threading
 
-from trajflow.workflows.run import procfs
+from trajflow.tasks import procfs
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 stopped_by = None  # the stop signal that last interrupted a run, if one did

@@ -25,7 +25,7 @@ import os
 import shutil
 import time
 
-from trajflow.workflows.run import procfs
+from trajflow.tasks import procfs
 
 log = logging.getLogger(__name__)
 

@@ -1,11 +1,13 @@
 """What this machine's /proc says about its processes: one place that reads it.
 
 The watchdog names stopped ranks and dead RADICAL processes, the pilot's
-teardown finds a local pilot's tasks, and a stop signal's sender is guessed
-from the parent's name; all of them read /proc the same way here (Linux only:
+teardown finds a local pilot's tasks, a stop signal's sender is guessed from
+the parent's name, and a rank measures who else used its node's CPUs
+(cpu_neighbours.py); all of them read /proc the same way here (Linux only:
 elsewhere each answer is empty).
 """
 import glob
+import os
 
 
 class Process:
@@ -78,3 +80,38 @@ def descendants(roots, every):
                 found.add(child)
                 todo.append(child)
     return found
+
+
+TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_times():
+    """{(pid, start time in ticks since boot): (CPU seconds used so far, its threads' all,
+    name)} of every process readable now (pids are reused; that pair is not). Only
+    each /proc/PID/stat is read: a few ms for a node's hundreds of processes."""
+    found = {}
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                stat = fh.read()
+            head, _, tail = stat.rpartition(b")")
+            fields = tail.split()
+            found[(int(entry.name), int(fields[19]))] = (
+                (int(fields[11]) + int(fields[12])) / TICKS_PER_S,
+                head.partition(b"(")[2].decode(errors="replace"))
+        except (OSError, ValueError, IndexError):  # gone meanwhile
+            continue
+    return found
+
+
+def ancestors(pid):
+    """The pids above `pid` up to init."""
+    found = []
+    while True:
+        p = process(pid)
+        if p is None or p.parent in (0, pid) or p.parent in found:
+            return found
+        found.append(p.parent)
+        pid = p.parent
