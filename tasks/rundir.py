@@ -48,6 +48,11 @@ CLAIMS = "claims"
 REMOTE = "remote.json"        # in a remote run's local folder: where the run lives
 FOLDERS = ("parts", "profile", "split")  # made when the plan is written; others as needed
 KEPT_TASK_FILES = "radical"   # each task's RADICAL profile, stdout and stderr
+SCHEDULING = "scheduling.prof"  # beside them: the task's lines of the agent scheduler's profile
+PILOT_EVENTS = "pilot.prof"     # in KEPT_TASK_FILES: the pilot's own lines (start, active)
+# RADICAL's profiles in a pilot's sandbox those lines are taken from
+SCHEDULER_PROFILES = "agent_scheduling.*.prof"
+PILOT_PROFILES = ("bootstrap_0.prof", "agent_0.prof")
 # what a fetch brings back from a remote run (its own small files; never split/ or parts/)
 FETCHED = (RESULT, PLAN, OUTCOME, REPORT, CLIENT_LOG, CLIENT_EXIT, "profile/", "radical/",
            "backend/")

@@ -7,7 +7,8 @@ import os
 import subprocess
 import sys
 
-from trajflow.workflows.run.pipeline import stage_specs, task_environment
+from trajflow.tasks.stages import stage_specs
+from trajflow.workflows.run.pipeline import task_environment
 from plans import make_plan
 from trajflow.workflows.run.planning import write_plan
 

@@ -111,7 +111,15 @@ def test_pilot_run_gives_mdanalysis_rmsd_as_arrays(pilot, adk, reference_results
     ranks = sorted(r["rank"] for r in run.profile.records if r["task"] == "analyze")
     assert ranks == [0, 1]
     assert "done:" in run.summary() and str(run.result_path) in run.summary()
-    assert "s from the call to the result" in run.summary()
+    # one wall time, from the call to the outcome, the same in the summary, `inspect`
+    # and `runs` (Run.wall_s), its parts adding up to it, each task's wait for cores kept
+    times = run.profile.report["advice"]["rmsd"]["times"]
+    assert times["whole"] == pytest.approx(run.wall_s, abs=1e-6)
+    assert sum(times["wall"]["parts"].values()) == pytest.approx(run.wall_s, abs=1e-6)
+    assert f"wall time {run.wall_s:.1f} s (" in run.summary()
+    assert all(times["wall"]["parts"][stage] > 0 for stage in ("split", "analyze", "reduce"))
+    assert all({"queued", "cores"} <= set(r["radical"]) for r in run.profile.records), \
+        [r["radical"] for r in run.profile.records]
     assert os.path.exists(os.path.join(run.path, "report.html"))  # API runs get one too
     assert repr(run.profile).startswith("<trajflow.Profile of 1 run(s)")
     # a complete run's working folders go: its parts emptied, its progress counts read

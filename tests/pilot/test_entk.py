@@ -228,7 +228,7 @@ def test_cli_run_exits_zero_and_says_where_things_are(tmp_path, adk, reference_r
 def test_a_users_analysis_runs_on_the_pilot_and_equals_serial_mdanalysis(session, solvated):
     import warnings
     import MDAnalysis as mda
-    from trajflow.workflows.run.results import open_result
+    from trajflow.tasks.results import open_result
     report, plans = session
     [o] = [o for o in report.outcomes if o.pipeline == "user_rdf" and o.stage == "reduce"]
     assert o.state == "DONE", o.describe()

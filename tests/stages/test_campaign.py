@@ -201,7 +201,7 @@ def test_a_campaign_runs_your_own_analysis_with_its_args(tmp_path, adk):
     from run_stages import run_stages
     from trajflow.workflows.campaign.run import plan_experiments
     from trajflow.workflows.run.planning import write_plan
-    from trajflow.workflows.run.results import open_result
+    from trajflow.tasks.results import open_result
     (tmp_path / "mine.py").write_text(OWN_FACTORY)
     text = BASE.replace('analysis = "rmsd"', 'analysis = "mine.py:radius_of_gyration"\n'
                         'analysis_args = {select = "name CA"}')
@@ -292,7 +292,7 @@ def test_a_campaign_analyses_the_frames_its_file_chooses(tmp_path, adk):
     from run_stages import run_stages
     from trajflow.workflows.campaign.run import plan_experiments
     from trajflow.workflows.run.planning import write_plan
-    from trajflow.workflows.run.results import open_result
+    from trajflow.tasks.results import open_result
     text = BASE.replace('repeats = 2', 'repeats = 1\nstart = 5\nstep = 4')
     text = text.replace('dataset = "adk"\ncopies = 1', f'topology = "{adk[0]}"\ntrajectory = "{adk[1]}"')
     todo, _ = plan_experiments(load_campaign(write(tmp_path, text)), str(tmp_path / "camp"), False)

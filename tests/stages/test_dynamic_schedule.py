@@ -17,7 +17,7 @@ from trajflow.workflows.bench import cpu_quota
 from trajflow.workflows.datasets import adk_concatenated
 from trajflow.workflows.profile.advice import advice
 from trajflow.workflows.profile.inspection import load_run, straggler_lines, find_stragglers
-from trajflow.workflows.run.pipeline import stage_specs
+from trajflow.tasks.stages import stage_specs
 from trajflow.workflows.run.planning import fit_to_cores, write_plan
 
 needs_quota = pytest.mark.skipif(cpu_quota.unavailable() is not None,

@@ -350,7 +350,7 @@ def test_user_analysis_on_a_box_missing_in_the_first_frame(tmp_path, solvated):
     """A user's analysis through the split segments and the H5MD copy sees every
     frame's own box and the input's exact coordinates, as a serial run does."""
     from run_stages import plan_and_run
-    from trajflow.workflows.run.results import open_result
+    from trajflow.tasks.results import open_result
     factories = FACTORIES
     top, traj = boxed_late(tmp_path, "xtc", solvated)
     import importlib.util

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from paths import FACTORIES
 from run_stages import plan_and_run
 from trajflow.workflows.errors import InputError
-from trajflow.workflows.run.results import open_result
+from trajflow.tasks.results import open_result
 
 sys.path.insert(0, os.path.dirname(FACTORIES))
 

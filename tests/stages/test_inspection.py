@@ -168,6 +168,11 @@ def test_csv_and_html_are_written(tmp_path, adk):
     assert rows[0].startswith("kind,") and sum(r.startswith("record,") for r in rows) == 5
     page = (tmp_path / "r.html").read_text()
     assert "<img" in page and "Bokeh.embed.embed_items" in page  # static figures, the timeline
+    # the wall time, where it went, in the text and the page alike (no outcome: to the
+    # last task's end)
+    [said] = re.findall(r"wall time of run: ([0-9.]+ s \([^)]*\))", proc.stdout)
+    assert "before the first task" in said and "analyze" in said
+    assert "<h2>Wall time</h2>" in page and said.split(" (")[0].rstrip(" s") in page
     assert not re.search(r"<script[^>]+src=|<link[^>]+href=\"?https?:", page)  # nothing fetched
 
 

@@ -14,7 +14,7 @@ from MDAnalysis.analysis.rms import RMSF
 
 from run_stages import plan_and_run
 from trajflow.tasks.parallel_analyses import merge_moments, ParallelPCA, ParallelRMSF
-from trajflow.workflows.run.results import open_result
+from trajflow.tasks.results import open_result
 
 FACTORIES = os.path.join(os.path.dirname(__file__), "..", "analyses", "factories.py")
 PCA_SELECTION = "backbone and resid 10:40"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from run_stages import run_spec, run_stages
-from trajflow.workflows.run.pipeline import remaining_specs, stage_specs
+from trajflow.tasks.stages import remaining_specs, stage_specs
 from plans import make_plan
 from trajflow.workflows.run.planning import InputError, plan_for_resume, write_plan
 
@@ -81,7 +81,7 @@ def test_a_5000_block_expansion_is_cheap_for_the_client(tmp_path, adk):
 
 @pytest.mark.parametrize("damage", ["truncated", "value overwritten"])
 def test_a_damaged_part_is_named_by_reduce_and_analysed_again_on_resume(tmp_path, adk, damage):
-    from trajflow.workflows.run.results import open_result
+    from trajflow.tasks.results import open_result
     plan = make_plan(adk[0], [adk[1]], "rmsd", str(tmp_path / "run"), mode="tasks", blocks=3,
                      cpus=3)
     path = write_plan(plan)

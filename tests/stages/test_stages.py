@@ -229,7 +229,7 @@ def test_a_campaigns_shared_h5md_copy_is_made_once(tmp_path, solvated, reference
     copy, charged the conversion's time; both results equal MDAnalysis (periodic system)."""
     from run_stages import run_side_by_side, run_stages
     from trajflow.workflows.profile.advice import prepare_seconds
-    from trajflow.workflows.run.pipeline import stage_specs
+    from trajflow.tasks.stages import stage_specs
     from plans import make_plan
     from trajflow.workflows.run.planning import write_plan
     top, traj = solvated

@@ -23,7 +23,7 @@ import pytest
 from paths import FACTORIES
 from run_stages import plan_and_run
 from trajflow.tasks.mda_analyses import parallelisable_classes, read_results
-from trajflow.workflows.run.results import open_result
+from trajflow.tasks.results import open_result
 
 TRAJFLOW = os.path.join(os.path.dirname(sys.executable), "trajflow")
 sys.path.insert(0, os.path.dirname(FACTORIES))

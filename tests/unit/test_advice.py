@@ -60,7 +60,7 @@ def test_the_wait_for_the_pilot_is_counted_where_its_profile_was_kept(tmp_path):
     a = advice(p, ranks(io=0.2, compute=0.05, launch=2.0))  # first launch at t = 98
     wall = a["times"]["wall"]
     assert wall["parts"]["pilot start"] == pytest.approx(40.0)  # from the call: no handover
-    assert wall["parts"]["hand-over"] == pytest.approx(8.0)
+    assert wall["parts"]["before the first task"] == pytest.approx(8.0)
     assert a["times"]["whole"] == pytest.approx(100.35 - 50.0)
     assert "40.0 s pilot start" in a["text"]
 

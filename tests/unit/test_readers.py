@@ -338,7 +338,7 @@ def test_memory_is_bounded_by_the_chunk(adk, tmp_path):
 def convert_with_the_split_stage(tmp_path, top, trajs, select="all"):
     """The H5MD file the split stage writes for a run (its task program, as the pilot runs it)."""
     from run_stages import run_spec
-    from trajflow.workflows.run.pipeline import stage_specs
+    from trajflow.tasks.stages import stage_specs
     from plans import make_plan
     from trajflow.workflows.run.planning import write_plan
     plan = make_plan(top, trajs, "rmsd", str(tmp_path / "run"), select=select, io="h5md",

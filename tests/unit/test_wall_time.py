@@ -45,7 +45,7 @@ def test_a_folder_without_the_moments_still_adds_up():
     experiment (no call: timed from its hand-over)."""
     rec = {"run": "r", "task": "analyze", "t_start": 100.0, "t_stop": 104.0, "t_launch": 1.0}
     wall = wall_time([rec], 90.0, None, None, 105.0)
-    assert wall["parts"] == pytest.approx({"hand-over": 9.0, "analyze": 5.0,
+    assert wall["parts"] == pytest.approx({"before the first task": 9.0, "analyze": 5.0,
                                            "waiting for cores": 0.0, "between stages": 0.0,
                                            COLLECTING: 1.0})
     assert wall_time([rec], 0.0, {"handed_at": 95.0}, None, 105.0)["whole"] == 10.0

@@ -44,7 +44,7 @@ _WHERE = {
     "Run": "trajflow.workflows.run.runs",
     "Profile": "trajflow.workflows.run.runs",
     "open_run": "trajflow.workflows.run.runs",
-    "open_result": "trajflow.workflows.run.results",
+    "open_result": "trajflow.tasks.results",
     "Backend": "trajflow.workflows.run.backend",
     "submit_remote": "trajflow.workflows.remote.client",
     "RemoteRun": "trajflow.workflows.remote.client",

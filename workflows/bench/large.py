@@ -27,9 +27,10 @@ from trajflow.workflows.errors import InputError
 from trajflow.workflows.run.execute import run_plans
 from trajflow.tasks.placement import node_cpus, split_cpus
 from trajflow.workflows.run.resources import agent_cores
-from trajflow.workflows.run.pipeline import stage_specs, task_environment
+from trajflow.tasks.stages import stage_specs
+from trajflow.workflows.run.pipeline import task_environment
 from trajflow.workflows.run.planning import plan_from_options, write_plan
-from trajflow.workflows.run.results import open_result
+from trajflow.tasks.results import open_result
 
 FORMATS = ("xtc", "dcd", "h5md")
 FRAMES_PER_COPY = 10  # the solvated AdK XTC of MDAnalysisTests

@@ -8,7 +8,8 @@ import sys
 
 import numpy as np
 
-from trajflow.workflows.run.pipeline import stage_specs, task_environment
+from trajflow.tasks.stages import stage_specs
+from trajflow.workflows.run.pipeline import task_environment
 
 
 def analyze_records(plan):

@@ -26,7 +26,8 @@ from trajflow.workflows.bench.large import FRAMES_PER_COPY, check_equal, our_pla
 from trajflow.workflows.bench.measure import (analyze_records, mda_timed_script, run_isolated,
                                               slowest_analyze_rank_s)
 from trajflow.workflows.datasets import solvated_concatenated
-from trajflow.workflows.run.pipeline import stage_specs, task_environment
+from trajflow.tasks.stages import stage_specs
+from trajflow.workflows.run.pipeline import task_environment
 from trajflow.workflows.run.planning import plan_from_options, write_plan
 
 

@@ -29,7 +29,8 @@ from trajflow.workflows.bench.measure import (analyze_records, mda_rmsd, mpiexec
                                               run_isolated)
 from trajflow.workflows.datasets import adk_concatenated, adk_files, solvated_concatenated
 from trajflow.workflows.run.execute import run_plans
-from trajflow.workflows.run.pipeline import stage_specs, task_environment
+from trajflow.tasks.stages import stage_specs
+from trajflow.workflows.run.pipeline import task_environment
 from trajflow.workflows.run.planning import plan_from_options, write_plan
 
 

@@ -20,7 +20,8 @@ from trajflow.workflows.bench.cpu_quota import CpuQuota
 from trajflow.workflows.bench.measure import analyze_records
 from trajflow.workflows.datasets import adk_concatenated
 from trajflow.workflows.profile.schedule_effects import mpi_effect
-from trajflow.workflows.run.pipeline import stage_specs, task_environment
+from trajflow.tasks.stages import stage_specs
+from trajflow.workflows.run.pipeline import task_environment
 from trajflow.workflows.run.planning import plan_from_options, write_plan
 
 SLOW_FRACTION = 0.25   # the slowed rank's or task's share of one core

@@ -24,7 +24,8 @@ from trajflow.workflows.demo import run_demo
 from trajflow.workflows.errors import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK,
                                        InputError, Interrupted, RunFailed)
 from trajflow.workflows.profile.inspection import inspect_runs, summary_text, write_csv, write_json
-from trajflow.workflows.profile.report_html import write_campaign_html, write_html
+from trajflow.workflows.campaign.report import write_campaign_html
+from trajflow.workflows.profile.report_html import write_html
 from trajflow.workflows.profile.trace import write_trace
 from trajflow.workflows.remote import client as remote
 from trajflow.workflows.run import held_client, resources

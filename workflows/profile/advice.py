@@ -16,8 +16,8 @@ import socket
 
 from trajflow.tasks.io_strategies import GUIDELINES
 from trajflow.tasks.plan import is_finite_number
-from trajflow.tasks.rundir import KEPT_TASK_FILES, read_lines, read_outcome, SESSIONS
-from trajflow.workflows.run.outcomes import PILOT_EVENTS, PILOT_PROFILES
+from trajflow.tasks.rundir import (KEPT_TASK_FILES, PILOT_EVENTS, PILOT_PROFILES, read_lines,
+                                   read_outcome, SESSIONS)
 from trajflow.workflows.profile.judgeable import too_short_for_advice
 from trajflow.workflows.profile.schedule_effects import schedule_advice
 from trajflow.workflows.profile.stragglers import phase_times, rank_list

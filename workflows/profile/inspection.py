@@ -27,7 +27,7 @@ from trajflow.workflows.profile.stragglers import (SHOWN_PHASES, critical_path, 
 from trajflow.workflows.profile.timing_tables import read_tables
 from trajflow.workflows.profile.wall_time import describe as describe_wall
 from trajflow.workflows.errors import InputError
-from trajflow.workflows.run.pipeline import remaining_specs  # what a resume runs again
+from trajflow.tasks.stages import remaining_specs  # what a resume runs again
 
 
 

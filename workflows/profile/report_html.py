@@ -13,7 +13,6 @@ import os
 import re
 
 from trajflow.tasks.rundir import RESULT, write_text
-from trajflow.workflows.campaign.table import COLUMNS, curve_points
 from trajflow.workflows.profile.advice import pilot_span
 from trajflow.workflows.profile.wall_time import describe as describe_wall
 from trajflow.workflows.profile.inspection import rank_spans, straggler_lines
@@ -28,15 +27,15 @@ COLOURS = {"setup": "#e377c2", "claim": "#c5b0d5", "finalize": "#f7b6d2", "progr
            "pilot": "#dbdb8d", "rank": "#17becf"}  # "rank": a timing table's row, its phases in no known order
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
     matplotlib.use("Agg")  # no display on a login node
     import matplotlib.pyplot as plt
     return plt
 
 
-def _png(fig):
-    plt = _pyplot()
+def png_uri(fig):
+    plt = pyplot()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
     plt.close(fig)
@@ -185,7 +184,7 @@ def _draw_work_units(fig, entries, starts, HoverTool, ColumnDataSource):
 
 
 def stacked_bars(records):
-    plt = _pyplot()
+    plt = pyplot()
     rows = [r for r in records if r["task"] == "analyze"]
     rows.sort(key=lambda r: (r["run"], r.get("block", 0)))
     fig, ax = plt.subplots(figsize=(10, 3.5))
@@ -200,11 +199,11 @@ def stacked_bars(records):
     ax.set_ylabel("seconds")
     ax.legend(fontsize=7, ncol=4)
     ax.set_title("analyze: phases per rank / task")
-    return _png(fig)
+    return png_uri(fig)
 
 
 def distributions(records):
-    plt = _pyplot()
+    plt = pyplot()
     rows = [r for r in records if r["task"] == "analyze"]
     names = [p for p in PHASES if p != "other"] + ["wait"]
     data = [[r.get("t_wait", 0.0) if p == "wait" else phase_times(r)[p] for r in rows] for p in names]
@@ -212,11 +211,11 @@ def distributions(records):
     ax.boxplot(data, tick_labels=names)
     ax.set_ylabel("seconds")
     ax.set_title("analyze: distribution of each phase over ranks / tasks")
-    return _png(fig)
+    return png_uri(fig)
 
 
 def scaling_plot(rows):
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
     series = {}
     for r in rows:
@@ -230,7 +229,7 @@ def scaling_plot(rows):
     axes[1].set_xlabel("ranks N")
     axes[1].set_ylabel("efficiency E(N)")
     axes[0].legend(fontsize=7)
-    return _png(fig)
+    return png_uri(fig)
 
 
 def html_table(header, rows):
@@ -243,7 +242,7 @@ def html_table(header, rows):
 
 def render(report, title="trajflow inspection"):
     """The report as a whole HTML page."""
-    return _page(title, f"<h1>{html.escape(title)}</h1>" + render_body(report))
+    return html_page(title, f"<h1>{html.escape(title)}</h1>" + render_body(report))
 
 
 def render_body(report, with_library=True):
@@ -321,7 +320,7 @@ def result_figures(rundir, most=2, trust=False):
     series against time (rmsd: its rmsd column), and a curve over `bins` (an RDF's).
     Results stored with pickle are drawn only with `trust` (unpickling runs code)."""
     import numpy as np
-    from trajflow.workflows.run.results import open_result
+    from trajflow.tasks.results import open_result
     result = os.path.join(rundir, RESULT)
     if os.path.islink(result) or not os.path.isfile(result):  # a FIFO would hang h5py
         return []
@@ -353,12 +352,12 @@ def result_figures(rundir, most=2, trust=False):
 
 def _line(x, y, xlabel, ylabel):
     """A small line plot as a PNG data URI."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 2.4))
     ax.plot(x, y, lw=1)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    return _png(fig)
+    return png_uri(fig)
 
 
 def result_plot(time, values, label):
@@ -380,7 +379,7 @@ def _prose(text):
     return re.sub(r"(--[a-z][a-z-]*(?: [A-Za-z0-9.:_]+)?)", r"<code>\1</code>", html.escape(text))
 
 
-def _page(title, body):
+def html_page(title, body):
     style = ("body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;"
              "font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}"
              "img{max-width:100%}code{white-space:nowrap}")
@@ -392,84 +391,3 @@ def write_html(report, path, title="trajflow inspection", user_target=True):
     """The report into `path`: a file the user named (a link of theirs is followed), or,
     with `user_target` False, a run folder's report.html (a link there is replaced)."""
     write_text(path, render(report, title), user_target=user_target)
-
-
-def campaign_scaling_plot(curves):
-    """Per resource: t_total, S(N) and E(N) against ranks, one line per strategy
-    (Khoshlessan et al. 2019 Figs. 10-11, side by side for every resource)."""
-    plt = _pyplot()
-    resources = sorted({key[0] for key in curves})
-    fig, axes = plt.subplots(len(resources), 3, figsize=(12, 3.2 * len(resources)), squeeze=False)
-    for row, resource in zip(axes, resources):
-        for key, pts in sorted(curves.items()):
-            if key[0] != resource:
-                continue
-            label = f"{key[2]} {key[3]}" + (f" {key[4]}" if key[4] != "-" else "") + \
-                (f" K={key[5]}" if key[5] != 1 else "")
-            n = [p[0] for p in pts]
-            row[0].errorbar(n, [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
-                            capsize=3, label=label)
-            if pts[0][3] is not None:  # S and E only where it ran at two or more rank counts
-                row[1].plot(n, [p[3] for p in pts], "o-", label=label)
-                row[2].plot(n, [p[4] for p in pts], "o-", label=label)
-        top = max(p[0] for key, pts in curves.items() if key[0] == resource for p in pts)
-        row[1].plot([1, top], [1, top], "k:", label="ideal")
-        row[2].axhline(1.0, color="k", linestyle=":")
-        row[0].set_ylabel(f"{resource}\nt_total (s)")
-        row[1].set_ylabel("S(N)")
-        row[2].set_ylabel("E(N)")
-        row[0].legend(fontsize=7)
-        ns = sorted({p[0] for key, pts in curves.items() if key[0] == resource for p in pts})
-        for ax in row:
-            ax.set_xlabel("ranks N")
-            ax.set_xticks(ns)
-    fig.tight_layout()
-    return _png(fig)
-
-
-def campaign_phase_bars(rows):
-    """Mean phases of every experiment point, resources side by side."""
-    plt = _pyplot()
-    points = {}
-    for r in rows:
-        if "t_total" in r:
-            key = (r["resource"], f"{r['io']} {r['mode']} N={r['ranks']}" +
-                   (f" K={r['repeat']}" if r["repeat"] != 1 else ""))
-            points.setdefault(key, []).append(r)
-    keys = sorted(points)
-    fig, ax = plt.subplots(figsize=(12, 4))
-    bottom = [0.0] * len(keys)
-    for phase, col, colour in (("open", "t_open", COLOURS["open_topology"]), ("io", "t_IO", COLOURS["io"]),
-                               ("compute", "t_compute", COLOURS["compute"]),
-                               ("wait", "t_wait", COLOURS["wait"]), ("comm", "t_comm", COLOURS["comm"])):
-        vals = [sum(r[col] for r in points[k]) / len(points[k]) for k in keys]
-        ax.bar(range(len(keys)), vals, bottom=bottom, label=phase, color=colour)
-        bottom = [b + v for b, v in zip(bottom, vals)]
-    ax.set_xticks(range(len(keys)), [f"{k[0]}\n{k[1]}" for k in keys], rotation=60, ha="right",
-                  fontsize=7)
-    ax.set_ylabel("seconds (slowest rank, mean of repeats)")
-    ax.legend(fontsize=7, ncol=5)
-    ax.set_title("analyze phases per experiment")
-    return _png(fig)
-
-
-def write_campaign_html(rows, cdir, path):
-    """The campaign's resources compared: scaling curves, phases, and the whole table."""
-    curves = curve_points(rows)
-    parts = [f"<h1>trajflow campaign {html.escape(os.path.basename(cdir))}</h1>",
-             f"<p>Folder: {html.escape(cdir)}. {sum(r['status'] == 'done' for r in rows)} of "
-             f"{len(rows)} experiments done.</p>"]
-    if curves:
-        parts.append(f'<h2>Scaling per resource</h2><img alt="scaling" '
-                     f'src="{campaign_scaling_plot(curves)}">')
-        parts.append(f'<h2>Phases</h2><img alt="phases" src="{campaign_phase_bars(rows)}">')
-    else:
-        parts.append("<p>No experiment has completed: nothing to plot.</p>")
-    parts.append("<h2>Every experiment</h2>")
-    parts.append(html_table(COLUMNS, [[_fmt_cell(r.get(c)) for c in COLUMNS] for r in rows]))
-    write_text(path, _page(f"trajflow campaign {os.path.basename(cdir)}", "".join(parts)),
-               user_target=True)
-
-
-def _fmt_cell(v):
-    return f"{v:.3f}" if isinstance(v, float) else ("" if v is None else v)

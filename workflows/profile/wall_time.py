@@ -19,12 +19,14 @@ cut at moments the run's folder keeps:
 - collecting: from the last task's end until the outcome was written.
 
 A moment a folder lacks (an older run, a run without a lock) gives its time to
-the next part; a moment out of order (clocks of two hosts) is held to the one
+the next part (without the hand-over's moment, planning and hand-over are one
+part: before the first task); a moment out of order (clocks of two hosts) is held to the one
 before it, so the parts always add up to the whole.
 """
 from trajflow.tasks.plan import is_finite_number
 
 BEFORE_TASKS = ("planning", "queued behind other runs", "pilot start", "hand-over")
+BEFORE_FIRST_TASK = "before the first task"  # planning and hand-over, where not told apart
 WAITING_FOR_CORES = "waiting for cores"
 BETWEEN_STAGES = "between stages"
 COLLECTING = "collecting"
@@ -100,7 +102,8 @@ def wall_time(records, asked_at=None, handover=None, pilot=None, ended=None):
     said = _moment(ended)
     limit = first if first is not None else ended if said else None  # where these moments end
     parts, cursor = {}, start
-    for name, when in zip(BEFORE_TASKS, marks + [first]):
+    names = BEFORE_TASKS if _moment(marks[0]) else BEFORE_TASKS[1:3] + (BEFORE_FIRST_TASK,)
+    for name, when in zip(names, (marks if _moment(marks[0]) else marks[1:]) + [first]):
         if not _moment(when):
             continue
         when = max(when, cursor) if limit is None else min(max(when, cursor), max(limit, cursor))

@@ -15,8 +15,9 @@ import shutil
 import time
 from typing import List
 
-from trajflow.tasks.rundir import (CLAIMS, FOLDERS, KEPT_TASK_FILES, OUTCOME, record_outcome,
-                                   release_room, replaced_whole, write_text)
+from trajflow.tasks.rundir import (CLAIMS, FOLDERS, KEPT_TASK_FILES, OUTCOME, PILOT_EVENTS,
+                                   PILOT_PROFILES, record_outcome, release_room, replaced_whole,
+                                   SCHEDULER_PROFILES, SCHEDULING, write_text)
 
 log = logging.getLogger(__name__)
 
@@ -162,14 +163,6 @@ def collect(name, plan, run):
         keep_task_files(o, plan.path(KEPT_TASK_FILES))
     keep_pilot_events(outcomes, plan.path(KEPT_TASK_FILES))
     return outcomes
-
-
-# RADICAL's profiles in the pilot's sandbox that say when a task waited for cores, and
-# when the pilot itself started: copied (their lines about this run) beside the tasks'
-SCHEDULER_PROFILES = "agent_scheduling.*.prof"
-PILOT_PROFILES = ("bootstrap_0.prof", "agent_0.prof")
-SCHEDULING = "scheduling.prof"   # in each task's kept folder: its own scheduler lines
-PILOT_EVENTS = "pilot.prof"      # in RUNDIR/radical/: the pilot's own lines
 
 
 def keep_pilot_events(outcomes, dest_root):

@@ -1,71 +1,21 @@
 """The EnTK pipeline of one run: split -> analyze -> reduce.
 
-`stage_specs` says, in plain data, which task programs run with how many
-ranks; `build_pipeline` turns that into EnTK objects. Tests run the very same
-specs under mpiexec without EnTK, so what is tested is what the pilot runs.
+`stage_specs` (tasks/stages.py) says, in plain data, which task programs run
+with how many ranks; RunPipeline turns that into EnTK objects. Tests run the
+very same specs under mpiexec without EnTK, so what is tested is what the
+pilot runs.
 """
-import dataclasses
 import os
 import shutil
-from typing import Dict, List
+from typing import Dict
 
 from trajflow.tasks.cpu_neighbours import CLIENT_PID
 from trajflow.tasks.exit_codes import NOT_RETRIED
 from trajflow.tasks.launch_env import MPI_INIT_FIRST
-from trajflow.tasks.parts import is_whole
-from trajflow.tasks.plan import encode_path_arg, RunPlan
+from trajflow.tasks.plan import RunPlan
 from trajflow.tasks.rundir import CLAIMS
+from trajflow.tasks.stages import stage_specs, TaskSpec
 from trajflow.workflows.run.outcomes import exit_code_of
-
-
-@dataclasses.dataclass
-class TaskSpec:
-    name: str
-    module: str          # e.g. trajflow.tasks.analyze
-    args: List[str]
-    ranks: int = 1
-    mpi: bool = False
-
-    def argv(self, python: str) -> List[str]:
-        return [python, "-m", self.module] + self.args
-
-
-def stage_specs(plan: RunPlan, plan_path: str) -> Dict[str, List[TaskSpec]]:
-    """The three stages of a run as task specs, in order."""
-    p = ["--plan", encode_path_arg(plan_path)]
-    n = plan.n_blocks
-    if plan.backend:  # an MDAnalysis run(): its computation groups, then collected in order
-        module = "trajflow.tasks.backend_part"
-        return {"analyze": [TaskSpec(f"analyze.b{b:05d}", module, p + ["--part", str(b)])
-                            for b in range(n)],
-                "reduce": [TaskSpec("reduce", module, p + ["--collect"])]}
-    split = [TaskSpec(name, "trajflow.tasks.split", p + args, ranks=max(ranks, 1), mpi=ranks > 0)
-             for name, args, ranks in plan.io_strategy.split_tasks(plan)]
-    if plan.mode == "mpi":
-        analyze = [TaskSpec("analyze", "trajflow.tasks.analyze", p, ranks=plan.analyze_ranks,
-                            mpi=True)]
-    else:
-        analyze = [TaskSpec(f"analyze.b{b:05d}", "trajflow.tasks.analyze", p + ["--block", str(b)])
-                   for b in range(n)]
-    reduce = [TaskSpec("reduce", "trajflow.tasks.reduce", p)]
-    return {"split": split, "analyze": analyze, "reduce": reduce}
-
-
-def remaining_specs(plan: RunPlan, plan_path: str) -> Dict[str, List[TaskSpec]]:
-    """The task specs of an interrupted run that still have work to do: split
-    tasks whose output is missing, analyze tasks whose part is missing or damaged, and
-    reduce (always: it checks and publishes)."""
-    specs = stage_specs(plan, plan_path)
-    if "split" in specs:
-        wanted = {name for name, _, _ in plan.io_strategy.remaining_split_tasks(
-            plan, plan.io_strategy.split_tasks(plan))}
-        specs["split"] = [s for s in specs["split"] if s.name in wanted]
-    if plan.mode == "tasks":  # a missing or damaged part is analysed again
-        specs["analyze"] = [s for s in specs["analyze"]
-                            if not is_whole(plan.part_path(f"block_{int(s.args[-1]):05d}"))]
-    elif is_whole(plan.part_path("mpi")):
-        specs["analyze"] = []
-    return specs
 
 
 def task_environment() -> Dict[str, str]:

@@ -25,7 +25,7 @@ from trajflow.workflows.profile.inspection import (how_it_ended, inspect_runs, s
 from trajflow.workflows.profile.report_html import (html_table, library_once, render_body,
                                                     result_plot, write_html)
 from trajflow.workflows.profile.wall_time import describe as describe_wall, whole_from_outcome
-from trajflow.workflows.run.results import open_result
+from trajflow.tasks.results import open_result
 
 log = logging.getLogger(__name__)
 

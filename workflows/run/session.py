@@ -30,7 +30,8 @@ from trajflow.workflows.run.heartbeat import (CLOSED, DEFAULT_CLIENT_TIMEOUT_S,
 from trajflow.workflows.run.outcomes import (collect, failed_for_good, remove_partial_files,
                                              RunReport, write_outcome)
 from trajflow.workflows.run.pilot_start import StartWatch
-from trajflow.workflows.run.pipeline import remaining_specs, RunPipeline
+from trajflow.tasks.stages import remaining_specs
+from trajflow.workflows.run.pipeline import RunPipeline
 from trajflow.workflows.run.planning import full_disk_note
 from trajflow.workflows.run.rundir_lock import close_inherited
 

@@ -1,6 +1,6 @@
 """A finished run's result.h5 back as an MDAnalysis `Results`, as a serial run() gives it.
 
-    >>> from trajflow.workflows.run.results import open_result
+    >>> from trajflow import open_result
     >>> results = open_result("runs/rdf/result.h5")
     >>> results.rdf, results.bins          # InterRDF's own names
     >>> open_result("runs/adk-rmsd/result.h5").rmsd
@@ -12,7 +12,8 @@ also have `frame` and `time` (ps) of every frame analysed.
 """
 import h5py
 
-from trajflow.tasks.mda_analyses import read_results
+from .mda_analyses import read_results
+from .rundir import RESULT
 
 
 def open_result(path, trust=False):
@@ -30,7 +31,7 @@ def open_result(path, trust=False):
     import os
     from MDAnalysis.analysis.results import Results
     if os.path.isdir(path):
-        path = os.path.join(path, "result.h5")
+        path = os.path.join(path, RESULT)
     with h5py.File(path, "r") as f:
         results = read_results(f["results"], trust) if "results" in f else Results()
         for key, item in f.items():
