@@ -287,7 +287,7 @@ def test_the_client_job_keeps_every_path_as_it_is(tmp_path):
     import shlex
     from trajflow.tasks.plan import RunPlan
     from trajflow.workflows.remote.client import run_request
-    from trajflow.workflows.remote.side import batch_job
+    from trajflow.workflows.cli.remote_side import batch_job
     from trajflow.workflows.run.spec import PilotSpec, RunSpec
     rundir = str(tmp_path / "runs" / "a b $HOME 'q' 5%")
     plan = RunPlan(workdir=rundir, topology="t", trajectories=["x"], analysis="rmsd",
@@ -302,7 +302,7 @@ def test_the_client_job_keeps_every_path_as_it_is(tmp_path):
     assert f"--output={rundir.replace('%', '%%')}/client.log" in options
     assert "--partition=debug" in options and not any(o.startswith("--account") for o in options)
     exec_line = script.splitlines()[-1]
-    assert shlex.split(exec_line)[1:] == [sys.executable, "-m", "trajflow.workflows.remote.side",
+    assert shlex.split(exec_line)[1:] == [sys.executable, "-m", "trajflow.workflows.cli.remote_side",
                                           "job", rundir, *argv]
     echoed = subprocess.run(["bash", "-c", exec_line.replace("exec ", "printf '%s\\n' ", 1)],
                             capture_output=True, text=True).stdout.splitlines()
@@ -330,7 +330,7 @@ def test_the_run_sent_to_the_cluster_is_its_specs_not_the_workstations_flags():
     from trajflow.workflows.cli.commands import specs_from_args
     from trajflow.workflows.cli.parser import build_parser
     from trajflow.workflows.remote.client import Connection, run_request
-    from trajflow.workflows.remote.side import read_request
+    from trajflow.workflows.cli.remote_side import read_request
     argv = ["run", "--remote", "me@host:2200", "--topology", "a b.psf", "--trajectory", "x.dcd",
             "--analysis", "rmsd", "--detach", "--remote-python=/opt/py", "--local", "here",
             "--out", "$HOME/x 'y'", "--io", "h5md", "--cpus", "4"]

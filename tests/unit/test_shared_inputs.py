@@ -71,7 +71,7 @@ def test_a_remote_record_that_is_not_trajflows_is_refused(tmp_path, record):
 
 def test_a_newline_never_reaches_the_batch_script(tmp_path):
     """A newline in --out once ended the script's `#` comment: the next line ran."""
-    from trajflow.workflows.remote.side import batch_job
+    from trajflow.workflows.cli.remote_side import batch_job
     from trajflow.workflows.run.spec import PilotSpec, RunSpec
 
     class Plan:

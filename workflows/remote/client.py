@@ -39,6 +39,9 @@ ENDED = ("done", "failed")  # said once the run's client has ended too (its repo
 SETTINGS = os.path.join("~", ".config", "trajflow", "remote.toml")
 
 
+# the cluster's half of a remote run (workflows/cli/remote_side.py), as the client starts it
+REMOTE_SIDE = "trajflow.workflows.cli.remote_side"
+
 class ConnectionLost(RuntimeError):
     """ssh could not reach the cluster, or the connection dropped."""
 
@@ -71,7 +74,7 @@ class Connection:
         return proc
 
     def remote_side(self, *args, timeout=None):
-        return self.run([self.python, "-m", "trajflow.workflows.remote.side", *args], timeout)
+        return self.run([self.python, "-m", REMOTE_SIDE, *args], timeout)
 
     def master_pid(self):
         proc = subprocess.run(self.ssh_command() + ["-O", "check", "--", self.destination],

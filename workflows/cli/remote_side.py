@@ -1,13 +1,13 @@
 """The cluster's half of a remote run: what the workstation asks over SSH.
 
-    python -m trajflow.workflows.remote.side version
-    python -m trajflow.workflows.remote.side start [--batch] REQUEST   (the run's specs, JSON)
-    python -m trajflow.workflows.remote.side job RUNDIR REQUEST   (inside the batch job)
-    python -m trajflow.workflows.remote.side campaign-start OUT LABEL TOML-TEXT [--resume]
-    python -m trajflow.workflows.remote.side campaign-status OUT LABEL [LOG_OFFSET]
-    python -m trajflow.workflows.remote.side campaign-cancel OUT
-    python -m trajflow.workflows.remote.side status RUNDIR [LOG_OFFSET]
-    python -m trajflow.workflows.remote.side cancel RUNDIR
+    python -m trajflow.workflows.cli.remote_side version
+    python -m trajflow.workflows.cli.remote_side start [--batch] REQUEST   (the run's specs, JSON)
+    python -m trajflow.workflows.cli.remote_side job RUNDIR REQUEST   (inside the batch job)
+    python -m trajflow.workflows.cli.remote_side campaign-start OUT LABEL TOML-TEXT [--resume]
+    python -m trajflow.workflows.cli.remote_side campaign-status OUT LABEL [LOG_OFFSET]
+    python -m trajflow.workflows.cli.remote_side campaign-cancel OUT
+    python -m trajflow.workflows.cli.remote_side status RUNDIR [LOG_OFFSET]
+    python -m trajflow.workflows.cli.remote_side cancel RUNDIR
 
 Every answer is one JSON line on stdout. `start` plans here (bad input is
 refused here, exit 2, the message on stderr, before any pilot), then forks the
@@ -42,6 +42,7 @@ from trajflow.workflows.campaign.run import Campaign
 from trajflow.workflows.cli.commands import run_planned
 from trajflow.workflows.cli.main import run_guarded
 from trajflow.workflows.errors import EXIT_INPUT, InputError
+from trajflow.workflows.remote.client import REMOTE_SIDE
 from trajflow.workflows.run.batch import BATCH_SYSTEMS, BatchError
 from trajflow.workflows.run import resources
 from trajflow.workflows.run.api import plan_of
@@ -132,8 +133,7 @@ def batch_job(plan, pilot_spec, request, cores_per_node=None, system=BATCH_SYSTE
         log=os.path.join(plan.workdir, CLIENT_LOG), queue=pilot_spec.queue,
         project=pilot_spec.project, cores_per_node=cores_per_node,
         job_name=f"trajflow-{os.path.basename(plan.workdir)}")
-    command = [sys.executable, "-m", "trajflow.workflows.remote.side", "job", plan.workdir,
-               request]
+    command = [sys.executable, "-m", REMOTE_SIDE, "job", plan.workdir, request]
     for word in options + command:  # a newline would end the comment line: a command of its own
         check_no_control("a word of the client's batch script", word)
     script = ["#!/bin/bash", f"# the run's client, submitted by trajflow to {system.name} with:",
@@ -349,7 +349,7 @@ def main(argv=None):
         return status(rest[0], int(rest[1]) if len(rest) > 1 else 0)
     if command == "cancel" and rest:
         return cancel(rest[0])
-    print(f"usage: python -m trajflow.workflows.remote.side version|start ARGS|status RUNDIR|"
+    print(f"usage: python -m trajflow.workflows.cli.remote_side version|start ARGS|status RUNDIR|"
           f"cancel RUNDIR (got {argv})", file=sys.stderr)
     return 2
 
