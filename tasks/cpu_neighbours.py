@@ -3,15 +3,24 @@
 A rank's t_cpu_wait (Linux' run-queue wait) says how long it was ready to run
 while another process held its CPU; it does not say whose. The first rank on
 each node reads every process' CPU time from /proc as its record starts and as
-it ends; the difference, per process, names who ran meanwhile: this run's own
-processes (its other ranks, its launcher), RADICAL's (the agent's components,
-the client that runs EnTK), or others (another job, a daemon). A process that
-both started and ended inside the window is not seen.
+it ends; the difference, per process, names who ran meanwhile:
+
+- this run: its launcher (mpiexec and its proxies, RADICAL's shells of the
+  task), and its other ranks on the node where they outnumber the CPUs the
+  ranks may use (otherwise each had a core of its own: `own_ranks_s`, no culprit);
+- other runs: another trajflow run's tasks (runs side by side on a held pilot);
+- RADICAL: the agent and its components (they name themselves rp.*), the client
+  that runs EnTK for the run (TRAJFLOW_CLIENT_PID);
+- other: anything else (another job, a daemon), named with its pid.
+
+A process that both started and ended inside the window is not seen.
 """
 import os
 import time
 
 from . import procfs
+from .plan import encode_path_arg
+from .rundir import PLAN
 
 # the variable each launcher sets to a rank's place among the ranks of its node
 LOCAL_RANK_VARS = ("MPI_LOCALRANKID",              # MPICH (hydra)
@@ -20,7 +29,12 @@ LOCAL_RANK_VARS = ("MPI_LOCALRANKID",              # MPICH (hydra)
                    "PALS_LOCAL_RANKID",            # Cray PALS
                    "MV2_COMM_WORLD_LOCAL_RANK")    # MVAPICH
 CLIENT_PID = "TRAJFLOW_CLIENT_PID"  # the process that runs EnTK for the run (pipeline.py)
-KINDS = ("this run", "RADICAL", "other")
+KINDS = ("this run", "other runs", "RADICAL", "other")
+# a task's launch chain: the launchers' processes, and RADICAL's shell scripts of a task
+LAUNCHERS = ("mpiexec", "mpirun", "hydra_pmi_proxy", "srun", "prterun", "prted", "orted")
+TASK_SCRIPTS = (b".exec.sh", b".launch.sh")
+TASK_MODULE = b"trajflow.tasks."   # every task program's module (tasks/stages.py)
+RANK_MODULE = b"trajflow.tasks.analyze"
 TOP = 5          # the processes named in a record
 LEAST_S = 0.01   # CPU seconds below this are no one's
 
@@ -38,7 +52,12 @@ class CpuNeighbours:
     """Started as a rank's record starts; `measure()` as it ends."""
 
     def __init__(self, run_folder):
-        self.run_folder = os.path.realpath(run_folder).encode()
+        # the folder as a task's command line may spell it: as given, as it is, and the
+        # plan's path as the stages encode one a shell would read (tasks/stages.py)
+        self.run_folder = {os.fsencode(os.path.join(f(run_folder), ""))
+                           for f in (os.path.abspath, os.path.realpath)}
+        self.run_folder.add(os.fsencode(encode_path_arg(os.path.join(
+            os.path.abspath(run_folder), PLAN))))
         self.t0 = time.time()
         self.before = procfs.cpu_times()
 
@@ -47,45 +66,58 @@ class CpuNeighbours:
         """One per node: a CpuNeighbours for its first rank, None for the others."""
         return cls(run_folder) if first_on_node(rank) else None
 
-    def measure(self) -> dict:
-        """{"window_s", "node_cpus", "by_kind": {kind: CPU s}, "top": [[name, pid, kind,
-        CPU s], ...]}: what the other processes of this node used since the start."""
+    def measure(self, top=TOP) -> dict:
+        """What the node's other processes used since the start: {"window_s", "node_cpus",
+        "cpus_allowed", "run_ranks_here", "own_ranks_s", "by_kind": {kind: CPU s},
+        "top": [[name, pid, kind, CPU s], ...] (most first)}."""
         after = procfs.cpu_times()
         me = os.getpid()
         used = sorted(((cpu - self.before.get(key, (0.0,))[0], key[0], name)
                        for key, (cpu, name) in after.items() if key[0] != me), reverse=True)
         used = [u for u in used if u[0] >= LEAST_S]
-        own = self.launchers(me)
-        by_kind = dict.fromkeys(KINDS, 0.0)
-        top = []
-        for seconds, pid, name in used:
-            kind = self.kind(pid, own)
+        chain = launch_chain(me)
+        kinds = [(seconds, pid, name, self.kind(pid, chain)) for seconds, pid, name in used]
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        ranks = 1 + sum(1 for *_, kind in kinds if kind == "rank")
+        crowded = ranks > cpus  # the run's own ranks outnumber the CPUs: they are a culprit
+        by_kind, own_ranks, named = dict.fromkeys(KINDS, 0.0), 0.0, []
+        for seconds, pid, name, kind in kinds:
+            if kind == "rank":
+                if not crowded:
+                    own_ranks += seconds
+                    continue
+                kind = "this run"
             by_kind[kind] += seconds
-            if len(top) < TOP:
-                top.append([name, pid, kind, round(seconds, 3)])
+            if len(named) < top:
+                named.append([name, pid, kind, round(seconds, 3)])
         return {"window_s": time.time() - self.t0, "node_cpus": os.cpu_count(),
-                "by_kind": {k: round(v, 3) for k, v in by_kind.items()}, "top": top}
+                "cpus_allowed": cpus, "run_ranks_here": ranks, "own_ranks_s": round(own_ranks, 3),
+                "by_kind": {k: round(v, 3) for k, v in by_kind.items()}, "top": named}
 
-    @staticmethod
-    def launchers(me):
-        """This rank's launcher (mpiexec, its proxies): its ancestors below RADICAL's."""
-        own = set()
-        for pid in procfs.ancestors(me):
-            p = procfs.process(pid)
-            if p is None or _radical(pid, p.cmdline):
-                break
-            own.add(pid)
-        return own
-
-    def kind(self, pid, own):
+    def kind(self, pid, chain):
+        """"rank" (another rank of this run), or one of KINDS."""
+        if str(pid) == os.environ.get(CLIENT_PID):
+            return "RADICAL"
         p = procfs.process(pid)
-        cmdline = p.cmdline if p is not None else b""
-        if pid in own or self.run_folder in cmdline:
+        if p is None:
+            return "other"
+        ours = any(folder in p.cmdline for folder in self.run_folder)
+        if ours and RANK_MODULE in p.cmdline:
+            return "rank"
+        if ours or pid in chain:
             return "this run"
-        return "RADICAL" if _radical(pid, cmdline) else "other"
+        if TASK_MODULE in p.cmdline:
+            return "other runs"
+        return "RADICAL" if procfs.is_radical(p) else "other"
 
 
-def _radical(pid, cmdline):
-    """RADICAL's agent and its components, a task's shells in the pilot's sandbox, or
-    the client that runs EnTK for the run."""
-    return b"radical" in cmdline.lower() or str(pid) == os.environ.get(CLIENT_PID)
+def launch_chain(pid):
+    """The launchers above `pid` (mpiexec, its proxies, RADICAL's shell scripts of the
+    task), up to the first ancestor that is none of them."""
+    chain = set()
+    for ancestor in procfs.ancestors(pid):
+        p = procfs.process(ancestor)
+        if p is None or not (p.name in LAUNCHERS or any(s in p.cmdline for s in TASK_SCRIPTS)):
+            break
+        chain.add(ancestor)
+    return chain

@@ -115,3 +115,11 @@ def ancestors(pid):
             return found
         found.append(p.parent)
         pid = p.parent
+
+
+def is_radical(p) -> bool:
+    """A RADICAL-Pilot process: its components title themselves rp.<uid> (their command
+    line replaced), the rest (the agent's bootstrapper, a task's shells in the pilot's
+    sandbox) have RADICAL's name on their command line."""
+    return (p.name.startswith("rp.") or p.cmdline.startswith(b"rp.")
+            or b"radical" in p.cmdline.lower())

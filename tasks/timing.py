@@ -179,6 +179,7 @@ class RankTimer:
         return {"task": self.task, "rank": self.rank, "size": self.size,
                 "host": socket.gethostname(), "pid": os.getpid(),
                 "rp_task_id": os.environ.get("RP_TASK_ID"),
+                "rp_session": os.environ.get("RP_SESSION_ID"),
                 "t_start": self.t_start, "t_stop": self.t_stop, "read_bytes": read_bytes(),
                 "cpus": current_cpus(),
                 **self.info, **self.totals(),

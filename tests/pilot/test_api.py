@@ -209,6 +209,9 @@ def test_the_profile_names_an_injected_straggler(pilot, adk):
     assert flags[1]["cause"] == "compute" and flags[1]["excess_by_phase_s"]["compute"] >= 7.5
     assert [b for b, f in flags.items() if f["cause"] == "compute"] == [1], flags
     assert "straggler" in "\n".join(run.profile.summary_lines())
+    # the third task's wait in RADICAL's scheduler for a core is kept and read back
+    waits = [r["t_queued"] for r in run.profile.records if r["task"] == "analyze"]
+    assert sorted(waits)[-1] > 0.1 and sorted(waits)[0] < 0.1, waits
     try:
         import pandas  # noqa: F401  not a trajflow requirement
     except ImportError:
@@ -218,6 +221,28 @@ def test_the_profile_names_an_injected_straggler(pilot, adk):
         frame = run.profile.to_pandas()
         slow = frame[frame.task == "analyze"].set_index("block").t_compute
         assert slow[1] > slow[0] + 7.5 and slow[1] > slow[2] + 7.5
+
+
+def test_a_run_behind_another_says_so_in_its_one_wall_time(pilot, adk):
+    """A run submitted while another's batch runs waits in the pilot's queue: that wait
+    is a part of its wall time of its own, and the summary, `inspect` and `runs`
+    (Run.wall_s) give the same whole."""
+    p, path = pilot
+    first = p.submit(adk[0], adk[1], "rmsd", blocks=2, env={"TRAJFLOW_TEST_DELAY": "0:compute:4"},
+                     out=str(path / "ahead"))
+    deadline = time.time() + 300
+    while not first.running() and time.time() < deadline:  # its batch has gone to the pilot
+        time.sleep(0.05)
+    second = p.submit(adk[0], adk[1], "rmsd", blocks=2, out=str(path / "behind"))
+    ahead, behind = first.result(timeout=600), second.result(timeout=600)
+    wall = behind.profile.report["advice"]["behind"]["times"]["wall"]
+    assert wall["parts"]["in the pilot's queue"] >= 2.0, wall
+    assert wall["whole"] == pytest.approx(behind.wall_s, abs=1e-6)
+    assert sum(wall["parts"].values()) == pytest.approx(behind.wall_s, abs=1e-6)
+    queued = wall["parts"]["in the pilot's queue"]
+    assert f"{queued:.1f} s in the pilot's queue" in behind.summary()
+    assert ahead.profile.report["advice"]["ahead"]["times"]["wall"]["parts"].get(
+        "in the pilot's queue", 0.0) < 1.0
 
 
 def test_the_example_script_runs_end_to_end(tmp_path, adk, solvated, reference_results):

@@ -107,8 +107,9 @@ def test_a_run_too_short_to_judge_sets_its_flags_aside(tmp_path, adk):
 @pytest.mark.serial  # a competitor takes the cores: run alone (see the Makefile)
 def test_the_nodes_first_rank_names_who_else_used_the_cores(tmp_path, adk):
     """A program spinning beside a real 2-rank run is measured by rank 0 (its node's
-    first) and named as another's; rank 1, the run's own, is named as the run's; rank 1
-    does not measure (one sampler a node)."""
+    first) and named as another's; rank 1, the run's own with a CPU of its own (2 ranks,
+    2 CPUs), is counted apart and blamed for nothing; rank 1 does not measure (one
+    sampler a node)."""
     spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         # rank 0 pauses 1 s in its compute: the spinner runs meanwhile, whatever the load
@@ -123,7 +124,8 @@ def test_the_nodes_first_rank_names_who_else_used_the_cores(tmp_path, adk):
     seen = ranks[0]["cpu_neighbours"]
     [spinner] = [e for e in seen["top"] if e[1] == spin.pid]
     assert spinner[2] == "other" and spinner[3] > 0.1, seen
-    assert all(kind == "this run" for _, pid, kind, _ in seen["top"] if pid == ranks[1]["pid"])
+    assert seen["run_ranks_here"] == 2 and seen["cpus_allowed"] == 2, seen
+    assert seen["own_ranks_s"] > 0 and ranks[1]["pid"] not in [e[1] for e in seen["top"]]
     assert seen["by_kind"]["other"] >= spinner[3]
 
 

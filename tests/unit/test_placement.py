@@ -88,10 +88,10 @@ def ranks(wait, total=10.0, host=None, n=2, neighbours=None):
     """n analyze ranks' records; the first one with what it measured of its node."""
     recs = [{"task": "analyze", "rank": r, "t_total": total, "t_cpu_wait": wait,
              "host": host or socket.gethostname()} for r in range(n)]
-    if neighbours:
+    if neighbours is not None:
         recs[0]["cpu_neighbours"] = {"window_s": total, "node_cpus": 2, "by_kind": {
             kind: sum(s for _, _, k, s in neighbours if k == kind)
-            for kind in ("this run", "RADICAL", "other")},
+            for kind in ("this run", "other runs", "RADICAL", "other")},
             "top": [list(e) for e in neighbours]}
     return recs
 
@@ -113,6 +113,8 @@ def test_a_wait_for_a_cpu_is_answered_by_who_was_measured_to_hold_it():
     assert "blocked_cores" in there and "agent_core" not in there
     own = cpu_wait_note(ranks(2.0, neighbours=[["python", 99, "this run", 5.0]]))
     assert "fewer ranks" in own and "agent" not in own
+    empty = cpu_wait_note(ranks(2.0, neighbours=[]))
+    assert "no other process was seen" in empty and "(most" not in empty
     unmeasured = cpu_wait_note(ranks(2.0))
     assert unmeasured.endswith("who held it was not measured (records of an older trajflow).")
     planted = ranks(2.0)
@@ -125,22 +127,9 @@ def test_the_first_rank_of_a_node_measures_who_else_ran(tmp_path):
     rank's own CPU is not counted."""
     import subprocess
     import sys
-    import time
     from trajflow.tasks.cpu_neighbours import CpuNeighbours, first_on_node
     assert first_on_node(3, {"MPI_LOCALRANKID": "0"}) and not first_on_node(0, {"SLURM_LOCALID": "1"})
     assert first_on_node(0, {}) and not first_on_node(1, {})
-    sampler = CpuNeighbours(str(tmp_path))
-    busy = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\n"
-                             "while time.time() - t < 0.6: pass"])
-    try:
-        busy.wait(timeout=60)
-    finally:
-        busy.kill()
-    time.sleep(0.05)
-    seen = sampler.measure()
-    assert seen["window_s"] >= 0.6 and seen["node_cpus"] == os.cpu_count()
-    # it ended inside the window: a process that started and ended there is not seen ...
-    assert all(pid != busy.pid for _, pid, _, _ in seen["top"])
     sampler = CpuNeighbours(str(tmp_path))
     busy = subprocess.Popen([sys.executable, "-c", "import time\n"
                              "while time.process_time() < 0.5: pass\n"
@@ -148,17 +137,64 @@ def test_the_first_rank_of_a_node_measures_who_else_ran(tmp_path):
                             stdout=subprocess.PIPE, text=True)
     try:
         assert busy.stdout.readline() == "spun\n"
-        seen = sampler.measure()  # ... one still there is, with its CPU
+        seen = sampler.measure(top=10_000)  # every process, however loaded the machine
     finally:
         busy.kill()
         busy.wait(timeout=60)
         busy.stdout.close()
     [mine] = [e for e in seen["top"] if e[1] == busy.pid]
     assert mine[2] == "other" and mine[3] >= 0.45, seen
-    assert seen["by_kind"]["other"] >= mine[3]
+    assert seen["by_kind"]["other"] >= mine[3] and seen["node_cpus"] == os.cpu_count()
+
+
+def test_radicals_renamed_components_and_other_runs_are_named_so(tmp_path):
+    """RADICAL's components title themselves rp.<uid> (their command line replaced):
+    they are RADICAL's; another trajflow run's task is another run's, this run's
+    launcher this run's."""
+    import subprocess
+    import sys
+    from trajflow.tasks.cpu_neighbours import CpuNeighbours
+    spin = "import sys, time\nwhile time.process_time() < 0.2: pass\nprint(1, flush=True)\n" \
+           "time.sleep(30)"
+    titled = ("import ctypes, sys\nlibc = ctypes.CDLL(None)\n"
+              "libc.prctl(15, b'rp.agent_schedu', 0, 0, 0)\n" + spin)  # PR_SET_NAME
+    other_run = tmp_path / "elsewhere"
+    other_run.mkdir()
+    script = tmp_path / "trajflow.tasks.analyze.py"  # on its command line, as a task's is
+    script.write_text(spin)
+    sampler = CpuNeighbours(str(tmp_path / "mine"))
+    procs = [subprocess.Popen([sys.executable, "-c", titled], stdout=subprocess.PIPE, text=True),
+             subprocess.Popen([sys.executable, str(script), "--plan", str(other_run / "plan.json")],
+                              stdout=subprocess.PIPE, text=True)]
+    try:
+        for p in procs:
+            assert p.stdout.readline() == "1\n"
+        seen = sampler.measure(top=10_000)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(timeout=60)
+            p.stdout.close()
+    kinds = {pid: kind for _, pid, kind, _ in seen["top"]}
+    assert kinds[procs[0].pid] == "RADICAL" and kinds[procs[1].pid] == "other runs", seen
 
 
 @pytest.mark.parametrize("wait, total", [(0.0, 10.0), (None, 10.0), (0.9, 10.0), (0.2, 1.0)])
 def test_a_small_or_unknown_wait_is_not_said(wait, total):
     """Under a tenth of the ranks' time, or under half a second in all: not said."""
     assert cpu_wait_note(ranks(wait, total)) == ""
+
+
+def test_one_measurement_a_node_counts_where_every_task_measured():
+    """In tasks mode every task of a node measures, over windows that overlap: the
+    longest one a host counts, not their sum."""
+    from trajflow.workflows.profile.advice import cpu_neighbours
+    recs = ranks(2.0, n=3, neighbours=[["stress-ng", 4242, "other", 7.5]])
+    for r, seconds in zip(recs[1:], (3.0, 5.0)):
+        r["cpu_neighbours"] = {"window_s": 5.0, "by_kind": {"other": seconds},
+                               "top": [["stress-ng", 4242, "other", seconds]]}
+    by_kind, top = cpu_neighbours(recs)
+    assert by_kind == {"this run": 0.0, "other runs": 0.0, "RADICAL": 0.0, "other": 7.5}
+    assert top == [("stress-ng", 4242, "other", 7.5)]
+    recs[2]["host"] = "node-2"
+    assert cpu_neighbours(recs)[0]["other"] == 7.5 + 5.0

@@ -30,8 +30,9 @@ def test_an_inner_phase_is_cut_out_of_its_outer_one():
     # each phase is its own fragments' time (at least what it was busy: a loaded machine
     # only lengthens them), and together they are the outer phase's whole span
     (_, a0, a1), (_, b0, b1), (_, c0, c1) = spans
-    assert totals["t_open_trajectory"] == pytest.approx(b1 - b0) and b1 - b0 >= 0.03
-    assert totals["t_setup"] == pytest.approx((a1 - a0) + (c1 - c0)) and a1 - a0 >= 0.02
+    # (time.time() intervals around perf_counter() busy loops: a millisecond of slack)
+    assert totals["t_open_trajectory"] == pytest.approx(b1 - b0) and b1 - b0 >= 0.029
+    assert totals["t_setup"] == pytest.approx((a1 - a0) + (c1 - c0)) and a1 - a0 >= 0.019
     assert totals["t_setup"] + totals["t_open_trajectory"] == pytest.approx(c1 - a0, abs=1e-4)
 
 
@@ -71,21 +72,27 @@ def test_setup_marks_start_the_clock_and_are_said_part_by_part():
     timer.t_stop = time.time()
     totals = timer.totals()
     assert timer.t_start == t0 - 0.5
-    assert totals["t_setup"] == pytest.approx(0.5, abs=0.01)
+    [(_, s0, s1)] = [iv for iv in timer.intervals if iv[0] == "setup"]
+    assert (s0, totals["t_setup"]) == (t0 - 0.5, pytest.approx(s1 - s0)) and s1 - s0 >= 0.5
     parts = timer.info["setup_parts"]
     assert list(parts) == ["plan", "imports", "mpi_init"]
     assert parts["plan"] == pytest.approx(0.1) and parts["imports"] == pytest.approx(0.3)
-    assert parts["mpi_init"] == pytest.approx(0.1, abs=0.01)
-    assert 0 <= totals["t_overhead"] < 0.01
+    assert parts["mpi_init"] == pytest.approx(s1 - (t0 - 0.1))  # to the record's start
+    # only the moments between the timer's own steps are in no phase
+    assert 0 <= totals["t_overhead"] == pytest.approx(
+        totals["t_total"] - totals["t_setup"] - totals["t_io"])
 
 
 def test_time_outside_every_phase_is_reported_as_overhead():
     timer = RankTimer("analyze")
     with timer.phase("compute"):
         busy(0.01)
+    before = time.time()
     busy(0.04)  # no phase: the record must say so, not hide it
     timer.t_stop = time.time()
-    assert timer.totals()["t_overhead"] == pytest.approx(0.04, abs=0.01)
+    totals = timer.totals()
+    assert totals["t_overhead"] == pytest.approx(totals["t_total"] - totals["t_compute"])
+    assert totals["t_overhead"] >= timer.t_stop - before - 1e-3 >= 0.039
 
 
 def test_a_phase_that_raises_is_still_timed_and_closed():

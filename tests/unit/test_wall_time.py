@@ -24,11 +24,11 @@ def test_a_run_behind_others_on_a_held_pilot_has_every_second_named():
     handover = {"handed_at": 51.0, "dispatched_at": 55.0}
     wall = wall_time(records, 50.0, handover, pilot=(40.0, 45.0), ended=71.0)
     assert wall["parts"] == pytest.approx({
-        "planning": 1.0, "queued behind other runs": 4.0, "pilot start": 0.0, "hand-over": 2.0,
+        "planning": 1.0, "in the pilot's queue": 4.0, "pilot start": 0.0, "hand-over": 2.0,
         "split": 3.0, "analyze": 5.0, "reduce": 1.0, "waiting for cores": 2.0,
         "between stages": 2.0, COLLECTING: 1.0})
     assert wall["whole"] == 21.0 == whole_from_outcome(50.0, {**handover, "ended": 71.0})
-    assert describe(wall).startswith("21.0 s (1.0 s planning, 4.0 s queued behind other runs, "
+    assert describe(wall).startswith("21.0 s (1.0 s planning, 4.0 s in the pilot's queue, "
                                      "2.0 s hand-over, 3.0 s split")
 
 
@@ -85,7 +85,7 @@ def test_the_scheduler_and_pilot_lines_are_kept_in_the_run_folder(tmp_path):
     from trajflow.workflows.profile.inspection import radical_task_events
     from trajflow.workflows.run.outcomes import (keep_pilot_events, keep_task_files,
                                                  TaskOutcome)
-    pilot = tmp_path / "pilot.0000"
+    pilot = tmp_path / "re.session.x1" / "pilot.0000"
     (pilot / "task.000001").mkdir(parents=True)
     (pilot / "task.000001" / "task.000001.prof").write_text(
         "12.0,launch_start,,M,task.000001,AGENT_EXECUTING,\n")
@@ -102,5 +102,35 @@ def test_the_scheduler_and_pilot_lines_are_kept_in_the_run_folder(tmp_path):
     keep_task_files(o, str(run / "radical"))
     keep_pilot_events([o], str(run / "radical"))
     events = radical_task_events(str(run))
-    assert events == {"task.000001": {"queued": 10.0, "cores": 11.5, "launch_start": 12.0}}
+    kept = {"queued": 10.0, "cores": 11.5, "launch_start": 12.0}
+    assert events == {("re.session.x1", "task.000001"): kept, (None, "task.000001"): kept}
     assert pilot_active(str(run)) == (1.0, 5.0)
+
+
+def test_a_resumed_runs_earlier_attempt_is_not_in_its_wall_time():
+    """The records of an attempt that ended before this one was asked for are not this
+    attempt's: its time before its tasks is named, not put "between stages"."""
+    records = [task("t.0", "split", 10.0, 10.0, 12.0),       # the first attempt's
+               task("t.0", "analyze", 61.0, 61.0, 64.0, run="r")]
+    records[1]["rp_task_id"] = "t.5"
+    wall = wall_time(records, 50.0, {"handed_at": 52.0, "dispatched_at": 53.0}, None, 65.0)
+    assert wall["parts"]["hand-over"] == pytest.approx(8.0)
+    assert wall["parts"]["between stages"] == 0.0 and "split" not in wall["parts"]
+
+
+def test_an_interrupted_run_has_no_end_and_its_tasks_still_count():
+    """A client killed mid-run leaves the handover's record (its `ended` the moment of
+    the handover): no wall time in `runs`, and `inspect` counts to the last task."""
+    from trajflow.tasks.rundir import INTERRUPTED
+    from trajflow.workflows.profile.wall_time import ended_at
+    outcome = {"status": "failed", "error": INTERRUPTED, "ended": 51.0, "handed_at": 51.0}
+    assert ended_at(outcome) is None and whole_from_outcome(50.0, outcome) is None
+    wall = wall_time([task("t.1", "analyze", 60.0, 60.0, 70.0)], 50.0, outcome, None,
+                     ended_at(outcome))
+    assert wall["whole"] == 20.0 and not wall["ended"]
+
+
+def test_a_planted_record_cannot_take_a_parts_name():
+    wall = wall_time([task("t.1", "collecting", 60.0, 60.0, 70.0)], 50.0, None, None, 75.0)
+    assert wall["parts"]["collecting (tasks)"] == 10.0 and wall["parts"]["collecting"] == 5.0
+    assert sum(wall["parts"].values()) == pytest.approx(wall["whole"])

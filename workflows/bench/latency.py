@@ -13,11 +13,9 @@ Each number is a median of `repeats`, measured in this one bench run:
   cli_warm_s      one `trajflow run ... --pilot NAME`, from the shell to its exit;
   cold_run_s      `trajflow run` with a pilot of its own, from the shell to its exit.
 Every result is compared with MDAnalysis' serial one (`all_equal`). Where a warm
-rmsd's time goes (`breakdown`) is read from its run folder: the plan's times and
-RADICAL-Pilot's task profiles.
+rmsd's time goes (`breakdown`) is read from its run folder: its wall time's parts, as
+`inspect` gives them, and each stage's task start-up.
 """
-import glob
-import json
 import os
 import statistics
 import subprocess
@@ -29,7 +27,9 @@ import numpy as np
 
 from trajflow.workflows.bench.measure import mda_timed_script, run_isolated
 from trajflow.workflows.datasets import adk_files, mdanalysis_data
+from trajflow.workflows.profile.advice import run_times
 from trajflow.workflows.run import held_client
+from trajflow.workflows.run.runs import open_run
 from trajflow.workflows.run.spec import PilotSpec
 
 TRAJFLOW = os.path.join(os.path.dirname(sys.executable), "trajflow")
@@ -188,44 +188,21 @@ def _backend_rdf(name, gro, xtc, folder, reference, equal, i):
 
 
 def breakdown(rundir, called, returned):
-    """Where a run's time went, in seconds, from its folder: planning (the call to its
-    plan written), hand-off (plan written to its first task's launch), each stage's
-    span and the task start-up within it (launch to the analysis' first line),
-    the gaps between stages, and the result given back (the result written to the
+    """Where a run's time went, in seconds, from its folder: its wall time's parts (the
+    same as `inspect` gives: wall_time.py), each stage's task start-up (launch to the
+    task's first line) within them, and the result given back (the run's end to the
     call's return)."""
-    with open(os.path.join(rundir, "plan.json"), encoding="utf-8") as fh:
-        plan = json.load(fh)
-    written = os.path.getmtime(os.path.join(rundir, "plan.json"))
-    stages = {}
-    for prof in glob.glob(os.path.join(rundir, "radical", "*", "task.*.prof")):
-        stage = os.path.basename(os.path.dirname(prof)).split(".")[0]
-        events = {}
-        with open(prof, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                fields = line.split(",")
-                if len(fields) > 1 and fields[1] in ("launch_start", "app_start", "launch_stop"):
-                    events.setdefault(fields[1], float(fields[0]))
-                    if fields[1] == "launch_stop":
-                        events["launch_stop"] = float(fields[0])
-        if {"launch_start", "launch_stop"} <= events.keys():
-            stages.setdefault(stage, []).append(events)
-    out = {"planning": written - (plan.get("asked_at") or called)}
-    order = [s for s in ("split", "analyze", "reduce") if s in stages]
-    previous_end = None
-    for stage in order:
-        start = min(e["launch_start"] for e in stages[stage])
-        end = max(e["launch_stop"] for e in stages[stage])
-        if previous_end is None:
-            out["hand_off"] = start - written
-        else:
-            out[f"gap_before_{stage}"] = start - previous_end
-        out[f"{stage}_stage"] = end - start
-        out[f"{stage}_task_start_up"] = max(e.get("app_start", start) - e["launch_start"]
-                                            for e in stages[stage])
-        previous_end = end
-    result = os.path.join(rundir, "result.h5")
-    if previous_end is not None and os.path.exists(result):
-        out["result_to_caller"] = returned - previous_end
+    run = open_run(rundir)
+    times = run_times(run.profile.records, run.plan)
+    out = dict(times["wall"]["parts"])
+    for stage in ("split", "analyze", "reduce"):
+        ups = [r["t_start"] - r["radical"]["launch_start"] for r in run.profile.records
+               if r["task"] == stage and "launch_start" in r.get("radical", {})]
+        if ups:
+            out[f"{stage} task start-up"] = max(ups)
+    end = (run.outcome or {}).get("ended")
+    if end:
+        out["result to caller"] = returned - end
     out["total"] = returned - called
     return out
 

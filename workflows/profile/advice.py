@@ -21,7 +21,7 @@ from trajflow.tasks.rundir import (KEPT_TASK_FILES, PILOT_EVENTS, PILOT_PROFILES
 from trajflow.workflows.profile.judgeable import too_short_for_advice
 from trajflow.workflows.profile.schedule_effects import schedule_advice
 from trajflow.workflows.profile.stragglers import phase_times, rank_list
-from trajflow.workflows.profile.wall_time import describe as describe_wall, wall_time
+from trajflow.workflows.profile.wall_time import describe as describe_wall, ended_at, wall_time
 
 REFERENCES = {
     "Khoshlessan et al. 2019": (
@@ -128,7 +128,7 @@ def run_times(records, plan):
     times = stage_times(records)
     outcome = read_outcome(plan.workdir) or {}
     times["wall"] = wall_time(records, plan.asked_at, outcome, pilot_active(plan.workdir),
-                              outcome.get("ended"))
+                              ended_at(outcome))
     times["whole"] = times["wall"]["whole"]
     return times
 
@@ -168,8 +168,8 @@ def advice(plan, records):
 def cpu_wait_note(analyze):
     """How long the analyze ranks were ready to run but waited for a CPU another process
     held (t_cpu_wait, Linux' run-queue wait), where it is a share worth saying, and who
-    held it as the nodes' first ranks measured (tasks/cpu_neighbours.py): RADICAL's
-    processes, the run's own, or others, each answered with its own remedy."""
+    held it as the nodes' first ranks measured (tasks/cpu_neighbours.py), each culprit
+    answered with its own remedy."""
     waits = [(r.get("t_cpu_wait") or 0.0, r["t_total"]) for r in analyze]
     wait, total = sum(w for w, _ in waits), sum(t for _, t in waits)
     if total <= 0 or wait < max(CPU_WAIT_MIN_S, CPU_WAIT_SHARE * total):
@@ -177,34 +177,48 @@ def cpu_wait_note(analyze):
     said = (f" The analyze ranks waited {wait:.1f} s of their {total:.1f} s ({wait / total:.0%}) "
             "for a CPU that other processes held")
     by_kind, top = cpu_neighbours(analyze)
-    if not by_kind:
+    if by_kind is None:
         return said + "; who held it was not measured (records of an older trajflow)."
-    culprit = max(by_kind, key=by_kind.get)
+    busy = {kind: s for kind, s in by_kind.items() if s >= 0.05}
+    if not busy:
+        return said + "; no other process was seen using a CPU meanwhile (one that started " \
+                      "and ended between the measurements is not seen)."
+    culprit = max(busy, key=busy.get)
     said += ("; meanwhile on their nodes " + ", ".join(
         f"{kind} used {seconds:.1f} CPU-s" for kind, seconds in
-        sorted(by_kind.items(), key=lambda kv: -kv[1]) if seconds >= 0.05)
-        + " (most: " + ", ".join(f"{name} pid {pid}, {kind}, {seconds:.1f} s"
-                                 for name, pid, kind, seconds in top[:3]) + ")")
+        sorted(busy.items(), key=lambda kv: -kv[1])))
+    if top:
+        said += " (most: " + ", ".join(f"{name} pid {pid}, {kind}, {seconds:.1f} s"
+                                       for name, pid, kind, seconds in top[:3]) + ")"
     return said + REMEDIES[culprit](analyze)
 
 
 def cpu_neighbours(analyze):
-    """({kind: CPU seconds}, [(name, pid, kind, seconds)], most first) summed over the
-    records that measured them; ({}, []) where none did. A folder may come from anyone:
-    entries that are not what cpu_neighbours.py writes are left out."""
-    by_kind, top = {}, []
+    """({kind: CPU seconds}, [(name, pid, kind, seconds)], most first) from the records
+    that measured them, one a host (its longest window: in tasks mode every task of a
+    node measures, and their windows overlap); (None, []) where none did. A folder may
+    come from anyone: entries that are not what cpu_neighbours.py writes are left out."""
+    by_host = {}
     for r in analyze:
         seen = r.get("cpu_neighbours")
-        if not isinstance(seen, dict) or not isinstance(seen.get("by_kind"), dict):
-            continue
+        if (isinstance(seen, dict) and isinstance(seen.get("by_kind"), dict)
+                and is_finite_number(seen.get("window_s"))):
+            best = by_host.get(r.get("host"))
+            if best is None or seen["window_s"] > best["window_s"]:
+                by_host[r.get("host")] = seen
+    if not by_host:
+        return None, []
+    by_kind, top = {}, []
+    for seen in by_host.values():
         for kind, seconds in seen["by_kind"].items():
             if kind in REMEDIES and is_finite_number(seconds) and seconds >= 0:
                 by_kind[kind] = by_kind.get(kind, 0.0) + seconds
-        for entry in seen.get("top") or []:
+        for entry in seen.get("top") if isinstance(seen.get("top"), list) else []:
             if (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], str)
                     and isinstance(entry[1], int) and entry[2] in REMEDIES
                     and is_finite_number(entry[3])):
-                top.append((entry[0][:32], entry[1], entry[2], float(entry[3])))
+                name = "".join(c if c.isprintable() else "?" for c in entry[0][:32])
+                top.append((name, entry[1], entry[2], float(entry[3])))
     return by_kind, sorted(top, key=lambda e: -e[3])
 
 
@@ -222,8 +236,11 @@ def _radical_remedy(analyze):
 
 REMEDIES = {
     "RADICAL": _radical_remedy,
-    "this run": lambda analyze: (": the run's own processes, more of them than free cores; "
-                                 "give it fewer ranks (or blocks) than the cores left to it."),
+    "other runs": lambda analyze: (": other trajflow runs on the same pilot held the cores; "
+                                   "send fewer runs at once, or hold a pilot with more cores."),
+    "this run": lambda analyze: (": the run's own processes (more ranks on a node than the "
+                                 "CPUs they may use, or its launcher); give it fewer ranks "
+                                 "than the cores left to it."),
     "other": lambda analyze: (": programs that are neither trajflow's nor RADICAL's ran on "
                               "the ranks' cores. Run when they have ended, or give the run "
                               "fewer ranks than the cores they leave free."),

@@ -18,7 +18,7 @@ import shlex
 from trajflow.tasks.exit_codes import ANALYSIS_RAISED
 from trajflow.tasks.plan import is_finite_number, PlanError, RunPlan
 from trajflow.tasks.timing import PHASES
-from trajflow.tasks.rundir import OUTCOME, PLAN, read_lines, read_outcome, write_text
+from trajflow.tasks.rundir import OUTCOME, PLAN, read_lines, read_outcome, read_record, write_text
 from trajflow.workflows.profile.advice import advice, compare_strategies, slow_host_advice
 from trajflow.workflows.profile.judgeable import stragglers_not_judged
 from trajflow.workflows.profile.schedule_effects import schedule_lines
@@ -61,7 +61,8 @@ def load_run(rundir, notes=None):
             notes.append(f"{path}: {skipped} line(s) that are not timing records skipped")
     radical = radical_task_events(rundir, notes)
     for rec in records:
-        rec["radical"] = radical.get(rec.get("rp_task_id"), {})
+        rec["radical"] = radical.get((rec.get("rp_session"), rec.get("rp_task_id"))) or \
+            radical.get((None, rec.get("rp_task_id")), {})
         start = rec["radical"].get("launch_start")
         rec["t_launch"] = max(0.0, rec["t_start"] - start) if start else 0.0
         queued, cores = rec["radical"].get("queued"), rec["radical"].get("cores")
@@ -81,12 +82,16 @@ LAST_OF = ("rank_stop", "launch_stop")  # the others: the first
 
 
 def radical_task_events(rundir, notes=None):
-    """RADICAL task id -> {event: time} from the copied task profiles: when it came to
-    the agent's scheduler ("queued"), got its cores ("cores"), its launch began, its
-    first rank started and its last rank stopped, and its launch ended."""
+    """(RADICAL session, task id) -> {event: time} from the copied task profiles: when
+    it came to the agent's scheduler ("queued"), got its cores ("cores"), its launch
+    began, its first rank started and its last rank stopped, and its launch ended.
+    A resumed run's attempts ran in sessions of their own, whose task ids repeat;
+    (None, task id) holds a task id's events of every session (for records that do not
+    say their session: an older trajflow's)."""
     events = {}
     for prof in plain_files(os.path.join(rundir, "radical", "*", "*.prof"),
                             [] if notes is None else notes):
+        session = kept_task_session(os.path.dirname(prof))
         for line in read_lines(prof):
             parts = line.rstrip("\n").split(",")
             if len(parts) < 5:
@@ -101,10 +106,23 @@ def radical_task_events(rundir, notes=None):
                 continue
             if not is_finite_number(when):
                 continue
-            task = events.setdefault(parts[4], {})
             pick = max if name in LAST_OF else min
-            task[name] = pick(task.get(name, when), when)
+            for key in {(session, parts[4]), (None, parts[4])}:
+                task = events.setdefault(key, {})
+                task[name] = pick(task.get(name, when), when)
     return events
+
+
+SESSION_IN_PATH = re.compile(r"(re\.session\.[A-Za-z0-9._-]+)")
+
+
+def kept_task_session(folder):
+    """The RADICAL session a kept task ran in, from its outcome.json's sandbox path
+    (…/re.session.X/pilot.0000/task.000001), or None."""
+    record = read_record(os.path.join(folder, OUTCOME))
+    sandbox = record.get("sandbox") if isinstance(record, dict) else None
+    found = SESSION_IN_PATH.search(sandbox) if isinstance(sandbox, str) else None
+    return found.group(1) if found else None
 
 
 def plain_files(pattern, notes):
@@ -136,6 +154,9 @@ def _record(line):
             return None
     if not all(rec.get(k) is not None for k in RECORD_NUMBERS):
         return None
+    for key in ("rp_task_id", "rp_session", "host"):  # names: keys of the reader's tables
+        if rec.get(key) is not None and not isinstance(rec[key], str):
+            return None
     for key in ("rank", "block", "frames", "size"):
         if rec.get(key) is not None and (isinstance(rec[key], bool) or not isinstance(rec[key], int)):
             return None
@@ -467,8 +488,9 @@ def write_csv(report, path):
     with open(path, "w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
         w.writerow(["kind"] + keys)
-        for r in report["records"]:
-            w.writerow(["record"] + [r.get(k, "") for k in keys])
+        for r in report["records"]:  # a nested value (a rank's cpu_neighbours) as JSON
+            w.writerow(["record"] + [json.dumps(r[k]) if isinstance(r.get(k), (dict, list))
+                                     else r.get(k, "") for k in keys])
         w.writerow([])
         w.writerow(["kind"] + FLAG_COLUMNS + ["description"])
         for f in report["stragglers"]:

@@ -9,8 +9,10 @@ Two questions, two rules, kept here side by side:
   time; below that, the pilot and the launch decide the run's time, not --io,
   --mode or the rank count.
 """
+from trajflow.workflows.profile.wall_time import QUEUED, WAITING_FOR_CORES
 MIN_ANALYSIS_S = 2.0      # an analysis shorter than this is noise beside a task's start-up
 MIN_ANALYSIS_SHARE = 0.1  # ... as is one under this share of the run's wall time
+OTHERS_TIME = (QUEUED, WAITING_FOR_CORES)  # of a run's wall time, what other runs took
 
 
 def stragglers_not_judged(records):
@@ -27,5 +29,8 @@ def stragglers_not_judged(records):
 
 def too_short_for_advice(times) -> bool:
     """Whether a run's analysis (run_times) is too short for its strategy or its CPU
-    wait to be judged."""
-    return times["analysis"] < max(MIN_ANALYSIS_S, MIN_ANALYSIS_SHARE * times["whole"])
+    wait to be judged: its share is of the run's own wall time, not of what it waited
+    for other runs (in the pilot's queue, or for cores they held)."""
+    parts = (times.get("wall") or {}).get("parts", {})
+    own = times["whole"] - sum(parts.get(p, 0.0) for p in OTHERS_TIME)
+    return times["analysis"] < max(MIN_ANALYSIS_S, MIN_ANALYSIS_SHARE * own)

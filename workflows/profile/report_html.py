@@ -22,7 +22,8 @@ from trajflow.workflows.profile.stragglers import (describe, phase_times, PHASES
 COLOURS = {"setup": "#e377c2", "claim": "#c5b0d5", "finalize": "#f7b6d2", "progress": "#ffe0b0",
            "open_topology": "#8c564b", "open_trajectory": "#c49c94", "io": "#1f77b4",
            "compute": "#2ca02c", "wait": "#d62728", "comm": "#9467bd", "write": "#ff7f0e",
-           "convert": "#ffbb78", "launch": "#7f7f7f", "start-up": "#bcbd22", "exit": "#aec7e8",
+           "convert": "#ffbb78", "queued": "#e7cb94", "launch": "#7f7f7f", "start-up": "#bcbd22",
+           "exit": "#aec7e8",
            "other": "#cccccc",
            "pilot": "#dbdb8d", "rank": "#17becf"}  # "rank": a timing table's row, its phases in no known order
 

@@ -7,8 +7,9 @@ the run said how it ended (outcome.json's `ended`); `trajflow runs`,
 cut at moments the run's folder keeps:
 
 - planning: from the call until the run was handed to its pilot (`handed_at`);
-- queued behind other runs: until its pilot took it from its queue (`dispatched_at`:
-  a held pilot runs one batch at a time);
+- in the pilot's queue: until its pilot took it from its queue (`dispatched_at`): behind
+  another batch (a pilot runs one batch at a time), or gathering runs submitted
+  together into one batch (0.3 s);
 - pilot start: until the pilot's agent was active (RADICAL's PMGR_ACTIVE), where
   the pilot was started for this run;
 - hand-over: EnTK and RADICAL passing the first task to the agent's scheduler;
@@ -24,12 +25,15 @@ part: before the first task); a moment out of order (clocks of two hosts) is hel
 before it, so the parts always add up to the whole.
 """
 from trajflow.tasks.plan import is_finite_number
+from trajflow.tasks.rundir import INTERRUPTED
 
-BEFORE_TASKS = ("planning", "queued behind other runs", "pilot start", "hand-over")
+QUEUED = "in the pilot's queue"
+BEFORE_TASKS = ("planning", QUEUED, "pilot start", "hand-over")
 BEFORE_FIRST_TASK = "before the first task"  # planning and hand-over, where not told apart
 WAITING_FOR_CORES = "waiting for cores"
 BETWEEN_STAGES = "between stages"
 COLLECTING = "collecting"
+FIXED_PARTS = BEFORE_TASKS + (BEFORE_FIRST_TASK, WAITING_FOR_CORES, BETWEEN_STAGES, COLLECTING)
 
 
 def task_spans(records):
@@ -55,6 +59,8 @@ def over_tasks(spans):
     """{part: seconds} from the first task's arrival to the last one's end: a stage's
     name while a task of it ran (the first stage to start, where two overlap),
     waiting for cores while some waited and none ran, between stages otherwise."""
+    spans = [(stage if stage not in FIXED_PARTS else f"{stage} (tasks)", a, s, e)
+             for stage, a, s, e in spans]  # a table's task named like a part stays apart
     order = {}
     for stage, _, started, _ in sorted(spans, key=lambda s: s[2]):
         order.setdefault(stage, len(order))
@@ -85,17 +91,18 @@ def wall_time(records, asked_at=None, handover=None, pilot=None, ended=None):
     """{"whole": seconds, "parts": {name: seconds} in time order, "ended": whether the
     run said how it ended}; None where nothing is known. `handover` holds the
     outcome's handed_at and dispatched_at, `pilot` the (start, active) of a pilot
-    started for the run, `ended` the outcome's end."""
-    spans = task_spans(records)
+    started for the run, `ended` the outcome's end (ended_at). A resumed run's records
+    of its earlier attempts (ended before this attempt was asked for) are not its."""
     handover = handover or {}
+    begun = started_at(asked_at, handover)
+    spans = [s for s in task_spans(records) if begun is None or s[3] > begun]
     first = min((a for _, a, _, _ in spans), default=None)
     started, active = pilot or (None, None)
     if active is None and _moment(started) and started > (started_at(asked_at, handover) or 0):
         active = first  # an older folder knows only when a pilot started for this run began
     marks = [handover.get("handed_at"), handover.get("dispatched_at"), active]
     last = max((e for _, _, _, e in spans), default=None)
-    start = started_at(asked_at, handover)
-    start = start if start is not None else first if first is not None else (
+    start = begun if begun is not None else first if first is not None else (
         ended if _moment(ended) else None)
     if start is None:
         return None
@@ -125,10 +132,18 @@ def started_at(asked_at, handover):
                  if _moment(t)), None)
 
 
+def ended_at(outcome):
+    """When the run said how it ended (outcome.json's `ended`), or None: not ended, or
+    its client killed before it could say (the handover's record then stands, whose
+    `ended` is when it was handed over)."""
+    outcome = outcome or {}
+    return None if outcome.get("error") == INTERRUPTED else outcome.get("ended")
+
+
 def whole_from_outcome(asked_at, outcome):
     """The wall time as `wall_time` gives it, from the plan's call and outcome.json
     alone (a listing of many runs reads no records); None while it has not ended."""
-    start, ended = started_at(asked_at, outcome or {}), (outcome or {}).get("ended")
+    start, ended = started_at(asked_at, outcome or {}), ended_at(outcome)
     return max(0.0, ended - start) if start is not None and _moment(ended) else None
 
 
@@ -137,7 +152,7 @@ def _moment(value):
 
 
 def describe(wall, least_s=0.05):
-    """"12.3 s: 0.4 s planning, 3.1 s queued behind other runs, ..." (parts under
+    """"12.3 s: 0.4 s planning, 3.1 s in the pilot's queue, ..." (parts under
     `least_s` left out of the words, not of the sum)."""
     said = ", ".join(f"{s:.1f} s {name}" for name, s in wall["parts"].items() if s >= least_s)
     return f"{wall['whole']:.1f} s" + (f" ({said})" if said else "")

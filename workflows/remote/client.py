@@ -42,6 +42,7 @@ SETTINGS = os.path.join("~", ".config", "trajflow", "remote.toml")
 # the cluster's half of a remote run (workflows/cli/remote_side.py), as the client starts it
 REMOTE_SIDE = "trajflow.workflows.cli.remote_side"
 
+
 class ConnectionLost(RuntimeError):
     """ssh could not reach the cluster, or the connection dropped."""
 
@@ -194,6 +195,10 @@ def _checked(conn, target, python):
         raise InputError(f"{python}: no such Python on {target} ({proc.stderr.strip()[-200:]}); "
                          "give --remote-python, the python of the virtualenv where trajflow is "
                          "installed there")
+    if "No module named" in proc.stderr and "No module named 'trajflow'" not in proc.stderr:
+        raise InputError(f"the trajflow at {python} on {target} is another version than this "
+                         f"workstation's {trajflow.__version__} (it has no {REMOTE_SIDE}): "
+                         "install the same version on both")
     if "No module named" in proc.stderr:
         raise InputError(f"trajflow is not installed for {python} on {target}: install "
                          f"trajflow {trajflow.__version__} into that virtualenv (pip install), "

@@ -194,11 +194,13 @@ def keep_pilot_events(outcomes, dest_root):
 
 
 def _lines(prof):
+    """The lines of one of RADICAL's profiles, read as they come (a held pilot's grow
+    with its age); none where it cannot be read."""
     try:
         with open(prof, encoding="utf-8", errors="replace") as fh:
-            return fh.readlines()
+            yield from fh
     except OSError:
-        return []
+        return
 
 
 def _uid(line):

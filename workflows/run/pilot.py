@@ -344,7 +344,10 @@ class Pilot:
                 continue
             self._running.update({f.request.name: f for f in batch})
             for f in batch:  # its wait behind the runs before it ends here
-                record_dispatched(f.request.plan.workdir)
+                try:
+                    record_dispatched(f.request.plan.workdir)
+                except Exception:  # noqa: a moment of its profile never stops a run
+                    pass
             try:
                 self._process.run_batch([f.request for f in batch], close_after=last,
                                         on_run_ended=self._ended)
