@@ -25,7 +25,7 @@ def test_a_run_behind_others_on_a_held_pilot_has_every_second_named():
     wall = wall_time(records, 50.0, handover, pilot=(40.0, 45.0), ended=71.0)
     assert wall["parts"] == pytest.approx({
         "planning": 1.0, "in the pilot's queue": 4.0, "pilot start": 0.0, "hand-over": 2.0,
-        "split": 3.0, "analyze": 5.0, "reduce": 1.0, "waiting for cores": 2.0,
+        "split": 3.0, "analyze": 5.0, "reduce": 1.0, "in the agent's scheduler": 2.0,
         "between stages": 2.0, COLLECTING: 1.0})
     assert wall["whole"] == 21.0 == whole_from_outcome(50.0, {**handover, "ended": 71.0})
     assert describe(wall).startswith("21.0 s (1.0 s planning, 4.0 s in the pilot's queue, "
@@ -46,7 +46,7 @@ def test_a_folder_without_the_moments_still_adds_up():
     rec = {"run": "r", "task": "analyze", "t_start": 100.0, "t_stop": 104.0, "t_launch": 1.0}
     wall = wall_time([rec], 90.0, None, None, 105.0)
     assert wall["parts"] == pytest.approx({"before the first task": 9.0, "analyze": 5.0,
-                                           "waiting for cores": 0.0, "between stages": 0.0,
+                                           "in the agent's scheduler": 0.0, "between stages": 0.0,
                                            COLLECTING: 1.0})
     assert wall_time([rec], 0.0, {"handed_at": 95.0}, None, 105.0)["whole"] == 10.0
     assert whole_from_outcome(0.0, {"handed_at": 95.0, "ended": 105.0}) == 10.0

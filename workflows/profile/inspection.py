@@ -77,14 +77,16 @@ def load_run(rundir, notes=None):
 # the name given here: the scheduler's lines say when it waited for cores and got them
 RADICAL_EVENTS = {"launch_start": "launch_start", "rank_start": "rank_start",
                   "rank_stop": "rank_stop", "launch_stop": "launch_stop",
-                  ("advance", "AGENT_SCHEDULING"): "queued", "schedule_ok": "cores"}
-LAST_OF = ("rank_stop", "launch_stop")  # the others: the first
+                  ("advance", "AGENT_SCHEDULING"): "queued", "schedule_ok": "cores",
+                  "unschedule_stop": "released"}
+LAST_OF = ("rank_stop", "launch_stop", "released")  # the others: the first
 
 
 def radical_task_events(rundir, notes=None):
     """(RADICAL session, task id) -> {event: time} from the copied task profiles: when
     it came to the agent's scheduler ("queued"), got its cores ("cores"), its launch
-    began, its first rank started and its last rank stopped, and its launch ended.
+    began, its first rank started and its last rank stopped, its launch ended, and the
+    scheduler took its cores back ("released").
     A resumed run's attempts ran in sessions of their own, whose task ids repeat;
     (None, task id) holds a task id's events of every session (for records that do not
     say their session: an older trajflow's)."""

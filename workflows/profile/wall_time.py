@@ -14,8 +14,9 @@ cut at moments the run's folder keeps:
   the pilot was started for this run;
 - hand-over: EnTK and RADICAL passing the first task to the agent's scheduler;
 - then, over the tasks: each stage's name while one of its tasks held cores;
-  waiting for cores while a task of the run waited in the agent's scheduler and
-  none of its tasks ran (another run held them); between stages while none
+  in the agent's scheduler while a task of the run waited there and none of its
+  tasks ran: for cores another run held, or the scheduler's own pass (about 0.1 s
+  a task on an idle local pilot, measured); between stages while none
   waited and none ran (EnTK moving to the next stage);
 - collecting: from the last task's end until the outcome was written.
 
@@ -30,7 +31,7 @@ from trajflow.tasks.rundir import INTERRUPTED
 QUEUED = "in the pilot's queue"
 BEFORE_TASKS = ("planning", QUEUED, "pilot start", "hand-over")
 BEFORE_FIRST_TASK = "before the first task"  # planning and hand-over, where not told apart
-WAITING_FOR_CORES = "waiting for cores"
+WAITING_FOR_CORES = "in the agent's scheduler"
 BETWEEN_STAGES = "between stages"
 COLLECTING = "collecting"
 FIXED_PARTS = BEFORE_TASKS + (BEFORE_FIRST_TASK, WAITING_FOR_CORES, BETWEEN_STAGES, COLLECTING)
@@ -38,7 +39,7 @@ FIXED_PARTS = BEFORE_TASKS + (BEFORE_FIRST_TASK, WAITING_FOR_CORES, BETWEEN_STAG
 
 def task_spans(records):
     """One (stage, arrived, started, ended) per RADICAL task of the records (its ranks
-    together): arrived at the agent's scheduler, got its cores, ended. Where RADICAL's
+    together): arrived at the agent's scheduler, got its cores, gave them back. Where RADICAL's
     events are not kept (a timing table, an older folder), the ranks' own times."""
     tasks = {}
     for rec in records:
@@ -48,7 +49,8 @@ def task_spans(records):
         launched = rp.get("launch_start", rec["t_start"] - (rec.get("t_launch") or 0.0))
         arrived = rp.get("queued", launched)
         started = rp.get("cores", launched)
-        ended = max(rp.get("launch_stop", rec["t_stop"]), rec["t_stop"])
+        # until the scheduler took its cores back (the next stage's task waits for them)
+        ended = max(rp.get("released", 0.0), rp.get("launch_stop", 0.0), rec["t_stop"])
         span = tasks.get(key)
         tasks[key] = (rec["task"], arrived, started, ended) if span is None else (
             span[0], min(span[1], arrived), min(span[2], started), max(span[3], ended))
@@ -58,7 +60,8 @@ def task_spans(records):
 def over_tasks(spans):
     """{part: seconds} from the first task's arrival to the last one's end: a stage's
     name while a task of it ran (the first stage to start, where two overlap),
-    waiting for cores while some waited and none ran, between stages otherwise."""
+    in the agent's scheduler while some waited there and none ran, between stages
+    otherwise."""
     spans = [(stage if stage not in FIXED_PARTS else f"{stage} (tasks)", a, s, e)
              for stage, a, s, e in spans]  # a table's task named like a part stays apart
     order = {}
