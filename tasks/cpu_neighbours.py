@@ -15,6 +15,7 @@ it ends; the difference, per process, names who ran meanwhile:
 
 A process that both started and ended inside the window is not seen.
 """
+import logging
 import os
 import time
 
@@ -37,6 +38,8 @@ TASK_MODULE = b"trajflow.tasks."   # every task program's module (tasks/stages.p
 RANK_MODULE = b"trajflow.tasks.analyze"
 TOP = 5          # the processes named in a record
 LEAST_S = 0.01   # CPU seconds below this are no one's
+
+log = logging.getLogger(__name__)
 
 
 def first_on_node(rank, env=None) -> bool:
@@ -63,13 +66,25 @@ class CpuNeighbours:
 
     @classmethod
     def for_rank(cls, rank, run_folder):
-        """One per node: a CpuNeighbours for its first rank, None for the others."""
-        return cls(run_folder) if first_on_node(rank) else None
+        """One per node: a CpuNeighbours for its first rank, None for the others (and
+        where /proc cannot be read: a measurement never fails a run)."""
+        try:
+            return cls(run_folder) if first_on_node(rank) else None
+        except Exception as exc:  # noqa: BLE001
+            log.warning("no measurement of the node's other processes: %s", exc)
+            return None
 
     def measure(self, top=TOP) -> dict:
         """What the node's other processes used since the start: {"window_s", "node_cpus",
         "cpus_allowed", "run_ranks_here", "own_ranks_s", "by_kind": {kind: CPU s},
-        "top": [[name, pid, kind, CPU s], ...] (most first)}."""
+        "top": [[name, pid, kind, CPU s], ...] (most first)}; {"error": why} where it
+        could not be measured (a measurement never fails a run)."""
+        try:
+            return self._measure(top)
+        except Exception as exc:  # noqa: BLE001
+            return {"error": repr(exc)[:200]}
+
+    def _measure(self, top):
         after = procfs.cpu_times()
         me = os.getpid()
         used = sorted(((cpu - self.before.get(key, (0.0,))[0], key[0], name)
@@ -77,9 +92,10 @@ class CpuNeighbours:
         used = [u for u in used if u[0] >= LEAST_S]
         chain = launch_chain(me)
         kinds = [(seconds, pid, name, self.kind(pid, chain)) for seconds, pid, name in used]
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        ranks = 1 + sum(1 for *_, kind in kinds if kind == "rank")
-        crowded = ranks > cpus  # the run's own ranks outnumber the CPUs: they are a culprit
+        rank_pids = [me] + [pid for _, pid, _, kind in kinds if kind == "rank"]
+        cpus = len(allowed_cpus(rank_pids))
+        ranks = len(rank_pids)
+        crowded = ranks > cpus  # the run's own ranks outnumber their CPUs: they are a culprit
         by_kind, own_ranks, named = dict.fromkeys(KINDS, 0.0), 0.0, []
         for seconds, pid, name, kind in kinds:
             if kind == "rank":
@@ -90,7 +106,7 @@ class CpuNeighbours:
             by_kind[kind] += seconds
             if len(named) < top:
                 named.append([name, pid, kind, round(seconds, 3)])
-        return {"window_s": time.time() - self.t0, "node_cpus": os.cpu_count(),
+        return {"window_s": time.time() - self.t0, "node_cpus": os.cpu_count() or 1,
                 "cpus_allowed": cpus, "run_ranks_here": ranks, "own_ranks_s": round(own_ranks, 3),
                 "by_kind": {k: round(v, 3) for k, v in by_kind.items()}, "top": named}
 
@@ -101,14 +117,29 @@ class CpuNeighbours:
         p = procfs.process(pid)
         if p is None:
             return "other"
-        ours = any(folder in p.cmdline for folder in self.run_folder)
-        if ours and RANK_MODULE in p.cmdline:
-            return "rank"
-        if ours or pid in chain:
+        if pid in chain:
             return "this run"
-        if TASK_MODULE in p.cmdline:
+        words = p.cmdline.split(b"\0")
+        if self.ours(p):  # a launcher's words name the rank's module too: not a rank
+            return "rank" if RANK_MODULE in words and p.name not in LAUNCHERS else "this run"
+        if any(w.startswith(TASK_MODULE) for w in words):
             return "other runs"
         return "RADICAL" if procfs.is_radical(p) else "other"
+
+    def ours(self, p):
+        return any(folder in p.cmdline for folder in self.run_folder)
+
+
+def allowed_cpus(pids):
+    """The CPUs the processes `pids` may run on, together (each rank may be bound to one
+    core of its own); those of the node where that cannot be read."""
+    cpus = set()
+    for pid in pids:
+        try:
+            cpus |= os.sched_getaffinity(pid)
+        except (AttributeError, OSError):  # gone meanwhile, or not Linux
+            continue
+    return cpus or set(range(os.cpu_count() or 1))
 
 
 def launch_chain(pid):

@@ -211,7 +211,7 @@ def test_the_profile_names_an_injected_straggler(pilot, adk):
     assert "straggler" in "\n".join(run.profile.summary_lines())
     # the third task's wait in RADICAL's scheduler for a core is kept and read back
     waits = [r["t_queued"] for r in run.profile.records if r["task"] == "analyze"]
-    assert sorted(waits)[-1] > 0.1 and sorted(waits)[0] < 0.1, waits
+    assert sorted(waits)[-1] > 0.1 and sorted(waits)[0] < 0.5 * sorted(waits)[-1], waits
     try:
         import pandas  # noqa: F401  not a trajflow requirement
     except ImportError:
@@ -242,7 +242,7 @@ def test_a_run_behind_another_says_so_in_its_one_wall_time(pilot, adk):
     queued = wall["parts"]["in the pilot's queue"]
     assert f"{queued:.1f} s in the pilot's queue" in behind.summary()
     assert ahead.profile.report["advice"]["ahead"]["times"]["wall"]["parts"].get(
-        "in the pilot's queue", 0.0) < 1.0
+        "in the pilot's queue", 0.0) < queued / 2
 
 
 def test_the_example_script_runs_end_to_end(tmp_path, adk, solvated, reference_results):

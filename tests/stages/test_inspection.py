@@ -124,8 +124,11 @@ def test_the_nodes_first_rank_names_who_else_used_the_cores(tmp_path, adk):
     seen = ranks[0]["cpu_neighbours"]
     [spinner] = [e for e in seen["top"] if e[1] == spin.pid]
     assert spinner[2] == "other" and spinner[3] > 0.1, seen
-    assert seen["run_ranks_here"] == 2 and seen["cpus_allowed"] == 2, seen
-    assert seen["own_ranks_s"] > 0 and ranks[1]["pid"] not in [e[1] for e in seen["top"]]
+    # rank 1 (its own CPU: 2 ranks on 2 CPUs or more) is blamed for nothing; mpiexec and
+    # its proxy, the rank's launchers, are this run's
+    assert seen["cpus_allowed"] >= 2 and ranks[1]["pid"] not in [e[1] for e in seen["top"]]
+    assert all(kind == "this run" for name, _, kind, _ in seen["top"]
+               if name in ("mpiexec", "hydra_pmi_proxy")), seen
     assert seen["by_kind"]["other"] >= spinner[3]
 
 

@@ -113,6 +113,8 @@ def test_a_wait_for_a_cpu_is_answered_by_who_was_measured_to_hold_it():
     assert "blocked_cores" in there and "agent_core" not in there
     own = cpu_wait_note(ranks(2.0, neighbours=[["python", 99, "this run", 5.0]]))
     assert "fewer ranks" in own and "agent" not in own
+    little = cpu_wait_note(ranks(2.0, neighbours=[["python3", 17, "RADICAL", 0.3]]))
+    assert "too little to explain the wait" in little and "agent_core" not in little
     empty = cpu_wait_note(ranks(2.0, neighbours=[]))
     assert "no other process was seen" in empty and "(most" not in empty
     unmeasured = cpu_wait_note(ranks(2.0))
@@ -149,8 +151,8 @@ def test_the_first_rank_of_a_node_measures_who_else_ran(tmp_path):
 
 def test_radicals_renamed_components_and_other_runs_are_named_so(tmp_path):
     """RADICAL's components title themselves rp.<uid> (their command line replaced):
-    they are RADICAL's; another trajflow run's task is another run's, this run's
-    launcher this run's."""
+    they are RADICAL's; another trajflow run's task is another run's; this run's other
+    rank is counted apart where it has a CPU of its own, its other tasks are this run's."""
     import subprocess
     import sys
     from trajflow.tasks.cpu_neighbours import CpuNeighbours
@@ -158,14 +160,18 @@ def test_radicals_renamed_components_and_other_runs_are_named_so(tmp_path):
            "time.sleep(30)"
     titled = ("import ctypes, sys\nlibc = ctypes.CDLL(None)\n"
               "libc.prctl(15, b'rp.agent_schedu', 0, 0, 0)\n" + spin)  # PR_SET_NAME
-    other_run = tmp_path / "elsewhere"
-    other_run.mkdir()
-    script = tmp_path / "trajflow.tasks.analyze.py"  # on its command line, as a task's is
-    script.write_text(spin)
-    sampler = CpuNeighbours(str(tmp_path / "mine"))
+    mine = tmp_path / "mine"
+    sampler = CpuNeighbours(str(mine))
+    # command lines as a task's (python -m trajflow.tasks.analyze --plan RUNDIR/plan.json)
+    # and as its launcher's (mpiexec ... the same words)
+    as_task = [spin, "trajflow.tasks.analyze", "--plan"]
     procs = [subprocess.Popen([sys.executable, "-c", titled], stdout=subprocess.PIPE, text=True),
-             subprocess.Popen([sys.executable, str(script), "--plan", str(other_run / "plan.json")],
-                              stdout=subprocess.PIPE, text=True)]
+             subprocess.Popen([sys.executable, "-c", *as_task, str(tmp_path / "other" / "plan.json")],
+                              stdout=subprocess.PIPE, text=True),
+             subprocess.Popen([sys.executable, "-c", *as_task, str(mine / "plan.json")],
+                              stdout=subprocess.PIPE, text=True),
+             subprocess.Popen([sys.executable, "-c", spin, "trajflow.tasks.reduce", "--plan",
+                               str(mine / "plan.json")], stdout=subprocess.PIPE, text=True)]
     try:
         for p in procs:
             assert p.stdout.readline() == "1\n"
@@ -177,6 +183,10 @@ def test_radicals_renamed_components_and_other_runs_are_named_so(tmp_path):
             p.stdout.close()
     kinds = {pid: kind for _, pid, kind, _ in seen["top"]}
     assert kinds[procs[0].pid] == "RADICAL" and kinds[procs[1].pid] == "other runs", seen
+    # this run's other rank has a CPU of its own (2 ranks, at least 2 CPUs): counted
+    # apart, blamed for nothing; its reduce task is this run's
+    assert procs[2].pid not in kinds and seen["run_ranks_here"] == 2, seen
+    assert seen["own_ranks_s"] >= 0.15 and kinds[procs[3].pid] == "this run", seen
 
 
 @pytest.mark.parametrize("wait, total", [(0.0, 10.0), (None, 10.0), (0.9, 10.0), (0.2, 1.0)])
@@ -198,3 +208,32 @@ def test_one_measurement_a_node_counts_where_every_task_measured():
     assert top == [("stress-ng", 4242, "other", 7.5)]
     recs[2]["host"] = "node-2"
     assert cpu_neighbours(recs)[0]["other"] == 7.5 + 5.0
+
+
+def test_a_runs_ranks_that_outnumber_their_cpus_are_the_culprit(tmp_path):
+    """Four ranks of one run (this process and three more) on the CPUs of this machine,
+    which has fewer: they outnumber their CPUs, so their time is this run's."""
+    import subprocess
+    import sys
+    from trajflow.tasks.cpu_neighbours import allowed_cpus, CpuNeighbours
+    if len(allowed_cpus([os.getpid()])) >= 4:
+        pytest.skip("this machine gives a process 4 CPUs or more: four ranks are not crowded")
+    mine = tmp_path / "mine"
+    spin = "import time\nwhile time.process_time() < 0.2: pass\nprint(1, flush=True)\ntime.sleep(30)"
+    sampler = CpuNeighbours(str(mine))
+    procs = [subprocess.Popen([sys.executable, "-c", spin, "trajflow.tasks.analyze", "--plan",
+                               str(mine / "plan.json")], stdout=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    try:
+        for p in procs:
+            assert p.stdout.readline() == "1\n"
+        seen = sampler.measure(top=10_000)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(timeout=60)
+            p.stdout.close()
+    kinds = {pid: kind for _, pid, kind, _ in seen["top"]}
+    assert seen["run_ranks_here"] == 4 and seen["own_ranks_s"] == 0.0, seen
+    assert all(kinds[p.pid] == "this run" for p in procs), seen
+    assert seen["by_kind"]["this run"] >= 0.55  # each spun 0.2 CPU-s

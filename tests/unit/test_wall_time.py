@@ -134,3 +134,17 @@ def test_a_planted_record_cannot_take_a_parts_name():
     wall = wall_time([task("t.1", "collecting", 60.0, 60.0, 70.0)], 50.0, None, None, 75.0)
     assert wall["parts"]["collecting (tasks)"] == 10.0 and wall["parts"]["collecting"] == 5.0
     assert sum(wall["parts"].values()) == pytest.approx(wall["whole"])
+
+
+def test_a_resumed_runs_task_ids_repeat_in_its_new_session():
+    """EnTK numbers a new client's tasks from task.000000 again: a kept record of the
+    first attempt and a task of the second with the same id are two tasks."""
+    old = task("task.000001", "analyze", 10.0, 10.0, 20.0)
+    old["rp_session"] = "re.session.1"
+    new = task("task.000001", "reduce", 220.0, 229.0, 231.5)
+    new["rp_session"] = "re.session.2"
+    wall = wall_time([old, new], 200.0, {"handed_at": 201.0, "dispatched_at": 202.0}, None,
+                     240.0)
+    assert wall["parts"] == pytest.approx({
+        "planning": 1.0, "in the pilot's queue": 1.0, "hand-over": 18.0, "reduce": 2.5,
+        "in the agent's scheduler": 9.0, "between stages": 0.0, COLLECTING: 8.5})

@@ -48,6 +48,7 @@ GATHER_SHARE = 0.1       # a gather over this share of the analyze stage is wort
 LARGE_RESULT_B = 10e6    # result arrays this large make the gather a matter of volume
 CPU_WAIT_SHARE = 0.1     # ranks waiting for a CPU this share of their time: worth a word
 CPU_WAIT_MIN_S = 0.5     # ... and at least this long
+CULPRIT_SHARE = 0.25     # a culprit's CPU time explains at least this share of the wait
 
 
 def pilot_span(rundir):
@@ -184,12 +185,16 @@ def cpu_wait_note(analyze):
         return said + "; no other process was seen using a CPU meanwhile (one that started " \
                       "and ended between the measurements is not seen)."
     culprit = max(busy, key=busy.get)
+    explained = busy[culprit] >= CULPRIT_SHARE * wait
     said += ("; meanwhile on their nodes " + ", ".join(
         f"{kind} used {seconds:.1f} CPU-s" for kind, seconds in
         sorted(busy.items(), key=lambda kv: -kv[1])))
     if top:
         said += " (most: " + ", ".join(f"{name} pid {pid}, {kind}, {seconds:.1f} s"
                                        for name, pid, kind, seconds in top[:3]) + ")"
+    if not explained:  # too little to have kept the ranks waiting: no culprit named
+        return said + ": too little to explain the wait (a process that started and ended " \
+                      "between the measurements is not seen)."
     return said + REMEDIES[culprit](analyze)
 
 

@@ -61,8 +61,9 @@ def load_run(rundir, notes=None):
             notes.append(f"{path}: {skipped} line(s) that are not timing records skipped")
     radical = radical_task_events(rundir, notes)
     for rec in records:
-        rec["radical"] = radical.get((rec.get("rp_session"), rec.get("rp_task_id"))) or \
-            radical.get((None, rec.get("rp_task_id")), {})
+        # a record that says its session takes that session's events only (a resumed run's
+        # task ids repeat); an older one, whatever its id has
+        rec["radical"] = radical.get((rec.get("rp_session"), rec.get("rp_task_id")), {})
         start = rec["radical"].get("launch_start")
         rec["t_launch"] = max(0.0, rec["t_start"] - start) if start else 0.0
         queued, cores = rec["radical"].get("queued"), rec["radical"].get("cores")

@@ -43,8 +43,9 @@ def task_spans(records):
     events are not kept (a timing table, an older folder), the ranks' own times."""
     tasks = {}
     for rec in records:
-        key = (rec.get("run"), rec.get("rp_task_id") or (rec["task"], rec.get("block"),
-                                                           rec.get("source")))
+        # RADICAL's task ids start again in a resumed run's new session
+        key = (rec.get("run"), rec.get("rp_session"),
+               rec.get("rp_task_id") or (rec["task"], rec.get("block"), rec.get("source")))
         rp = rec.get("radical") or {}
         launched = rp.get("launch_start", rec["t_start"] - (rec.get("t_launch") or 0.0))
         arrived = rp.get("queued", launched)
