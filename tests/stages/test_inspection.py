@@ -175,9 +175,11 @@ def test_csv_and_html_are_written(tmp_path, adk):
     assert "<img" in page and "Bokeh.embed.embed_items" in page  # static figures, the timeline
     # the wall time, where it went, in the text and the page alike (no outcome: to the
     # last task's end)
-    [said] = re.findall(r"wall time of run: ([0-9.]+ s \([^)]*\))", proc.stdout)
-    assert "before the first task" in said and "analyze" in said
-    assert "<h2>Wall time</h2>" in page and said.split(" (")[0].rstrip(" s") in page
+    [said] = re.findall(r"wall time of run: ([0-9.]+) s \(", proc.stdout)
+    wall = inspect_runs([str(run)])["advice"]["run"]["times"]["wall"]
+    assert said == f"{wall['whole']:.1f}" and "<h2>Wall time</h2>" in page and said in page
+    assert {"before the first task", "split", "analyze", "reduce"} <= wall["parts"].keys()
+    assert all(wall["parts"][stage] > 0 for stage in ("split", "analyze", "reduce")), wall
     assert not re.search(r"<script[^>]+src=|<link[^>]+href=\"?https?:", page)  # nothing fetched
 
 
