@@ -124,26 +124,41 @@ def test_a_wait_for_a_cpu_is_answered_by_who_was_measured_to_hold_it():
     assert "not measured" in cpu_wait_note(planted)
 
 
+def spinner(cpu_s, *words, title=None):
+    """A command: Python spins `cpu_s` of CPU, says so, then sleeps; `words` follow on its
+    command line (as a task's: trajflow.tasks.analyze --plan RUNDIR/plan.json); `title`:
+    its process name (PR_SET_NAME, as RADICAL's components rename themselves)."""
+    import sys
+    code = (f"import time\nwhile time.process_time() < {cpu_s}: pass\n"
+            "print(1, flush=True)\ntime.sleep(30)")
+    if title:
+        code = f"import ctypes\nctypes.CDLL(None).prctl(15, {title!r}.encode(), 0, 0, 0)\n" + code
+    return [sys.executable, "-c", code, *words]
+
+
+def measured_beside(sampler, commands):
+    """(sampler.measure() taken once every command has spun, their Popens), every
+    process named however loaded the machine; the commands are ended, by pid."""
+    import subprocess
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, text=True) for c in commands]
+    try:
+        for p in procs:
+            assert p.stdout.readline() == "1\n"
+        return sampler.measure(top=10_000), procs
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(timeout=60)
+            p.stdout.close()
+
+
 def test_the_first_rank_of_a_node_measures_who_else_ran(tmp_path):
     """A process busy beside the rank is seen, named and counted as another's; the
     rank's own CPU is not counted."""
-    import subprocess
-    import sys
     from trajflow.tasks.cpu_neighbours import CpuNeighbours, first_on_node
     assert first_on_node(3, {"MPI_LOCALRANKID": "0"}) and not first_on_node(0, {"SLURM_LOCALID": "1"})
     assert first_on_node(0, {}) and not first_on_node(1, {})
-    sampler = CpuNeighbours(str(tmp_path))
-    busy = subprocess.Popen([sys.executable, "-c", "import time\n"
-                             "while time.process_time() < 0.5: pass\n"
-                             "print('spun', flush=True)\ntime.sleep(30)"],
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert busy.stdout.readline() == "spun\n"
-        seen = sampler.measure(top=10_000)  # every process, however loaded the machine
-    finally:
-        busy.kill()
-        busy.wait(timeout=60)
-        busy.stdout.close()
+    seen, [busy] = measured_beside(CpuNeighbours(str(tmp_path)), [spinner(0.5)])
     [mine] = [e for e in seen["top"] if e[1] == busy.pid]
     assert mine[2] == "other" and mine[3] >= 0.45, seen
     assert seen["by_kind"]["other"] >= mine[3] and seen["node_cpus"] == os.cpu_count()
@@ -153,34 +168,15 @@ def test_radicals_renamed_components_and_other_runs_are_named_so(tmp_path):
     """RADICAL's components title themselves rp.<uid> (their command line replaced):
     they are RADICAL's; another trajflow run's task is another run's; this run's other
     rank is counted apart where it has a CPU of its own, its other tasks are this run's."""
-    import subprocess
-    import sys
     from trajflow.tasks.cpu_neighbours import CpuNeighbours
-    spin = "import sys, time\nwhile time.process_time() < 0.2: pass\nprint(1, flush=True)\n" \
-           "time.sleep(30)"
-    titled = ("import ctypes, sys\nlibc = ctypes.CDLL(None)\n"
-              "libc.prctl(15, b'rp.agent_schedu', 0, 0, 0)\n" + spin)  # PR_SET_NAME
     mine = tmp_path / "mine"
-    sampler = CpuNeighbours(str(mine))
     # command lines as a task's (python -m trajflow.tasks.analyze --plan RUNDIR/plan.json)
-    # and as its launcher's (mpiexec ... the same words)
-    as_task = [spin, "trajflow.tasks.analyze", "--plan"]
-    procs = [subprocess.Popen([sys.executable, "-c", titled], stdout=subprocess.PIPE, text=True),
-             subprocess.Popen([sys.executable, "-c", *as_task, str(tmp_path / "other" / "plan.json")],
-                              stdout=subprocess.PIPE, text=True),
-             subprocess.Popen([sys.executable, "-c", *as_task, str(mine / "plan.json")],
-                              stdout=subprocess.PIPE, text=True),
-             subprocess.Popen([sys.executable, "-c", spin, "trajflow.tasks.reduce", "--plan",
-                               str(mine / "plan.json")], stdout=subprocess.PIPE, text=True)]
-    try:
-        for p in procs:
-            assert p.stdout.readline() == "1\n"
-        seen = sampler.measure(top=10_000)
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait(timeout=60)
-            p.stdout.close()
+    as_task = ["trajflow.tasks.analyze", "--plan"]
+    seen, procs = measured_beside(CpuNeighbours(str(mine)), [
+        spinner(0.2, title="rp.agent_schedu"),
+        spinner(0.2, *as_task, str(tmp_path / "other" / "plan.json")),
+        spinner(0.2, *as_task, str(mine / "plan.json")),
+        spinner(0.2, "trajflow.tasks.reduce", "--plan", str(mine / "plan.json"))])
     kinds = {pid: kind for _, pid, kind, _ in seen["top"]}
     assert kinds[procs[0].pid] == "RADICAL" and kinds[procs[1].pid] == "other runs", seen
     # this run's other rank has a CPU of its own (2 ranks, at least 2 CPUs): counted
@@ -213,26 +209,12 @@ def test_one_measurement_a_node_counts_where_every_task_measured():
 def test_a_runs_ranks_that_outnumber_their_cpus_are_the_culprit(tmp_path):
     """Four ranks of one run (this process and three more) on the CPUs of this machine,
     which has fewer: they outnumber their CPUs, so their time is this run's."""
-    import subprocess
-    import sys
     from trajflow.tasks.cpu_neighbours import allowed_cpus, CpuNeighbours
     if len(allowed_cpus([os.getpid()])) >= 4:
         pytest.skip("this machine gives a process 4 CPUs or more: four ranks are not crowded")
     mine = tmp_path / "mine"
-    spin = "import time\nwhile time.process_time() < 0.2: pass\nprint(1, flush=True)\ntime.sleep(30)"
-    sampler = CpuNeighbours(str(mine))
-    procs = [subprocess.Popen([sys.executable, "-c", spin, "trajflow.tasks.analyze", "--plan",
-                               str(mine / "plan.json")], stdout=subprocess.PIPE, text=True)
-             for _ in range(3)]
-    try:
-        for p in procs:
-            assert p.stdout.readline() == "1\n"
-        seen = sampler.measure(top=10_000)
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait(timeout=60)
-            p.stdout.close()
+    seen, procs = measured_beside(CpuNeighbours(str(mine)), [
+        spinner(0.2, "trajflow.tasks.analyze", "--plan", str(mine / "plan.json"))] * 3)
     kinds = {pid: kind for _, pid, kind, _ in seen["top"]}
     assert seen["run_ranks_here"] == 4 and seen["own_ranks_s"] == 0.0, seen
     assert all(kinds[p.pid] == "this run" for p in procs), seen
