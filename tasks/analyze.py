@@ -603,6 +603,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     plan = RunPlan.load(decode_path_arg(args.plan))
     mark_started(plan.workdir, "analyze")
+    marks.append(("inputs", time.time()))
+    plan.io_strategy.check_before_analysing(plan)
     marks.append(("imports", time.time()))
     if needs_mdanalysis(plan):
         import MDAnalysis  # noqa: F401

@@ -67,6 +67,9 @@ class RunPlan:
     chunk_frames: int = 0        # 0: sized by bytes, see chunk_size()
     compression: Optional[str] = None
     input_checksum: str = ""
+    # each input's [size, modification time in ns] when planned: tasks refuse changed
+    # inputs by them (inputs.check_unchanged; [] in older plans: not checked)
+    input_stats: List[Tuple[int, int]] = dataclasses.field(default_factory=list)
     collective_timeout_s: float = 1800.0  # an MPI rank waits this long for the others
     schedule: str = "static"  # how ranks or tasks share the frames (schedules.py; older
     # plans, which have none, ran static blocks)

@@ -1,6 +1,7 @@
-"""The split task: prepare the trajectory for the analyze stage, per io strategy.
+"""The split task: prepare the trajectory for the analyze stage, per io strategy,
+after checking the inputs still have the frames and atoms the plan counted
+(shared io has no split stage: it reads the inputs as they are).
 
-  shared: check the inputs still have the frames and atoms the plan counted;
   split:  write one trajectory segment per block (H5MD: the input's float32 data, exact) (Khoshlessan et al. 2019, section 6.5.1),
           blocks shared round-robin over the MPI ranks or one block per task;
   h5md:   convert to one H5MD file chunked for the selection (h5md.chunk_shape).

@@ -57,7 +57,7 @@ def session(tmp_path_factory, adk, adk_xtc, solvated):
         if name == "killed_rank":  # mpiexec once left rank 0 waiting for the killed rank 1
             plan.collective_timeout_s = 120.0  # (seen in CI): its own abort ends the task
         runs.append((name, plan, write_plan(plan)))
-    os.remove(doomed_top)  # the split task of "doomed" must now fail
+    os.remove(doomed_top)  # the analyze task of "doomed" must now fail
     report = run_plans(runs, "local.localhost", walltime=15, cpus=2, session_root=str(root),
                        retries=1, envs={name: env for name, _, env in specs})
     return report, {name: plan for name, plan, _ in runs}
@@ -82,9 +82,10 @@ def test_failed_task_is_reported_and_no_result_is_published(session):
     report, plans = session
     assert not report.ok
     failed = [o for o in report.failed if o.pipeline == "doomed"]
-    assert failed and failed[0].stage == "split" and failed[0].state == "FAILED"
+    # shared io has no split stage: its analyze task finds the topology gone
+    assert failed and failed[0].stage == "analyze" and failed[0].state == "FAILED"
     assert failed[0].attempt == 2  # retried once, as asked, then given up
-    assert report.stopped["doomed"] == "split"
+    assert report.stopped["doomed"] == "analyze"
     assert failed[0].exit_code not in (None, 0)
     assert "doomed.psf" in failed[0].stderr_tail  # the real cause, from the task's stderr
     assert report.results["doomed"] is None
@@ -206,9 +207,10 @@ def test_cli_run_exits_zero_and_says_where_things_are(tmp_path, adk, reference_r
                                  + os.environ["PATH"]})
     assert pasted.returncode == 0 and "analyze" in pasted.stdout, pasted.stderr
     # progress lines went to stderr: the pilot, every stage, the run's end
-    for line in ("pilot requested on local.localhost", "pilot: active", "split submitted",
+    for line in ("pilot requested on local.localhost", "pilot: active",
                  "analyze submitted: 1 task(s), 2 MPI ranks", "reduce done", "cli run: done"):
         assert line in proc.stderr, proc.stderr
+    assert "split submitted" not in proc.stderr  # shared io: nothing to prepare
     # a script reopens the CLI's run: the same numbers, the same summary
     import trajflow
     run = trajflow.open_run(out)

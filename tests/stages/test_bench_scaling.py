@@ -28,7 +28,7 @@ def test_setup_growth_names_each_part_at_each_rank_count(tmp_path):
         assert set(result[key]) == {"1", "2", "4"}, key
     for n in ("1", "2", "4"):
         assert 0 < result["after_arrival"][n] <= result["setup_growth"][n] + 0.05
-        assert set(result["setup_parts"][n]) == {"plan", "imports", "kernels", "mpi_init"}
+        assert set(result["setup_parts"][n]) == {"plan", "inputs", "imports", "kernels", "mpi_init"}
         assert result["setup_cpu"][n] > 0
     assert result["arrival_skew"]["1"] == 0
     assert "after" in proc.stdout and "skew" in proc.stdout

@@ -170,7 +170,8 @@ def test_csv_and_html_are_written(tmp_path, adk):
                            "--html", str(tmp_path / "r.html")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     rows = (tmp_path / "r.csv").read_text().splitlines()
-    assert rows[0].startswith("kind,") and sum(r.startswith("record,") for r in rows) == 5
+    # 3 analyze tasks and reduce (shared io: no split stage)
+    assert rows[0].startswith("kind,") and sum(r.startswith("record,") for r in rows) == 4
     page = (tmp_path / "r.html").read_text()
     assert "<img" in page and "Bokeh.embed.embed_items" in page  # static figures, the timeline
     # the wall time, where it went, in the text and the page alike (no outcome: to the
@@ -178,8 +179,9 @@ def test_csv_and_html_are_written(tmp_path, adk):
     [said] = re.findall(r"wall time of run: ([0-9.]+) s \(", proc.stdout)
     wall = inspect_runs([str(run)])["advice"]["run"]["times"]["wall"]
     assert said == f"{wall['whole']:.1f}" and "<h2>Wall time</h2>" in page and said in page
-    assert {"before the first task", "split", "analyze", "reduce"} <= wall["parts"].keys()
-    assert all(wall["parts"][stage] > 0 for stage in ("split", "analyze", "reduce")), wall
+    assert {"before the first task", "analyze", "reduce"} <= wall["parts"].keys()
+    assert all(wall["parts"][stage] > 0 for stage in ("analyze", "reduce")), wall
+    assert "split" not in wall["parts"]  # shared io: no split stage
     assert not re.search(r"<script[^>]+src=|<link[^>]+href=\"?https?:", page)  # nothing fetched
 
 

@@ -257,3 +257,42 @@ def test_a_campaigns_shared_h5md_copy_is_made_once(tmp_path, solvated, reference
                          plan.mode, PERIODIC_TOLERANCE)
         finally:
             plan.lock.release()
+
+
+@pytest.mark.parametrize("mode,change", [("mpi", "rewritten"), ("tasks", "touched"),
+                                         ("mpi", "removed")])
+def test_a_shared_run_refuses_inputs_changed_since_it_was_planned(tmp_path, adk, mode, change):
+    """Shared io has no split stage: each analyze task checks the inputs' size and
+    modification time against the plan's before its first frame, and the run ends with
+    no result naming the file."""
+    import shutil
+
+    from run_stages import run_stages
+    from plans import make_plan
+    from trajflow.workflows.run.planning import write_plan
+    traj = str(tmp_path / "adk.dcd")
+    shutil.copy(adk[1], traj)
+    plan = make_plan(adk[0], [traj], "rmsd", str(tmp_path / "run"), io="shared", mode=mode,
+                     blocks=2, cpus=2)
+    try:
+        plan_path = write_plan(plan)
+        assert plan.io_strategy.split_tasks(plan) == []
+        if change == "rewritten":  # the same size, other bytes: only the time tells
+            with open(traj, "r+b") as fh:
+                fh.seek(os.path.getsize(traj) - 4)
+                fh.write(b"\0\0\0\1")
+            st = os.stat(traj)
+            os.utime(traj, ns=(st.st_atime_ns, plan.input_stats[1][1] + 1_000_000))
+        elif change == "touched":
+            st = os.stat(traj)
+            os.utime(traj, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        else:
+            os.remove(traj)
+        with pytest.raises(RuntimeError) as err:
+            run_stages(plan, plan_path)
+    finally:
+        plan.lock.release()
+    text = str(err.value)
+    assert text.startswith("analyze/") and f"input {traj!r}" in text, text
+    assert ("cannot be read now" if change == "removed" else "changed since the run was planned") in text
+    assert not os.path.exists(plan.result_path())

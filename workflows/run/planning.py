@@ -23,6 +23,7 @@ import numpy as np
 from trajflow.tasks import mda_analyses
 from trajflow.tasks.analyses import ANALYSES, ANALYSIS_CLASSES, MERGED_ANALYSES
 from trajflow.tasks.h5md import COLLECTIVE, missing_box
+from trajflow.tasks.inputs import input_stats
 from trajflow.tasks.plan import balanced_blocks, chosen_frames, PlanError, RunPlan
 from trajflow.tasks.rundir import (FOLDERS, foreign_entries, keep_room, LOCK, MARKER, open_in_run, PLAN,
                                    replaced_whole, RESERVE_BYTES)
@@ -184,6 +185,7 @@ class Inputs:
     n_frames: int
     n_atoms: int
     checksum: str
+    stats: list = dataclasses.field(default_factory=list)  # tasks.inputs.input_stats
     analysis_args: dict = dataclasses.field(default_factory=dict)
     factory: Optional[dict] = None  # a user analysis: where its factory is (see check_factory)
     factory_pickle: Optional[bytes] = None  # a callable handed over by a script, pickled
@@ -349,7 +351,8 @@ def read_inputs(topology, trajectories, analysis, selection=None, analysis_args=
     try:
         n_frames, truncated = check_whole(u, trajectories, damages, allow_truncated)
         common = dict(n_frames=n_frames, n_atoms=len(u.atoms), truncated=truncated,
-                      checksum=input_checksum([topology] + trajectories), universe=universe)
+                      checksum=input_checksum([topology] + trajectories),
+                      stats=input_stats([topology] + trajectories), universe=universe)
         if spec is not None:
             # a script's callable is named by its qualified name
             label = f"python:{spec[2]}" if spec[0] == "pickle" else analysis
@@ -489,7 +492,8 @@ def _make_plan(out, inputs, spec, cpus):
                    frame_selection=selection, input_frames=inputs.n_frames if selection else 0,
                    blocks=balanced_blocks(n_frames, n_blocks), repeat=spec.repeat,
                    chunk_frames=spec.chunk, compression=spec.compression,
-                   mpi_reads=spec.mpi_reads, input_checksum=inputs.checksum, analysis_args=inputs.analysis_args,
+                   mpi_reads=spec.mpi_reads, input_checksum=inputs.checksum,
+                   input_stats=inputs.stats, analysis_args=inputs.analysis_args,
                    truncated=inputs.truncated, trial=inputs.trial,
                    factory=inputs.factory, universe=inputs.universe)
     plan.selected = inputs.selected
