@@ -250,8 +250,17 @@ def check_resource(resource: str):
 
 
 def known_resources() -> list:
-    """Every resource label RADICAL-Pilot knows with the current config dir."""
-    return sorted(all_configs())
+    """Every resource label RADICAL-Pilot knows with the current config dir (read once
+    per folder: the folder is this process' snapshot, and RADICAL-Pilot takes ~40 ms to
+    read it, which a command that checks its resource several times paid each time)."""
+    activate_configs()
+    folder = os.environ.get("RADICAL_CONFIG_USER_DIR", "")  # the folder RADICAL reads
+    if folder not in _KNOWN:
+        _KNOWN[folder] = sorted(all_configs())
+    return list(_KNOWN[folder])
+
+
+_KNOWN = {}  # config folder -> its labels
 
 
 def all_configs() -> dict:
