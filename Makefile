@@ -36,7 +36,7 @@ test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q -rs -m serial --durations=5 tests/stages
 
 test: test-fast
-	$(PY) -m pytest -q -rs -n $(PILOT_WORKERS) --dist loadgroup -m "not serial" --durations=25 tests/pilot
+	$(PY) -m pytest -q -rs -n $(PILOT_WORKERS) --dist loadgroup -m "not serial" --durations=0 --durations-min=10 tests/pilot
 	$(PY) -m pytest -q -rs -m serial --durations=5 tests/pilot
 	$(MAKE) test-parallel-hdf5
 

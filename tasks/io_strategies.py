@@ -70,7 +70,7 @@ class Shared(IOStrategy):
     hand-off saved, ~0.9 s of a small run); each analyze task checks the inputs are the
     files the run was planned on."""
     name = "shared"
-    help = "every block reads the one trajectory"
+    help = "every block reads the one trajectory (no split stage)"
 
     def split_tasks(self, plan):
         return []
