@@ -229,7 +229,9 @@ def test_a_run_behind_another_says_so_in_its_one_wall_time(pilot, adk):
     is a part of its wall time of its own, and the summary, `inspect` and `runs`
     (Run.wall_s) give the same whole."""
     p, path = pilot
-    first = p.submit(adk[0], adk[1], "rmsd", blocks=2, env={"TRAJFLOW_TEST_DELAY": "0:compute:4"},
+    # both ranks delayed: with a dynamic schedule either may analyse every chunk
+    first = p.submit(adk[0], adk[1], "rmsd", blocks=2,
+                     env={"TRAJFLOW_TEST_DELAY": "0:compute:4,1:compute:4"},
                      out=str(path / "ahead"))
     deadline = time.time() + 300
     while not first.running() and time.time() < deadline:  # its batch has gone to the pilot

@@ -238,8 +238,10 @@ def test_a_clients_ctrl_c_leaves_the_pilot_serving(held, adk, reference_results)
     """A run whose client is interrupted goes on in the pilot to its end (EnTK runs a
     begun workflow whole); the pilot then serves the next run."""
     path = held["path"]
-    # 25 s: the resume below must come while the run still runs, on a loaded machine too
-    env = {**held["env"], "TRAJFLOW_TEST_DELAY": "0:compute:25"}
+    # 25 s: the resume below must come while the run still runs, on a loaded machine too;
+    # on both ranks: with a dynamic schedule the rank that starts first may claim every
+    # chunk, and the other computes nothing (seen: rank 1 analysed all 98 frames)
+    env = {**held["env"], "TRAJFLOW_TEST_DELAY": "0:compute:25,1:compute:25"}
     client = subprocess.Popen([TRAJFLOW, "run", "--topology", adk[0], "--trajectory", adk[1],
                                "--analysis", "rmsd", "--pilot", "mod", "--out",
                                str(path / "ctrlc")], env=env, cwd=str(path),
