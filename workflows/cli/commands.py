@@ -30,6 +30,7 @@ from trajflow.workflows.profile.trace import write_trace
 from trajflow.workflows.remote import client as remote
 from trajflow.workflows.run import held_client, resources
 from trajflow.workflows.run.api import plan_of
+from trajflow.workflows.run.planning import make_plan, plan_for_resume
 from trajflow.workflows.run.pilot import Pilot
 from trajflow.workflows.run.runs import find_runs
 from trajflow.workflows.run.spec import PilotSpec, RunSpec
@@ -111,18 +112,23 @@ def specs_from_args(args):
     return spec_from_args(RunSpec, args), spec_from_args(PilotSpec, args)
 
 
-def plan_from_args(args, pilot_spec=None):
+def plan_from_args(args, held_cpus=None):
     """The run `trajflow run` asks for, planned (InputError for bad input, nothing written),
-    with its specs: (plan, RunSpec, PilotSpec); `pilot_spec`: a held pilot's, instead of
-    the flags'."""
-    spec, flags_pilot_spec = specs_from_args(args)
-    pilot_spec = pilot_spec or flags_pilot_spec
+    with its specs: (plan, RunSpec, PilotSpec); `held_cpus`: a held pilot's cores, which
+    are all it needs (no PilotSpec is made of the flags then: checking a resource costs
+    RADICAL-Pilot's import and its configs, ~0.2 s of a held run's client)."""
+    spec = spec_from_args(RunSpec, args)
+    pilot_spec = None if held_cpus else spec_from_args(PilotSpec, args)
     if args.resume:
         given = flags_said(args, RunSpec, [f for f in RUN_FIELDS if f not in RESUMED_OPTIONS])
         if given:
             raise InputError(f"--resume takes the run's options from its plan: drop "
                              f"{', '.join(given)}")
-    return plan_of(spec, pilot_spec, args.resume), spec, pilot_spec
+    if held_cpus:
+        plan = plan_for_resume(args.resume) if args.resume else make_plan(spec, held_cpus)
+    else:
+        plan = plan_of(spec, pilot_spec, args.resume)
+    return plan, spec, pilot_spec
 
 
 def run_planned(plan, spec, pilot_spec, resume=False):
@@ -151,9 +157,8 @@ def _run_on_held(args):
         raise InputError("--pilot with --remote: a held pilot of this machine cannot take a "
                          "remote run; leave out one of them")
     status = held_client.held_status(args.pilot)
-    plan, spec, pilot_spec = plan_from_args(
-        args, PilotSpec(resource=status["resource"], cpus=status["cpus"]))
-    return _run_and_report([plan], spec, pilot_spec, plan.workdir, resume=bool(args.resume),
+    plan, spec, _ = plan_from_args(args, held_cpus=status["cpus"])
+    return _run_and_report([plan], spec, None, plan.workdir, resume=bool(args.resume),
                            held=args.pilot)
 
 
