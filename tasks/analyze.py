@@ -249,7 +249,16 @@ def part_attrs(plan, analysis_attrs, blocks):
             "n_frames_total": plan.n_frames}
 
 
+def check_inputs(plan, setup_marks):
+    """The io strategy's check of the inputs against the plan (shared io: their size and
+    modification time), timed as the set-up part "inputs"."""
+    setup_marks.append(("inputs", time.time()))
+    plan.io_strategy.check_before_analysing(plan)
+
+
 def run_tasks_mode(plan, block, setup_marks=None):
+    setup_marks = list(setup_marks or [])
+    check_inputs(plan, setup_marks)
     timer = RankTimer("analyze", rank=0, size=1, block=block, mode="tasks", setup_marks=setup_marks,
                       schedule=plan.schedule, progress_path=plan.progress_path(block),
                       neighbours=CpuNeighbours.for_rank(0, plan.workdir))
@@ -353,6 +362,9 @@ def run_mpi_mode(plan, setup_marks=None):
         comm, rank, size = mpi_world()
         counter = None
         agree_on_the_start(comm, early=False)
+    # here, not in main(): a rank that fails it ends the others as any failed rank does
+    # (MPI_Init, then MPI_Abort; before MPI_Init it also empties the chunk counter)
+    check_inputs(plan, setup_marks)
     if size != plan.analyze_ranks or (size < plan.n_blocks and schedule.one_chunk_per_rank):
         need = plan.analyze_ranks if size != plan.analyze_ranks else plan.n_blocks
         raise SystemExit(f"analyze: {size} MPI ranks for {plan.n_blocks} blocks "
@@ -603,8 +615,6 @@ def main(argv=None):
     args = p.parse_args(argv)
     plan = RunPlan.load(decode_path_arg(args.plan))
     mark_started(plan.workdir, "analyze")
-    marks.append(("inputs", time.time()))
-    plan.io_strategy.check_before_analysing(plan)
     marks.append(("imports", time.time()))
     if needs_mdanalysis(plan):
         import MDAnalysis  # noqa: F401
@@ -628,7 +638,10 @@ def main(argv=None):
         if isinstance(exc, mda_analyses.AnalysisRaised):
             code = ANALYSIS_RAISED
             mda_analyses.print_users_traceback(exc)
-        elif not isinstance(exc, SystemExit):
+        elif isinstance(exc, SystemExit):
+            if exc.code is not None and not isinstance(exc.code, int):
+                print(exc.code, file=sys.stderr)  # its reason (the abort would lose it)
+        else:
             traceback.print_exc()
         sys.stderr.flush()
         if "mpi4py.MPI" not in sys.modules and EARLY_START:

@@ -38,8 +38,9 @@ class IOStrategy:
         return [] if os.path.exists(plan.path(MANIFEST)) else tasks
 
     def check_before_analysing(self, plan):
-        """What an analyze task checks before its first frame (the split stage checked
-        the inputs against the plan as it read them: nothing more)."""
+        """What an analyze task checks before its first frame, a rank's failure handled as
+        any other (the split stage checked the inputs against the plan as it read them:
+        nothing more)."""
 
     def prepare(self, plan, universe, blocks, rank, timer):
         """The split task's work on this rank (`blocks`: the blocks it writes)."""
@@ -71,6 +72,7 @@ class Shared(IOStrategy):
     files the run was planned on."""
     name = "shared"
     help = "every block reads the one trajectory (no split stage)"
+    preparing = "checking the inputs"  # what run folders from before 0.13.0 timed in a split
 
     def split_tasks(self, plan):
         return []

@@ -7,6 +7,7 @@ tasks that must not import the client.
 """
 import base64
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -301,6 +302,10 @@ def check_plan_dict(d: dict, path: str = PLAN) -> None:
     unknown = sorted(set(d) - set(fields))
     if unknown:
         raise PlanError(f"{path}: unknown key {unknown[0]!r}: {hint}")
+    blocks = d.get("blocks")
+    if isinstance(blocks, list) and len(blocks) > MAX_BLOCKS:  # before checking each one
+        raise PlanError(f"{path}: {len(blocks)} blocks, more than any run has ({MAX_BLOCKS}): "
+                        f"{hint}")
     hints = typing.get_type_hints(RunPlan)
     for name, f in fields.items():
         if name not in d:
@@ -330,6 +335,10 @@ def check_plan_dict(d: dict, path: str = PLAN) -> None:
                                    ("where", str)) if not isinstance(truncated.get(k), kind)]:
         raise PlanError(f"{path}: key 'truncated' lacks its file, analysed, frames_in_files or "
                         f"where: {hint}")
+    stats = d.get("input_stats") or []
+    if stats and len(stats) != 1 + len(d["trajectories"]):
+        raise PlanError(f"{path}: key 'input_stats': {len(stats)} entries for "
+                        f"{1 + len(d['trajectories'])} inputs: {hint}")
     if not os.path.isabs(d["workdir"]):
         raise PlanError(f"{path}: key 'workdir' is not an absolute path: {hint}")
     factory = d.get("factory")
@@ -356,14 +365,22 @@ def _check_factory(factory, path, hint):
                         f"folder: {hint}")
 
 
+@functools.lru_cache(maxsize=None)
+def _shape(kind):
+    """(`kind` without Optional, its origin, its args, whether None is allowed): worked
+    out once per annotation, not once per item of a list of a million."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin is not typing.Union:
+        return kind, origin, args, False
+    kind = next(a for a in args if a is not type(None))
+    return kind, typing.get_origin(kind), typing.get_args(kind), True
+
+
 def _type_problem(value, kind):
     """Why `value` is not of the annotated `kind`, or None."""
-    origin, args = typing.get_origin(kind), typing.get_args(kind)
-    if origin is typing.Union:
-        if value is None:
-            return None
-        kind = next(a for a in args if a is not type(None))
-        origin, args = typing.get_origin(kind), typing.get_args(kind)
+    kind, origin, args, optional = _shape(kind)
+    if optional and value is None:
+        return None
     if kind is bool:
         return None if isinstance(value, bool) else f"{value!r:.40} is not true or false"
     if kind is int:

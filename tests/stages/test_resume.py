@@ -19,6 +19,7 @@ def test_resume_runs_only_what_is_missing(tmp_path, adk, io):
                      blocks=3, cpus=3)
     path = write_plan(plan)
     specs = stage_specs(plan, path)
+    assert len(specs["split"]) == (3 if io == "split" else 0)  # shared: no split stage
     for spec in specs["split"]:
         assert run_spec(spec).returncode == 0
     codes = [run_spec(s, {"TRAJFLOW_TEST_FAIL": "1:1"}).returncode for s in specs["analyze"]]

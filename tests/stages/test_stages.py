@@ -282,7 +282,7 @@ def test_a_shared_run_refuses_inputs_changed_since_it_was_planned(tmp_path, adk,
                 fh.seek(os.path.getsize(traj) - 4)
                 fh.write(b"\0\0\0\1")
             st = os.stat(traj)
-            os.utime(traj, ns=(st.st_atime_ns, plan.input_stats[1][1] + 1_000_000))
+            os.utime(traj, ns=(st.st_atime_ns, plan.input_stats[1][1] + 1_000_000_000))
         elif change == "touched":
             st = os.stat(traj)
             os.utime(traj, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))

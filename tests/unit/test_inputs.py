@@ -31,7 +31,7 @@ def test_a_changed_input_is_named(tmp_path, change):
             fh.write(b"y")
     elif change == "touched":
         st = os.stat(traj)
-        os.utime(traj, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+        os.utime(traj, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # any file system
     else:
         os.remove(traj)
     with pytest.raises(SystemExit) as err:

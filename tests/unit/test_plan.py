@@ -41,3 +41,21 @@ def test_path_arguments_survive_double_quoting(path):
     quoted = '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'  # radical.utils.sh_quote
     echoed = subprocess.run(["bash", "-c", f"printf %s {quoted}"], capture_output=True, text=True).stdout
     assert decode_path_arg(echoed) == path
+
+
+@pytest.mark.parametrize("stats,ok", [([], True), ([[10, 1], [20, 2]], True),
+                                      ([[10, 1]], False), ([[10, 1], [20, 2], [3, 3]], False),
+                                      ([[10, 1], [20, True]], False), ([[10, 1], [20]], False)])
+def test_a_plans_input_stats_are_one_pair_of_whole_numbers_per_input(tmp_path, stats, ok):
+    """Each input's [size, mtime_ns] (topology, then each trajectory), or none (a plan from
+    before they were recorded): the analyze tasks compare them one by one."""
+    from trajflow.tasks.plan import check_plan_dict, PlanError
+    plan = RunPlan(workdir=str(tmp_path), topology="/t.psf", trajectories=["/a.dcd"],
+                   analysis="rmsd", selection="name CA", io="shared", mode="mpi",
+                   gather="gatherv", n_frames=10, n_atoms=3, blocks=balanced_blocks(10, 2))
+    d = dict(plan.to_dict(), input_stats=stats)
+    if ok:
+        check_plan_dict(d)
+    else:
+        with pytest.raises(PlanError, match="input_stats"):
+            check_plan_dict(d)

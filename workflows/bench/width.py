@@ -57,7 +57,9 @@ def run_width(resource, cores, widths=WIDTHS, folder=None):
         wall = time.time() - t0
         records = run.profile.records
         times = run_times(records, run.plan)
-        launch = {task: max(r.get("t_launch", 0.0) for r in records if r["task"] == task)
+        # None where the run has no such task (--io shared has no split stage)
+        launch = {task: max((r.get("t_launch", 0.0) for r in records if r["task"] == task),
+                            default=None)
                   for task in ("split", "analyze", "reduce")}
         first_task = min(r["t_start"] - r.get("t_launch", 0.0) for r in records)
         rows.append({"nodes": nodes, "cpus": nodes * cores,
@@ -85,6 +87,10 @@ NAMES = {"pilot_s": "the pilot's start (sbatch, the job's start, the agent's boo
                              "node, the ranks' Python start-up)"}
 
 
+def _seconds(value, width):
+    return f"{'-':>{width}s}" if value is None else f"{value:{width}.2f}"
+
+
 def format_width(result):
     lines = [f"\nstart-up at width on {result['resource']} ({result['cores_per_node']} cores per "
              "node; one pilot per width; AdK CA-RMSD, a rank per core):",
@@ -92,8 +98,8 @@ def format_width(result):
              f"{'analyze launch':>14s} {'reduce launch':>13s} {'tasks s':>8s} {'wall s':>7s}  hosts"]
     for r in result["rows"]:
         lines.append(f"  {r['nodes']:5d} {r['cpus']:5d} {r['pilot_s']:8.1f} "
-                     f"{r['split_launch_s']:12.2f} {r['analyze_launch_s']:14.2f} "
-                     f"{r['reduce_launch_s']:13.2f} {r['tasks_s']:8.1f} {r['wall_s']:7.1f}  "
+                     f"{_seconds(r['split_launch_s'], 12)} {r['analyze_launch_s']:14.2f} "
+                     f"{_seconds(r['reduce_launch_s'], 13)} {r['tasks_s']:8.1f} {r['wall_s']:7.1f}  "
                      f"{','.join(r['hosts'])}")
     g = result["growth_per_node_s"]
     scale = result[f"at_{EXTRAPOLATE_TO}_nodes_s"]

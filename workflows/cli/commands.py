@@ -118,13 +118,13 @@ def plan_from_args(args, held_cpus=None):
     are all it needs (no PilotSpec is made of the flags then: checking a resource costs
     RADICAL-Pilot's import and its configs, ~0.2 s of a held run's client)."""
     spec = spec_from_args(RunSpec, args)
-    pilot_spec = None if held_cpus else spec_from_args(PilotSpec, args)
+    pilot_spec = None if held_cpus is not None else spec_from_args(PilotSpec, args)
     if args.resume:
         given = flags_said(args, RunSpec, [f for f in RUN_FIELDS if f not in RESUMED_OPTIONS])
         if given:
             raise InputError(f"--resume takes the run's options from its plan: drop "
                              f"{', '.join(given)}")
-    if held_cpus:
+    if held_cpus is not None:
         plan = plan_for_resume(args.resume) if args.resume else make_plan(spec, held_cpus)
     else:
         plan = plan_of(spec, pilot_spec, args.resume)

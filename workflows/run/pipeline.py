@@ -38,7 +38,8 @@ def entk_name(text: str) -> str:
 class RunPipeline:
     """One run's EnTK Pipeline, grown a stage at a time.
 
-    Only split is there at the start; each stage's post_exec (run by EnTK on
+    Only its first stage with work is there at the start (split; analyze for --io
+    shared, which has no split stage); each stage's post_exec (run by EnTK on
     the client when the stage has ended) adds the next stage if every task
     ended DONE, re-runs just the failed tasks while retries remain, and
     otherwise adds nothing, so the pipeline stops there: no analyze after a

@@ -347,12 +347,18 @@ def read_inputs(topology, trajectories, analysis, selection=None, analysis_args=
     trajectories = [os.path.abspath(t) for t in trajectories]
     damages = []
     universe = dict(universe or {})
+    # before the inputs are read: a file that changes while they are counted is refused
+    # by the tasks, not taken with the old count
+    try:
+        stats = input_stats([topology] + trajectories)
+    except OSError:  # open_inputs says which input is missing, and what to do
+        stats = []
     u = open_inputs(topology, trajectories, damages, universe)
     try:
         n_frames, truncated = check_whole(u, trajectories, damages, allow_truncated)
         common = dict(n_frames=n_frames, n_atoms=len(u.atoms), truncated=truncated,
                       checksum=input_checksum([topology] + trajectories),
-                      stats=input_stats([topology] + trajectories), universe=universe)
+                      stats=stats, universe=universe)
         if spec is not None:
             # a script's callable is named by its qualified name
             label = f"python:{spec[2]}" if spec[0] == "pickle" else analysis
