@@ -160,6 +160,7 @@ class Watchdog:
             return  # the pilot is already on its way, or up
         if kind == "active":
             self.pilot, self.active = None, True
+            self._note_radical()
             self.activity(now)  # the runs' stages were submitted before there was a pilot
         elif kind == "restarted":
             self.active = False
@@ -172,8 +173,7 @@ class Watchdog:
         """A run's stage event: 'submitted' starts the watch of its first task."""
         now = time.time() if now is None else now
         self.activity(now)
-        if self.child_pid:  # what runs now, to name what died should a phase overrun
-            self.radical.update(radical_processes(self.child_pid))
+        self._note_radical()
         if kind == "submitted" and stage:
             self.runs[run] = _RunWatch(plan, stage, _Clock("task", now, what=f"{run}'s {stage} "
                                                                            "stage"),
@@ -202,6 +202,13 @@ class Watchdog:
                 watch.clock.since, watch.clock.said = now, 0
 
     # --- polling ---------------------------------------------------------------
+    def _note_radical(self):
+        """What of RADICAL runs now, to name what died should a phase overrun: noted at
+        each stage event, the pilot's activation and a stage's first task's start (a
+        run's first stage is submitted before the pilot and its agent are up)."""
+        if self.child_pid:
+            self.radical.update(radical_processes(self.child_pid))
+
     def check(self, now=None):
         """Say what overruns; the failure text of a phase past its bound, or None."""
         now = time.time() if now is None else now
@@ -224,6 +231,7 @@ class Watchdog:
                 continue
             if clock.phase == "task" and _marker_time(watch.plan, watch.stage) != watch.marker:
                 self.activity(now)
+                self._note_radical()  # a task runs: the client's and agent's all are up
                 # split and reduce: said while they run (unbounded unless asked)
                 watch.clock = _Clock("stage", now, what=f"{name}'s {watch.stage} stage")
                 if watch.stage == "analyze":
