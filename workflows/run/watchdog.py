@@ -147,6 +147,7 @@ class Watchdog:
         self.runs = {}        # run name -> _RunWatch
         self.active = False
         self.radical = {}     # pid -> title of RADICAL's processes seen in the child's group
+        self.radical_noted_at = 0.0
         self.order = []       # runs going one at a time: only the first is watched
 
     # --- events ----------------------------------------------------------------
@@ -202,16 +203,20 @@ class Watchdog:
                 watch.clock.since, watch.clock.said = now, 0
 
     # --- polling ---------------------------------------------------------------
-    def _note_radical(self):
+    def _note_radical(self, now=None):
         """What of RADICAL runs now, to name what died should a phase overrun: noted at
-        each stage event, the pilot's activation and a stage's first task's start (a
-        run's first stage is submitted before the pilot and its agent are up)."""
+        each stage event, the pilot's activation, a stage's first task's start and every
+        NOTE_RADICAL_EVERY_S of the wait (a run's first stage is submitted before the
+        pilot is up, and RADICAL starts its task manager's processes after that)."""
+        self.radical_noted_at = time.time() if now is None else now
         if self.child_pid:
             self.radical.update(radical_processes(self.child_pid))
 
     def check(self, now=None):
         """Say what overruns; the failure text of a phase past its bound, or None."""
         now = time.time() if now is None else now
+        if now - self.radical_noted_at >= NOTE_RADICAL_EVERY_S:
+            self._note_radical(now)
         self._follow_runs(now)
         watches = [(self.pilot, None)] if self.pilot is not None else []
         if self.active:  # a run's stages wait for the pilot, whose phases are watched
@@ -360,6 +365,9 @@ def _marker_time(plan, stage):
 def _minutes(seconds):
     from trajflow.workflows.run.progress import eta_text
     return eta_text(seconds)
+
+
+NOTE_RADICAL_EVERY_S = 2.0  # a scan of /proc: a few ms
 
 
 def radical_processes(group):
