@@ -367,7 +367,9 @@ def _minutes(seconds):
     return eta_text(seconds)
 
 
-NOTE_RADICAL_EVERY_S = 2.0  # a scan of /proc: a few ms
+# a scan of /proc takes a few ms; a RADICAL process that dies within this time of its
+# start is not named among the dead
+NOTE_RADICAL_EVERY_S = 2.0
 
 
 def radical_processes(group):
