@@ -30,7 +30,6 @@ from trajflow.workflows.profile.trace import write_trace
 from trajflow.workflows.remote import client as remote
 from trajflow.workflows.run import held_client, resources
 from trajflow.workflows.run.api import plan_of
-from trajflow.workflows.run.planning import make_plan, plan_for_resume
 from trajflow.workflows.run.pilot import Pilot
 from trajflow.workflows.run.runs import find_runs
 from trajflow.workflows.run.spec import PilotSpec, RunSpec
@@ -124,11 +123,7 @@ def plan_from_args(args, held_cpus=None):
         if given:
             raise InputError(f"--resume takes the run's options from its plan: drop "
                              f"{', '.join(given)}")
-    if held_cpus is not None:
-        plan = plan_for_resume(args.resume) if args.resume else make_plan(spec, held_cpus)
-    else:
-        plan = plan_of(spec, pilot_spec, args.resume)
-    return plan, spec, pilot_spec
+    return plan_of(spec, pilot_spec, args.resume, cpus=held_cpus), spec, pilot_spec
 
 
 def run_planned(plan, spec, pilot_spec, resume=False):

@@ -97,9 +97,10 @@ def run(topology, trajectory, analysis, *, pilot=None, **options) -> Run:
     return run_plan(plan_of(spec, pilot_spec), spec, pilot_spec)
 
 
-def plan_of(spec, pilot_spec, resume=None):
+def plan_of(spec, pilot_spec, resume=None, cpus=None):
     """The checked plan of a run for a pilot of `pilot_spec` (nothing written), or with
-    `resume` the plan of that interrupted run; InputError naming the problem."""
+    `resume` the plan of that interrupted run; InputError naming the problem. `cpus`: a
+    held pilot's cores, which are all its plan needs (then `pilot_spec` may be None)."""
     if resume:
         return plan_for_resume(resume)
-    return make_plan(spec, pilot_spec.cpus or pilot_spec.blocks_for(spec))
+    return make_plan(spec, cpus or pilot_spec.cpus or pilot_spec.blocks_for(spec))
