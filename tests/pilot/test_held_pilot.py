@@ -158,6 +158,27 @@ def test_several_clients_at_once(held, adk, reference_results):
             np.testing.assert_allclose(f["rmsd"][:], ref, rtol=1e-5, atol=1e-4)
 
 
+def test_a_run_sent_while_another_runs_joins_it_at_once(held, adk, reference_results):
+    """No run waits for another's batch to end (one live EnTK workflow): a one-rank run
+    sent while a one-rank run of 20 s is on the pilot ends first, and both are right."""
+    path = held["path"]
+    ref = reference_results(adk[0], [adk[1]], "rmsd")["rmsd"]
+    with trajflow.Pilot.attach("mod", progress=False) as pilot:
+        slow = pilot.submit(adk[0], adk[1], "rmsd", blocks=1, out=str(path / "slow"),
+                            env={"TRAJFLOW_TEST_DELAY": "0:compute:20"})
+        deadline = time.time() + 120
+        while not (path / "slow" / "progress").is_dir() or not any(
+                (path / "slow" / "progress").iterdir()):  # its analyze has begun
+            assert time.time() < deadline and not slow.done(), "the slow run never began"
+            time.sleep(0.2)
+        quick = pilot.submit(adk[0], adk[1], "rmsd", blocks=1, out=str(path / "quick"))
+        np.testing.assert_allclose(quick.result(timeout=120).results.rmsd, ref,
+                                   rtol=1e-5, atol=1e-4)
+        assert not slow.done(), "the second run waited for the first to end"
+        np.testing.assert_allclose(slow.result(timeout=120).results.rmsd, ref,
+                                   rtol=1e-5, atol=1e-4)
+
+
 def test_what_a_held_pilot_cannot_take_is_refused_in_a_second(held, adk):
     env, cwd = held["env"], str(held["path"])
     base = ["run", "--topology", adk[0], "--trajectory", adk[1], "--analysis", "rmsd"]

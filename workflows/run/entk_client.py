@@ -6,6 +6,8 @@ RADICAL-Pilot 1.103 that cost every run time, a core, or a clean folder:
   new_appmanager     AppManager() slept 1 s after starting its ZMQ queue
   pace_entk          three client loops spun a core or slept 10 s
   prompt_rp_listeners  RP's subscribers took up to 0.5 s each to stop
+  LiveWorkflow       AppManager.run() took one fixed set of pipelines: a
+                     run sent meanwhile waited for the whole set to end
   shutdown           EnTK stopped its threads before cancelling the pilot;
                      a local pilot's bootstrapper waited ~4 s for profiles
                      that RP's own bridges never end
@@ -147,6 +149,125 @@ def prompt_rp_listeners(poll_ms=50):
         return get(sock, lock, poll_ms if timeout is None else min(timeout, poll_ms), log, prof)
     prompt_get._trajflow_prompt = True
     Subscriber._get_nowait = staticmethod(prompt_get)
+
+
+class LiveWorkflow:
+    """EnTK's workflow, grown while AppManager.run() runs (see run_live).
+
+    EnTK 1.103's run() takes one set of pipelines, counts them once, and
+    returns when that many have completed: a run sent to a held pilot while
+    another ran waited for the other's whole batch (measured: ten runs from
+    ten clients took 18.6 s, batch after batch). Here pipelines join while
+    EnTK runs. EnTK's threads (its WFprocessor's, its synchronizer, run()'s
+    own loop) iterate the workflow while another thread adds to it, so each
+    iteration is over a snapshot taken under a lock."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._pipelines = []
+        self.closed = False  # no more pipelines will come: run() ends once these have
+
+    def add(self, pipeline):
+        pipeline._validate()  # what AppManager's workflow setter checks of each
+        with self._lock:
+            self._pipelines.append(pipeline)
+
+    def discard(self, pipeline):
+        with self._lock:
+            if pipeline in self._pipelines:
+                self._pipelines.remove(pipeline)
+
+    def close(self):
+        self.closed = True
+
+    def __iter__(self):
+        with self._lock:
+            return iter(list(self._pipelines))
+
+    def __len__(self):
+        with self._lock:
+            return len(self._pipelines)
+
+    def __bool__(self):  # never "no workflow assigned" to run(): it may fill later
+        return True
+
+
+class CompletionFailed(Exception):
+    """run_live's on_completed raised inside EnTK's run(); the original is its __cause__."""
+
+
+def run_live(appman, workflow, on_completed):
+    """appman.run() over a LiveWorkflow, until it is closed and every pipeline in it
+    has completed; `on_completed(pipeline)` is called in this thread as each one
+    completes (it has left the workflow by then). Its loop is EnTK's own
+    (AppManager._run_workflow: restart a dead synchronizer or WFprocessor, resubmit
+    a pilot that ended, up to `reattempts`), but counts pipelines as they come.
+    An exception of on_completed ends run() (EnTK then terminates the pilot), and
+    is raised here as the __cause__ of a CompletionFailed."""
+    from radical.entk import states
+    from radical.entk.exceptions import EnTKError
+
+    def run_workflow():
+        final = appman._rmgr.get_completed_states()
+        while not (workflow.closed and not len(workflow)):
+            if appman._cur_attempt > appman._reattempts or appman._term.is_set():
+                break
+            for pipe in workflow:
+                if pipe.state == states.FAILED:
+                    raise EnTKError("Pipeline %s failed" % pipe.uid)
+                with pipe.lock:
+                    completed = pipe.completed
+                if completed:
+                    workflow.discard(pipe)
+                    try:
+                        on_completed(pipe)
+                    except Exception as exc:
+                        raise CompletionFailed() from exc
+            if _restart_dead_components(appman) | _resubmit_ended_pilot(appman, final):
+                appman._wfp.reset_workflow()
+        if appman._cur_attempt > appman._reattempts:
+            raise EnTKError("Too many failures in synchronizer, wfp or task manager")
+
+    # not its setter, which validates each pipeline in it (LiveWorkflow.add did: a second
+    # validation raises "Task ID ... already exists")
+    appman._workflow = workflow
+    appman._run_workflow = run_workflow  # EnTK's run() calls self._run_workflow()
+    try:
+        appman.run()
+    except Exception as exc:
+        if isinstance(exc.__cause__, CompletionFailed):
+            raise exc.__cause__ from None
+        raise
+    finally:
+        del appman._run_workflow
+
+
+def _restart_dead_components(appman):
+    """What AppManager._run_workflow does when its synchronizer or WFprocessor died."""
+    restarted = False
+    if not appman._sync_thread.is_alive():
+        appman._sync_thread = threading.Thread(target=appman._synchronizer,
+                                               name="synchronizer-thread")
+        appman._sync_thread.start()
+        restarted = True
+    if not appman._wfp.check_processor():
+        appman._wfp.terminate_processor()
+        appman._wfp.start_processor()
+        restarted = True
+    return restarted
+
+
+def _resubmit_ended_pilot(appman, final):
+    """What AppManager._run_workflow does when its pilot has ended: request another,
+    while attempts remain (the call is paced: see pace_entk)."""
+    if appman._rmgr.get_resource_allocation_state() not in final:
+        return False
+    appman._cur_attempt += 1
+    if appman._cur_attempt > appman._reattempts:
+        return False
+    appman._rmgr.submit_resource_request()
+    appman._submit_rts_tmgr(rts_info=appman._rmgr.get_rts_info())
+    return True
 
 
 def shutdown(appman, local=False):

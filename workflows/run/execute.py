@@ -1,7 +1,8 @@
 """Runs on a pilot: the parent's side of the process that holds it.
 
 PilotProcess forks the process holding EnTK's AppManager and the pilot
-(session.py) into a session of its own and hands it batches of runs;
+(session.py) into a session of its own and hands it batches of runs, which
+run side by side as they come;
 `run_plans` is the one-call form campaigns and benchmarks use. How each task
 ended is told by outcomes.py.
 """
@@ -112,7 +113,8 @@ class PilotProcess:
         self._reasons_lock = threading.Lock()
         self._plans = {}  # run name -> plan, of the runs sent and not ended
         self._failure = None  # (kind, text) of the stop asked of the child, if one was
-        self._batch_t0 = time.time()
+        self._batch_t0 = time.time()  # since when the runs in flight have been sent
+        self._batches = 0     # batches sent
 
     def __enter__(self):
         self.start()
@@ -153,49 +155,71 @@ class PilotProcess:
         except KeyboardInterrupt:
             self.interrupt()
 
+    def send_batch(self, requests, one_at_a_time=False, close_after=False):
+        """Hand runs to the child: they start at once, beside the runs already there
+        (`one_at_a_time`: each when the one before it has ended). `close_after`: the
+        last batch; the pilot is cancelled once every run sent has ended. The batch's
+        id, which its report (next_message) carries."""
+        self._batches += 1
+        if not self._plans:  # what the runs in flight record from now on is theirs
+            self._batch_t0 = time.time()
+        self._conn.send(("batch", dict(id=self._batches, requests=requests,
+                                       one_at_a_time=one_at_a_time, close_after=close_after)))
+        self._plans.update({r.name: r.plan for r in requests})
+        self.watchdog.pilot_event("batch")
+        if one_at_a_time:
+            self.watchdog.one_at_a_time([r.name for r in requests])
+        return self._batches
+
+    def next_message(self, timeout=None):
+        """The child's next word of a run, or None after `timeout` s without one:
+        ("ended", (run name, outcomes)) as each run ends, ("report", (batch id,
+        RunReport)) as each batch has. Its failures are raised (see _receive)."""
+        message = self._receive(timeout)
+        if message is not None and message[0] == "ended":
+            self._plans.pop(message[1][0], None)
+            self.watchdog.run_ended(message[1][0])
+        return message
+
     def run_batch(self, requests, one_at_a_time=False, close_after=False, on_run_ended=None):
-        """Run the requests side by side (or `one_at_a_time`); a RunReport.
+        """Run the requests side by side (or `one_at_a_time`) and wait; a RunReport.
 
         `on_run_ended(name, outcomes)` as each run ends. `close_after`: the
         pilot is shut down as soon as the batch has ended, overlapping the
         callbacks still running here.
         """
-        self._conn.send(("batch", dict(requests=requests, one_at_a_time=one_at_a_time,
-                                       close_after=close_after)))
-        self._plans.update({r.name: r.plan for r in requests})
-        self._batch_t0 = time.time()
-        self.watchdog.pilot_event("batch")
-        if one_at_a_time:
-            self.watchdog.one_at_a_time([r.name for r in requests])
+        batch = self.send_batch(requests, one_at_a_time, close_after)
         try:
             while True:
-                kind, payload = self._receive()
-                if kind == "ended":
-                    self._plans.pop(payload[0], None)
-                    self.watchdog.run_ended(payload[0])
+                kind, payload = self.next_message()
                 if kind == "ended" and on_run_ended is not None:
                     try:
                         on_run_ended(*payload)
                     except Exception as exc:  # the pilot still runs: never leave it
                         log.error("after run %s: %s: %s", payload[0], type(exc).__name__, exc)
-                elif kind == "report":
+                elif kind == "report" and payload[0] == batch:
                     if close_after:
                         self._join()
-                    return payload
+                    return payload[1]
         except KeyboardInterrupt:
             self.interrupt()
 
-    def _receive(self):
-        """The child's next message; events go to on_event; its failures raised here.
-        While none comes, the watchdog is asked whether a phase is past its bound."""
+    def _receive(self, timeout=None):
+        """The child's next message (None after `timeout` s without one); events go to
+        on_event; its failures raised here. While none comes, the watchdog is asked
+        whether a phase is past its bound."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             try:
-                while not self._conn.poll(0.5):
+                while not self._conn.poll(0.5 if deadline is None
+                                          else max(0.0, min(0.5, deadline - time.monotonic()))):
                     if not self._child.is_alive():
                         raise EOFError
                     failure = self.watchdog.check()
                     if failure and not self._conn.poll(0):  # what came first is heard first
                         self.stop(failure)
+                    if deadline is not None and time.monotonic() >= deadline:
+                        return None
                 kind, payload = self._conn.recv()
             except EOFError:  # the child is gone without a word
                 self._join()

@@ -16,13 +16,14 @@ submitted, so bad input raises InputError at once, before any pilot. The
 pilot is requested with the first run. Leaving the `with` block normally waits
 for the runs submitted and then cancels the pilot; leaving it by an exception
 or Ctrl-C cancels the pilot at once and ends its tasks (Ctrl-C raises
-Interrupted). EnTK runs one workflow at a time on its pilot: runs submitted in
-a row (each submit starting while the one before is planned or within 0.3 s of
-it) go to the pilot as one batch and run side by side; a run submitted while
-a batch runs starts when that batch has ended.
+Interrupted). Runs submitted in a row (each submit starting while the one
+before is planned or within 0.3 s of it) go to the pilot as one batch; a run
+submitted while others run joins them at once (one live EnTK workflow,
+entk_client.LiveWorkflow): runs side by side share the pilot's cores.
 """
 import concurrent.futures
 import dataclasses
+import logging
 import os
 import threading
 import time
@@ -41,7 +42,12 @@ from trajflow.workflows.run.runs import Run
 from trajflow.workflows.run.signals import stop_on_signals
 from trajflow.workflows.run.spec import PilotSpec, RunSpec, spelled, split_options, takes_options
 
+log = logging.getLogger(__name__)
+
 COALESCE_S = 0.3  # runs submitted this close together go to the pilot as one batch
+DISPATCH_POLL_S = 0.05  # while runs are on the pilot, how soon a new submit is handed over
+
+
 class RunFuture(concurrent.futures.Future):
     """A run submitted to a Pilot: ``.result()`` waits and gives its Run (or raises
     RunFailed / Interrupted), ``.done()``, ``.cancel()`` (True only while it
@@ -325,71 +331,92 @@ class Pilot:
         return name
 
     def _dispatch(self):
-        """The pilot's side: hand waiting runs over as one batch, resolve their futures."""
-        while True:
-            with self._cond:
-                while not self._pending and not self._closing:
-                    self._cond.wait()
-                if not self._pending:
-                    return
-                # a script's submits in a row go together: while one is being planned
-                # (seconds, for a large input) and for coalesce_s after the last
-                while not self._closing and (self._planning or
-                                             time.time() - self._last_submit < self.coalesce_s):
-                    self._cond.wait(self.coalesce_s)
-                batch = [f for f in self._pending if f.set_running_or_notify_cancel()]
-                self._pending.clear()
-                last = self._closing  # no more runs: the pilot ends with this batch
-            if not batch:
-                continue
-            self._running.update({f.request.name: f for f in batch})
-            for f in batch:  # its wait behind the runs before it ends here
-                try:
-                    record_dispatched(f.request.plan.workdir)
-                except Exception:  # noqa: a moment of its profile never stops a run
-                    pass
-            try:
-                self._process.run_batch([f.request for f in batch], close_after=last,
-                                        on_run_ended=self._ended)
-            except BaseException as exc:  # the pilot is gone: every run not ended fails with it
-                self._broken = exc
-                with self._cond:
-                    batch += [f for f in self._pending if f.set_running_or_notify_cancel()]
-                    self._pending.clear()
-                for f in batch:
-                    if f.done():
-                        continue
-                    run = Run(f.path, trust=True)  # complete on disk before the pilot went: done
-                    if run.ok:
-                        f.set_result(run)
-                        continue
-                    why = f"{exc}"
-                    if run.outcome is None and f.running():  # the child died: say so on disk
-                        note = full_disk_note(f.request.plan)
-                        why += f"; {note}" if note else ""
+        """The pilot's side: hand runs over as they come (those submitted together as
+        one batch), beside the runs already on the pilot; resolve each run's future
+        as it ends."""
+        in_flight = {}  # batch id -> its RunFutures
+        try:
+            while True:
+                batch, last = self._take_batch(wait=not in_flight)
+                if batch:
+                    self._running.update({f.request.name: f for f in batch})
+                    for f in batch:  # its wait behind the runs before it ends here
                         try:
-                            record_outcome(f.request.plan.workdir, "failed", why)
-                        except OSError as err:  # a full disk: the run still fails, said here
-                            why += f" (its outcome.json could not be written: {err})"
-                    elif not isinstance(exc, (Interrupted, KeyboardInterrupt)):
-                        try:  # its outcome written, then the pilot failed: both are its story
-                            add_to_failure(f.request.plan.workdir, why)
-                        except OSError:
+                            record_dispatched(f.request.plan.workdir)
+                        except Exception:  # noqa: a moment of its profile never stops a run
                             pass
-                    # a lost pilot fails its runs as any failure does (a RunFailed with the run)
-                    if isinstance(exc, (Interrupted, KeyboardInterrupt)):
-                        f.set_exception(exc)
-                    else:
-                        failed = RunFailed(f"run {f.request.name} failed: {why}", run=Run(f.path, trust=True))
-                        failed.__cause__ = exc
-                        f.set_exception(failed)
-                return
-            for f in batch:  # ended without a word from the pilot (it should not happen)
-                if not f.done():
-                    f.set_exception(RunFailed(f"run {f.request.name} ended without an outcome",
-                                              run=Run(f.path, trust=True)))
-            if last:
-                return
+                    in_flight[self._process.send_batch([f.request for f in batch],
+                                                       close_after=last)] = batch
+                elif last and not in_flight:
+                    return
+                message = self._process.next_message(timeout=DISPATCH_POLL_S)
+                if message is None:
+                    continue
+                kind, payload = message
+                if kind == "ended":
+                    try:
+                        self._ended(*payload)
+                    except Exception as exc:  # noqa: the pilot still runs: never leave it
+                        log.error("after run %s: %s: %s", payload[0], type(exc).__name__, exc)
+                elif kind == "report":
+                    for f in in_flight.pop(payload[0], []):
+                        if not f.done():  # ended without a word from the pilot (it should not)
+                            f.set_exception(RunFailed(f"run {f.request.name} ended without an "
+                                                      "outcome", run=Run(f.path, trust=True)))
+        except BaseException as exc:  # the pilot is gone: every run not ended fails with it
+            self._broken = exc
+            with self._cond:
+                pending = [f for f in self._pending if f.set_running_or_notify_cancel()]
+                self._pending.clear()
+            self._fail_all([f for b in in_flight.values() for f in b] + pending, exc)
+
+    def _take_batch(self, wait):
+        """([RunFuture], whether the pilot is closing) of the runs waiting. `wait`: until
+        one comes (nothing is on the pilot); else none while a script's submits in a row
+        are still coming (one is being planned, or came under coalesce_s ago)."""
+        with self._cond:
+            while wait and not self._pending and not self._closing:
+                self._cond.wait()
+            while self._pending and not self._closing and (
+                    self._planning or time.time() - self._last_submit < self.coalesce_s):
+                if not wait:
+                    return [], False
+                self._cond.wait(self.coalesce_s)
+            batch = [f for f in self._pending if f.set_running_or_notify_cancel()]
+            self._pending.clear()
+            return batch, self._closing
+
+    def _fail_all(self, futures, exc):
+        """The pilot is gone (`exc`): each run not ended fails with it, or is done if its
+        result was complete on disk before."""
+        for f in futures:
+            if f.done():
+                continue
+            run = Run(f.path, trust=True)  # complete on disk before the pilot went: done
+            if run.ok:
+                f.set_result(run)
+                continue
+            why = f"{exc}"
+            if run.outcome is None and f.running():  # the child died: say so on disk
+                note = full_disk_note(f.request.plan)
+                why += f"; {note}" if note else ""
+                try:
+                    record_outcome(f.request.plan.workdir, "failed", why)
+                except OSError as err:  # a full disk: the run still fails, said here
+                    why += f" (its outcome.json could not be written: {err})"
+            elif not isinstance(exc, (Interrupted, KeyboardInterrupt)):
+                try:  # its outcome written, then the pilot failed: both are its story
+                    add_to_failure(f.request.plan.workdir, why)
+                except OSError:
+                    pass
+            # a lost pilot fails its runs as any failure does (a RunFailed with the run)
+            if isinstance(exc, (Interrupted, KeyboardInterrupt)):
+                f.set_exception(exc)
+            else:
+                failed = RunFailed(f"run {f.request.name} failed: {why}",
+                                   run=Run(f.path, trust=True))
+                failed.__cause__ = exc
+                f.set_exception(failed)
 
     def _ended(self, name, outcomes):
         future = self._running.pop(name)

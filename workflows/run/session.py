@@ -1,11 +1,13 @@
 """The process that holds the pilot (the child of PilotProcess, execute.py).
 
 It owns one RADICAL session at a time (EnTK's AppManager and its pilot),
-serves batches of runs sent by its parent, and tells the parent every event
-and every run's end. It stops on SIGINT (its parent's interrupt, or its
+serves the batches of runs its parent sends, side by side on one live EnTK
+workflow (a batch never waits for another to end), and tells the parent
+every event, every run's end and every batch's report. It stops on SIGINT (its parent's interrupt, or its
 client's death seen by the heartbeat) by cancelling the pilot in order, and
 never takes longer than SHUTDOWN_LIMIT_S to stop.
 """
+import dataclasses
 import json
 import logging
 import os
@@ -21,9 +23,9 @@ from trajflow.tasks.placement import (node_cpus, pin_to, RADICAL_TIMER_SLACK_NS,
 from trajflow.tasks.rundir import open_in_run, record_outcome
 from trajflow.workflows.run import resources
 from trajflow.workflows.run.batch import BATCH_JOB, lost_nodes_of_job
-from trajflow.workflows.run.entk_client import (new_appmanager, reap_local_tasks,
-                                                remove_id_counters, remove_local_sandbox, shutdown,
-                                                working_dir)
+from trajflow.workflows.run.entk_client import (CompletionFailed, LiveWorkflow, new_appmanager, reap_local_tasks,
+                                                remove_id_counters, remove_local_sandbox, run_live,
+                                                shutdown, working_dir)
 from trajflow.workflows.run.heartbeat import (CLOSED, DEFAULT_CLIENT_TIMEOUT_S,
                                               guard_bootstrap_command, Heartbeat, heartbeat_period,
                                               record_session)
@@ -48,7 +50,7 @@ _PILOT_FAILED = [None]      # what RADICAL-Pilot said when it ended the child's 
 
 def serve(conn, pilot, session_root, parent_end, client_pid, client_timeout, keep_sandbox,
           bounds, reasons):
-    """The child: one RADICAL session, batches of runs until "close" (or a Ctrl-C).
+    """The child: one RADICAL session, runs as they come until "close" (or a Ctrl-C).
 
     While its client (the parent) lives, it touches the session's heartbeat,
     which the pilot's guard watches (`client_timeout` s; 0: no guard); when the
@@ -79,33 +81,20 @@ def serve(conn, pilot, session_root, parent_end, client_pid, client_timeout, kee
     os.environ.setdefault("RADICAL_REPORT", "FALSE")
     session = _Session(conn, pilot, session_root, client_pid, client_timeout, keep_sandbox,
                        bounds["start"])
+    runs = _Runs(session, conn)
     ending = ("closed", None)
-    in_flight = []  # the plans of the batch being run: their partial files go at the end
     try:
         with working_dir(session_root):
             session.open()
-            lost = None  # why the pilot is gone, once EnTK gave up
-            while True:
-                kind, batch = conn.recv()
-                if kind == "close":
-                    break
-                if kind == "warmup":
-                    _warm_up(session, conn)
-                    _send(conn, ("warm", None))
-                    continue
-                in_flight[:] = [r.plan for r in batch["requests"]]
-                report, lost = _run_batch(session, lost, conn, **batch)
-                in_flight.clear()
-                if batch["close_after"]:  # the report goes once the pilot is cancelled
-                    ending = ("report", report)
-                    break
-                _send(conn, ("report", report))
+            threading.Thread(target=runs.receive, name="trajflow-batches", daemon=True).start()
+            ending = runs.serve()
     except BaseException as exc:  # noqa: the parent must hear of every ending
         failed = _PILOT_FAILED[0] or _stop_reason().get("kind") == "failed"
         ending = (("error", _interrupted_text()) if failed
                   else ("interrupted", _interrupted_text()) if _was_interrupted(exc)
                   else ("error", f"{type(exc).__name__}: {exc}"))
     finally:
+        in_flight = runs.plans_in_flight()  # their partial files go at the end
         # bounded: a failed session close (ENOSPC, seen) once left this process waiting
         # forever on RADICAL's proxy process in multiprocessing's exit hook
         watchdog = threading.Timer(SHUTDOWN_LIMIT_S, _give_up, args=(session_root, in_flight))
@@ -362,24 +351,9 @@ def _send(conn, message):
         conn.send(message)
 
 
-def _warm_up(session, conn):
-    """Start the pilot now and run one empty task on it (`/bin/true`): a held pilot is
-    active, and its agent has launched a task, before its first run is sent. A pilot
-    whose start hung is replaced once, as a batch's is."""
-    while True:
-        session.appman.workflow = {_empty_pipeline()}
-        try:
-            session.appman.run()
-            return
-        except Exception as exc:
-            if _was_interrupted(exc) or not session.watch.hung or session.renewed:
-                raise
-            _send(conn, ("event", ("pilot", None, "restarted",
-                                   f"{session.watch.hung}; starting another")))
-            session.renew()
-
-
 def _empty_pipeline():
+    """A held pilot's warm-up: one `/bin/true`, so that the pilot is active and its
+    agent has launched a task before the first run comes."""
     import radical.entk as re
     task = re.Task()
     task.name = "warmup"
@@ -395,78 +369,233 @@ def _empty_pipeline():
     return pipeline
 
 
-def _run_batch(session, lost, conn, requests, one_at_a_time, close_after):
-    """Run one batch on the session's AppManager: (RunReport, why the pilot is gone
-    or None). A pilot whose start hung (see pilot_start) is replaced once, by a
-    new session: nothing of the batch had run on it."""
-    t0 = time.time()
-    python = resources.task_python(session.pilot["resource"])
+@dataclasses.dataclass
+class _Batch:
+    """Runs the parent sent together: its report goes once all of them have ended
+    (a `close_after` batch's once the pilot is cancelled)."""
+    id: int = 0
+    requests: list = dataclasses.field(default_factory=list)
+    one_at_a_time: bool = False   # each run's pipeline joins when the one before has ended
+    close_after: bool = False     # the last batch: the pilot ends with it
+    warmup: bool = False          # the held pilot's warm-up, an empty task
+    t0: float = dataclasses.field(default_factory=time.time)
+    waiting: list = dataclasses.field(default_factory=list)  # requests not started yet
+    pipelines: dict = dataclasses.field(default_factory=dict)  # run name -> RunPipeline
+    outcomes: list = dataclasses.field(default_factory=list)
+    errors: dict = dataclasses.field(default_factory=dict)
+    ended: set = dataclasses.field(default_factory=set)
 
-    def event(run_name):  # called from EnTK's thread, which runs the stages' post_exec
-        return lambda stage, kind, text: _send(conn, ("event", (run_name, stage, kind, text)))
+    @property
+    def done(self):
+        return len(self.ended) == len(self.requests) and not self.warmup
 
-    def pipeline(r):
-        return RunPipeline(r.plan, r.plan_path, python, r.name, r.retries,
-                           remaining_specs(r.plan, r.plan_path) if r.resume else None,
-                           {**agent_env, **(r.env or {})}, on_event=event(r.name))
-    agent_env = resources.agent_environment(session.pilot["resource"])
-    pipelines = {r.name: pipeline(r) for r in requests}
-    batches = [[r] for r in requests] if one_at_a_time else [list(requests)]
-    for r in requests:  # a later --resume finds this pilot here, should its client die
-        record_session(r.plan.workdir, session.dir)
-    outcomes, errors, ended = [], {}, set()
-    wait_until = []  # one wait for the batch system's word on lost nodes, for all runs
-    try:
-        for batch in batches:
-            if lost:  # EnTK gave up on an earlier batch and took the pilot with it
-                errors.update({r.name: f"not run: {lost}" for r in batch})
-                continue
-            while True:
-                session.appman.workflow = set(pipelines[r.name].pipeline for r in batch)
-                try:
-                    session.appman.run()
-                except Exception as exc:
-                    if _was_interrupted(exc):
-                        raise
-                    hung = session.watch.hung
-                    if hung and not session.renewed:
-                        _send(conn, ("event", ("pilot", None, "restarted",
-                                               f"{hung}; starting another")))
-                        session.renew()
-                        pipelines.update({r.name: pipeline(r) for r in requests
-                                          if r.name not in ended})
-                        for r in requests:
-                            record_session(r.plan.workdir, session.dir)
-                        continue
-                    lost = hung or f"EnTK failed: {type(exc).__name__}: {exc}"
-                    errors.update({r.name: lost for r in batch})
+
+class _Runs:
+    """The parent's runs on the session's pilot, on one live EnTK workflow.
+
+    A batch's pipelines join the workflow the moment it arrives, beside the
+    pipelines already running (a run never waits for another batch to end);
+    each run is collected, its outcome written and the parent told, as its
+    pipeline completes. The main thread runs EnTK (`serve`); the batches come
+    on the receiver thread (`receive`). A pilot whose start hung is replaced
+    once, with a new session, and the runs not ended start again on it."""
+
+    def __init__(self, session, conn):
+        self.session, self.conn = session, conn
+        self.lock = threading.RLock()
+        self.workflow = LiveWorkflow()
+        self.batches = []      # not yet reported
+        self.by_pipeline = {}  # EnTK pipeline uid -> (batch, request or None: a warm-up)
+        self.lost = None       # why the pilot is gone, once EnTK gave up
+        self.wait_until = []   # one wait for the batch system's word on lost nodes, for all
+        self.closing = threading.Event()
+        self.python = resources.task_python(session.pilot["resource"])
+        self.agent_env = resources.agent_environment(session.pilot["resource"])
+
+    # --- the receiver thread -------------------------------------------------
+    def receive(self):
+        """The parent's messages: batches join the workflow; "close" (or the parent's
+        end) closes it, and EnTK's run() then ends with the runs in it."""
+        while True:
+            try:
+                kind, batch = self.conn.recv()
+            except (EOFError, OSError):
+                kind, batch = "close", None
+            if kind == "close":
+                self._close()
+                return
+            self.add(_Batch(warmup=True) if kind == "warmup" else _Batch(**batch))
+
+    def add(self, batch):
+        with self.lock:
+            self.batches.append(batch)
+            if batch.warmup:
+                pipeline = _empty_pipeline()
+                self.by_pipeline[pipeline.uid] = (batch, None)
+                self.workflow.add(pipeline)
+            else:
+                for r in batch.requests:  # a later --resume finds this pilot here, should
+                    record_session(r.plan.workdir, self.session.dir)  # its client die
+                started = batch.requests[:1] if batch.one_at_a_time else batch.requests
+                batch.waiting = list(batch.requests[len(started):])
+                for r in started:
+                    self._start(batch, r)
+            if batch.close_after:
+                self._close()
+        if self.lost:  # EnTK gave up on the pilot already: nothing runs
+            self._fail_unfinished(self.lost, not_run=True)
+
+    def _start(self, batch, r):
+        if self.lost:
+            batch.waiting.append(r)
+            return
+        run = RunPipeline(r.plan, r.plan_path, self.python, r.name, r.retries,
+                          remaining_specs(r.plan, r.plan_path) if r.resume else None,
+                          {**self.agent_env, **(r.env or {})}, on_event=self._event(r.name))
+        batch.pipelines[r.name] = run
+        self.by_pipeline[run.pipeline.uid] = (batch, r)
+        self.workflow.add(run.pipeline)
+
+    def _event(self, run_name):  # called from EnTK's thread, which runs the stages' post_exec
+        return lambda stage, kind, text: _send(self.conn, ("event", (run_name, stage, kind,
+                                                                     text)))
+
+    def _close(self):
+        self.closing.set()
+        self.workflow.close()
+
+    # --- the main thread -----------------------------------------------------
+    def serve(self):
+        """Run EnTK until the workflow is closed and has ended; the ending to send."""
+        while True:
+            try:
+                run_live(self.session.appman, self.workflow, self._completed)
                 break
-            for r in batch:
-                disk = full_disk_note(r.plan)  # before the partial files give space back
-                remove_partial_files(r.plan)    # first: a full disk fails what follows
-                done = collect(r.name, r.plan, pipelines[r.name])
-                outcomes += done
-                node = ("" if os.path.exists(r.plan.result_path())
-                        else _lost_nodes_after(done, wait_until))
-                write_outcome(r.plan, done, pipelines[r.name].stopped_at, errors.get(r.name),
-                              "; ".join(filter(None, [disk, node])))
-                ended.add(r.name)
-                _send(conn, ("ended", (r.name, done)))
-    except BaseException as exc:
-        if _was_interrupted(exc):  # the runs that had not ended say so on disk
-            for r in requests:
-                if r.name in ended:
+            except CompletionFailed as exc:  # trajflow's own collection (a full disk)
+                raise exc.__cause__
+            except Exception as exc:
+                if _was_interrupted(exc):
+                    self._record_interrupted()
+                    raise
+                hung = self.session.watch.hung
+                if hung and not self.session.renewed:
+                    _send(self.conn, ("event", ("pilot", None, "restarted",
+                                                f"{hung}; starting another")))
+                    self._renew()
                     continue
-                if os.path.exists(r.plan.result_path()):  # published before the interrupt came
-                    record_outcome(r.plan.workdir, "done", note=f"{_interrupted_text()} after the "
-                                   "result was complete")
+                self.lost = hung or f"EnTK failed: {type(exc).__name__}: {exc}"
+                self._fail_unfinished(self.lost)
+                break
+        if self.lost and any(b.warmup for b in self.batches):
+            raise RuntimeError(self.lost)  # the held pilot never came up
+        while self.lost and not self.closing.wait(0.5):
+            pass  # batches still coming are failed as they come, until "close"
+        return self._final_report()
+
+    def _renew(self):
+        """A new session, and the runs not ended start again on it (nothing of
+        them had run on a pilot whose start hung)."""
+        with self.lock:
+            self.session.renew()
+            self.workflow = LiveWorkflow()
+            if self.closing.is_set():
+                self.workflow.close()
+            self.by_pipeline.clear()
+            for batch in self.batches:
+                if batch.warmup:
+                    pipeline = _empty_pipeline()
+                    self.by_pipeline[pipeline.uid] = (batch, None)
+                    self.workflow.add(pipeline)
+                    continue
+                for r in batch.requests:
+                    record_session(r.plan.workdir, self.session.dir)
+                    if r.name in batch.pipelines and r.name not in batch.ended:
+                        self._start(batch, r)
+
+    def _completed(self, pipeline):
+        """EnTK's pipeline has completed (in EnTK's run(), this thread)."""
+        with self.lock:
+            batch, r = self.by_pipeline.pop(pipeline.uid)
+        if r is None:
+            with self.lock:
+                self.batches.remove(batch)
+            _send(self.conn, ("warm", None))
+            return
+        self._finish(batch, r)
+        with self.lock:
+            if batch.waiting and not self.lost:
+                self._start(batch, batch.waiting.pop(0))
+        self._report_if_done(batch)
+
+    def _finish(self, batch, r, error=None):
+        """One run has ended: its files collected, its outcome written, the parent told."""
+        disk = full_disk_note(r.plan)  # before the partial files give space back
+        remove_partial_files(r.plan)    # first: a full disk fails what follows
+        run = batch.pipelines.get(r.name)
+        done = collect(r.name, r.plan, run) if run is not None else []
+        batch.outcomes += done
+        if error:
+            batch.errors[r.name] = error
+        node = ("" if os.path.exists(r.plan.result_path())
+                else _lost_nodes_after(done, self.wait_until))
+        write_outcome(r.plan, done, run.stopped_at if run else None, error,
+                      "; ".join(filter(None, [disk, node])))
+        batch.ended.add(r.name)
+        _send(self.conn, ("ended", (r.name, done)))
+
+    def _fail_unfinished(self, why, not_run=False):
+        """EnTK gave up (and took the pilot): every run not ended ends with `why`."""
+        with self.lock:
+            for batch in [b for b in self.batches if not b.warmup]:
+                for r in batch.requests:
+                    if r.name not in batch.ended:
+                        started = r.name in batch.pipelines and not not_run
+                        self._finish(batch, r, why if started else f"not run: {why}")
+                batch.waiting.clear()
+                self._report_if_done(batch)
+
+    def _report_if_done(self, batch):
+        if not batch.done or batch.close_after:  # the last batch's report goes at the end
+            return
+        with self.lock:
+            if batch not in self.batches:
+                return
+            self.batches.remove(batch)
+        _send(self.conn, ("report", (batch.id, self._report(batch))))
+
+    def _report(self, batch):
+        results = {}
+        for r in batch.requests:
+            path = r.plan.result_path()
+            results[r.name] = path if os.path.exists(path) and r.name not in batch.errors \
+                else None
+        stopped = {name: run.stopped_at for name, run in batch.pipelines.items()}
+        peak = getrusage(RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+        return RunReport(batch.outcomes, results, self.session.dir, time.time() - batch.t0,
+                         stopped, peak, batch.errors)
+
+    def _final_report(self):
+        """("report", (id, report)) of a `close_after` batch, sent once the pilot is
+        cancelled; else ("closed", None)."""
+        with self.lock:
+            last = [b for b in self.batches if b.close_after and b.done]
+        return ("report", (last[0].id, self._report(last[0]))) if last else ("closed", None)
+
+    def _record_interrupted(self):
+        """Interrupted: the runs that had not ended say so on disk."""
+        with self.lock:
+            batches = [b for b in self.batches if not b.warmup]
+        for batch in batches:
+            for r in batch.requests:
+                if r.name in batch.ended:
+                    continue
+                if os.path.exists(r.plan.result_path()):  # published before the interrupt
+                    record_outcome(r.plan.workdir, "done", note=f"{_interrupted_text()} after "
+                                   "the result was complete")
                 else:
                     record_outcome(r.plan.workdir, "failed", _interrupted_text())
-        raise
-    results = {}
-    for r in requests:
-        path = r.plan.result_path()
-        results[r.name] = path if os.path.exists(path) and r.name not in errors else None
-    stopped = {name: run.stopped_at for name, run in pipelines.items()}
-    peak = getrusage(RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
-    return RunReport(outcomes, results, session.dir, time.time() - t0, stopped, peak, errors), lost
+
+    def plans_in_flight(self):
+        with self.lock:
+            return [r.plan for b in self.batches if not b.warmup for r in b.requests
+                    if r.name not in b.ended]
