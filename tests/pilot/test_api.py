@@ -225,27 +225,30 @@ def test_the_profile_names_an_injected_straggler(pilot, adk):
 
 
 def test_a_run_behind_another_says_so_in_its_one_wall_time(pilot, adk):
-    """A run submitted while another's batch runs waits in the pilot's queue: that wait
-    is a part of its wall time of its own, and the summary, `inspect` and `runs`
-    (Run.wall_s) give the same whole."""
+    """A run submitted while another holds the pilot's cores goes to the pilot at once
+    (it does not wait for the other's batch to end) and waits in the agent's scheduler
+    for cores: that wait is a part of its wall time of its own, and the summary,
+    `inspect` and `runs` (Run.wall_s) give the same whole."""
     p, path = pilot
     # both ranks delayed: with a dynamic schedule either may analyse every chunk
     first = p.submit(adk[0], adk[1], "rmsd", blocks=2,
                      env={"TRAJFLOW_TEST_DELAY": "0:compute:4,1:compute:4"},
                      out=str(path / "ahead"))
     deadline = time.time() + 300
-    while not first.running() and time.time() < deadline:  # its batch has gone to the pilot
-        time.sleep(0.05)
+    while not os.path.exists(os.path.join(first.path, "progress", "started.analyze")):
+        assert time.time() < deadline and not first.done(), "the first run never began"
+        time.sleep(0.05)  # its ranks hold both cores now
     second = p.submit(adk[0], adk[1], "rmsd", blocks=2, out=str(path / "behind"))
     ahead, behind = first.result(timeout=600), second.result(timeout=600)
     wall = behind.profile.report["advice"]["behind"]["times"]["wall"]
-    assert wall["parts"]["in the pilot's queue"] >= 2.0, wall
+    waited = wall["parts"].get("in the agent's scheduler", 0.0)
+    assert waited >= 2.0, wall
+    assert wall["parts"]["in the pilot's queue"] < 1.0, wall  # handed over at once
     assert wall["whole"] == pytest.approx(behind.wall_s, abs=1e-6)
     assert sum(wall["parts"].values()) == pytest.approx(behind.wall_s, abs=1e-6)
-    queued = wall["parts"]["in the pilot's queue"]
-    assert f"{queued:.1f} s in the pilot's queue" in behind.summary()
+    assert f"{waited:.1f} s in the agent's scheduler" in behind.summary()
     assert ahead.profile.report["advice"]["ahead"]["times"]["wall"]["parts"].get(
-        "in the pilot's queue", 0.0) < queued / 2
+        "in the agent's scheduler", 0.0) < waited / 2
 
 
 def test_the_example_script_runs_end_to_end(tmp_path, adk, solvated, reference_results):
