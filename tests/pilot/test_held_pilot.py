@@ -255,37 +255,53 @@ def test_a_campaign_runs_on_the_held_pilot_it_names(held, reference_results):
     assert 'walltime beside pilot = "mod"' in opt.stderr
 
 
-def test_a_clients_ctrl_c_leaves_the_pilot_serving(held, adk, reference_results):
-    """A run whose client is interrupted goes on in the pilot to its end (EnTK runs a
-    begun workflow whole); the pilot then serves the next run."""
+def test_a_clients_ctrl_c_stops_its_run_only_and_resume_finishes_it(held, adk,
+                                                                    reference_results):
+    """A run whose client is interrupted is stopped in the pilot (its running ranks
+    cancelled), not run to its end; a run beside it goes on; the pilot serves the
+    next run, and `--resume` on the held pilot finishes the stopped one."""
     path = held["path"]
-    # 25 s: the resume below must come while the run still runs, on a loaded machine too;
+    ref = reference_results(adk[0], [adk[1]], "rmsd")["rmsd"]
     # on both ranks: with a dynamic schedule the rank that starts first may claim every
     # chunk, and the other computes nothing (seen: rank 1 analysed all 98 frames)
-    env = {**held["env"], "TRAJFLOW_TEST_DELAY": "0:compute:25,1:compute:25"}
-    client = subprocess.Popen([TRAJFLOW, "run", "--topology", adk[0], "--trajectory", adk[1],
-                               "--analysis", "rmsd", "--pilot", "mod", "--out",
-                               str(path / "ctrlc")], env=env, cwd=str(path),
-                              start_new_session=True, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and not (path / "ctrlc" / "plan.json").exists():
-        time.sleep(0.2)
-    time.sleep(2)
-    os.killpg(client.pid, signal.SIGINT)
-    out = client.communicate(timeout=120)[0]
-    assert client.returncode == 130, out
-    assert "1 run(s) sent to the held pilot mod: cancelled there if they had not begun" in out
-    # the folder stays locked while its run goes on in the holder (the lock was handed over):
-    # a resume beside it would remove the files its tasks are writing
-    beside = _trajflow(["run", "--resume", str(path / "ctrlc")], held["env"], str(path),
-                       check=2)
-    assert "is in use by another trajflow run" in beside.stderr
-    after = trajflow.run(adk[0], adk[1], "rmsd", pilot="mod", progress=False,
-                         out=str(path / "after_ctrlc"))
-    np.testing.assert_allclose(after.results.rmsd,
-                               reference_results(adk[0], [adk[1]], "rmsd")["rmsd"],
-                               rtol=1e-5, atol=1e-4)
+    env = {**held["env"], "TRAJFLOW_TEST_DELAY": "0:compute:60,1:compute:60"}
+    with trajflow.Pilot.attach("mod", progress=False) as pilot:
+        beside = pilot.submit(adk[0], adk[1], "rmsd", blocks=1, out=str(path / "beside"),
+                              env={"TRAJFLOW_TEST_DELAY": "0:compute:8"})
+        client = subprocess.Popen([TRAJFLOW, "run", "--topology", adk[0], "--trajectory",
+                                   adk[1], "--analysis", "rmsd", "--blocks", "1", "--pilot",
+                                   "mod", "--out", str(path / "ctrlc")], env=env,
+                                  cwd=str(path), start_new_session=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        started = path / "ctrlc" / "progress" / "started.analyze"
+        deadline = time.time() + 120
+        while not started.exists():  # its rank runs (and sleeps its 60 s) now
+            assert time.time() < deadline and client.poll() is None, "the run never began"
+            time.sleep(0.2)
+        # its folder is locked while its run goes on: a resume beside it would remove the
+        # files its tasks are writing
+        refused = _trajflow(["run", "--resume", str(path / "ctrlc")], held["env"], str(path),
+                            check=2)
+        assert "is in use by another trajflow run" in refused.stderr
+        os.killpg(client.pid, signal.SIGINT)
+        out = client.communicate(timeout=120)[0]
+        assert client.returncode == 130, out
+        assert "1 run(s) sent to the held pilot mod: cancelled there" in out
+        outcome = path / "ctrlc" / "outcome.json"
+        deadline = time.time() + 120
+        said = {}
+        while said.get("status") != "failed" or said.get("provisional"):  # (its hand-over's)
+            assert time.time() < deadline, f"the held pilot did not stop the run: {said}"
+            time.sleep(0.5)
+            said = json.loads(outcome.read_text()) if outcome.exists() else {}
+        assert "cancelled: its client left" in said["error"] and said["stopped_at"] == "analyze"
+        assert not (path / "ctrlc" / "result.h5").exists()
+        np.testing.assert_allclose(beside.result(timeout=120).results.rmsd, ref,
+                                   rtol=1e-5, atol=1e-4)  # the run beside it went on
+    _trajflow(["run", "--resume", str(path / "ctrlc"), "--pilot", "mod", "--quiet"],
+              held["env"], str(path), check=0)
+    with h5py.File(path / "ctrlc" / "result.h5", "r") as f:
+        np.testing.assert_allclose(f["rmsd"][:], ref, rtol=1e-5, atol=1e-4)
 
 
 def test_a_held_pilot_ends_when_idle_and_when_its_holder_dies(tmp_path, adk):

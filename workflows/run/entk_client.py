@@ -8,6 +8,8 @@ RADICAL-Pilot 1.103 that cost every run time, a core, or a clean folder:
   prompt_rp_listeners  RP's subscribers took up to 0.5 s each to stop
   LiveWorkflow       AppManager.run() took one fixed set of pipelines: a
                      run sent meanwhile waited for the whole set to end
+  cancel_tasks       EnTK could not cancel one run's tasks: its stage never
+                     completed with a CANCELED task in it
   shutdown           EnTK stopped its threads before cancelling the pilot;
                      a local pilot's bootstrapper waited ~4 s for profiles
                      that RP's own bridges never end
@@ -17,6 +19,7 @@ the code it expects is not there.
 """
 import contextlib
 import glob
+import logging
 import os
 import queue as std_queue
 import re
@@ -25,9 +28,12 @@ import signal
 import threading
 import time
 import types
+import weakref
 
 from trajflow.tasks.client_guard import remove_task_tmp
 from trajflow.tasks import procfs
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -68,6 +74,7 @@ def new_appmanager(resource_desc, **kwargs):
     appman.resource_desc = resource_desc
     pace_entk(appman)
     prompt_rp_listeners()
+    cancellable_tasks()
     return appman
 
 
@@ -268,6 +275,44 @@ def _resubmit_ended_pilot(appman, final):
     appman._rmgr.submit_resource_request()
     appman._submit_rts_tmgr(rts_info=appman._rmgr.get_rts_info())
     return True
+
+
+_TASK_MANAGERS = weakref.WeakSet()  # RADICAL-Pilot's TaskManagers made in this process
+
+
+def cancellable_tasks():
+    """Let one run's tasks be cancelled while other runs go on (a held pilot's client's
+    Ctrl-C). EnTK 1.103 offers no cancel: its RADICAL-Pilot TaskManager is a local
+    of its task-manager thread, so each one made is remembered here (cancel_tasks);
+    and a stage completes only when each task is DONE or FAILED, so a CANCELED task
+    would have left its run's pipeline waiting for ever: it counts as ended too."""
+    import radical.pilot as rp
+    from radical.entk import states
+    from radical.entk.stage import Stage
+    init = rp.TaskManager.__init__
+    if not getattr(init, "_trajflow_remembered", False):
+        def remembered_init(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            _TASK_MANAGERS.add(self)
+        remembered_init._trajflow_remembered = True
+        rp.TaskManager.__init__ = remembered_init
+    complete = Stage._check_stage_complete
+    if not getattr(complete, "_trajflow_cancelled", False):
+        def complete_or_cancelled(self):
+            return all(task.state in (states.DONE, states.FAILED, states.CANCELED)
+                       for task in self._tasks)
+        complete_or_cancelled._trajflow_cancelled = True
+        Stage._check_stage_complete = complete_or_cancelled
+
+
+def cancel_tasks(uids):
+    """Ask RADICAL-Pilot to cancel these tasks (EnTK's task uids are RP's): the agent
+    ends their processes, and they come back CANCELED. It does not wait."""
+    for tmgr in list(_TASK_MANAGERS):
+        try:
+            tmgr.cancel_tasks(list(uids))
+        except Exception as exc:  # noqa: a closed task manager; the others are asked all the same
+            log.warning("cancelling tasks %s: %s: %s", ", ".join(uids), type(exc).__name__, exc)
 
 
 def shutdown(appman, local=False):

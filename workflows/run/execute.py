@@ -115,6 +115,7 @@ class PilotProcess:
         self._failure = None  # (kind, text) of the stop asked of the child, if one was
         self._batch_t0 = time.time()  # since when the runs in flight have been sent
         self._batches = 0     # batches sent
+        self._send_lock = threading.Lock()
 
     def __enter__(self):
         self.start()
@@ -163,13 +164,22 @@ class PilotProcess:
         self._batches += 1
         if not self._plans:  # what the runs in flight record from now on is theirs
             self._batch_t0 = time.time()
-        self._conn.send(("batch", dict(id=self._batches, requests=requests,
-                                       one_at_a_time=one_at_a_time, close_after=close_after)))
+        with self._send_lock:  # (a cancel comes from another thread)
+            self._conn.send(("batch", dict(id=self._batches, requests=requests,
+                                           one_at_a_time=one_at_a_time,
+                                           close_after=close_after)))
         self._plans.update({r.name: r.plan for r in requests})
         self.watchdog.pilot_event("batch")
         if one_at_a_time:
             self.watchdog.one_at_a_time([r.name for r in requests])
         return self._batches
+
+    def cancel_run(self, name, why):
+        """Stop the run `name` on the pilot (its client left): its running tasks are
+        cancelled, and it ends, failed with `why` and resumable, as any run does (an
+        "ended" message). The other runs go on."""
+        with self._send_lock:
+            self._conn.send(("cancel", (name, why)))
 
     def next_message(self, timeout=None):
         """The child's next word of a run, or None after `timeout` s without one:
@@ -296,7 +306,8 @@ class PilotProcess:
         """Cancel the pilot (after the batches sent have ended) and end the child."""
         if self.alive:
             try:
-                self._conn.send(("close", None))
+                with self._send_lock:
+                    self._conn.send(("close", None))
                 while self._receive()[0] != "closed":
                     pass
             except (BrokenPipeError, EOFError):

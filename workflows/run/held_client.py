@@ -408,12 +408,12 @@ class HeldPilot:
             self._progress.close()
 
     def abort(self, why="interrupted"):
-        """Leave every run sent: those that had not begun there are cancelled, those that
-        had go on to their end; Interrupted is raised."""
+        """Leave every run sent: the held pilot cancels those that had not begun, and stops
+        those that had (their running tasks cancelled); Interrupted is raised."""
         sent = self._hang_up()
         self._progress.close()
-        said = (f"; {len(sent)} run(s) sent to the held pilot {self.name}: cancelled there if "
-                "they had not begun, else they go on in the held pilot to their end (their "
+        said = (f"; {len(sent)} run(s) sent to the held pilot {self.name}: cancelled there, "
+                "their running tasks ended (`trajflow run --resume RUNDIR` goes on; their "
                 f"folders say how they ended): {', '.join(f.path for f in sent)}" if sent else "")
         raise Interrupted(f"{why}{said}")
 

@@ -232,7 +232,8 @@ class Holder:
             conn.say({"refused": str(exc)})  # RuntimeError: the pilot is closing or lost
             return
         self.last_busy = time.time()
-        threading.Thread(target=_cancel_on_hangup, args=(messages, future), daemon=True,
+        threading.Thread(target=_cancel_on_hangup, args=(messages, future, self.pilot),
+                         daemon=True,
                          name="trajflow-held-hangup").start()
         conn.say({"submitted": future.request.name})
         try:
@@ -309,17 +310,18 @@ def _run_message(message):
     return {"plan": plan, "resume": resume, "retries": retries, "env": env}
 
 
-def _cancel_on_hangup(messages, future):
-    """The client hung up (Ctrl-C, or it died): its run is cancelled if it has not begun."""
+def _cancel_on_hangup(messages, future, pilot):
+    """The client hung up (Ctrl-C, or it died): its run is cancelled, or stopped where it
+    is (its running tasks cancelled) if it has begun; the pilot's other runs go on."""
     try:
         messages.receive()
     except (EOFError, OSError, ValueError):
         pass
     if not future.done() and future.cancel():
         log.info("%s: cancelled (its client left before it began)", future.request.name)
-    elif not future.done():
-        log.info("%s: its client left; it runs on to its end (a started run's tasks cannot "
-                 "be cancelled alone; its folder says how it ended)", future.request.name)
+    elif pilot.stop_run(future, "its client left (Ctrl-C, or it ended)"):
+        log.info("%s: stopped (its client left; its running tasks are cancelled)",
+                 future.request.name)
 
 
 def main(argv=None):

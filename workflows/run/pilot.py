@@ -203,6 +203,16 @@ class Pilot:
                 self._progress.close()
                 raise exc from None
 
+    def stop_run(self, future, why):
+        """Stop one run that has begun (its client left): its running tasks are
+        cancelled and no stage follows; its future then fails with RunFailed saying
+        `why`, and its folder can be resumed. The other runs go on. False if it has
+        ended already or has not been handed over (cancel() that one)."""
+        if future.done() or not future.running() or not self.alive:
+            return False
+        self._process.cancel_run(future.request.name, why)
+        return True
+
     def start(self):
         """Request the pilot now and wait until it is active and has run an empty task
         (otherwise it is requested with the first run): what a held pilot does, so

@@ -65,17 +65,29 @@ class RunPipeline:
         self.env = {**task_environment(), **(env or {})}
         self.attempts = {}       # stage name -> attempts so far
         self.stopped_at = None   # the stage that failed for good, if any
+        self.cancelled = None    # why the run was cancelled (cancel), if it was
         self.pipeline = re.Pipeline()
         self.pipeline.name = entk_name(name)
         self._add_next(None)
 
+    def cancel(self, why):
+        """Stop the run where it is (no stage after this one, no retry); the uids of the
+        current stage's tasks that have not ended, for RADICAL-Pilot to cancel."""
+        self.cancelled = why
+        stage = self.pipeline.stages[-1]
+        return [task.uid for task in stage.tasks
+                if task.state not in ("DONE", "FAILED", "CANCELED")]
+
+    def _next_stage(self, after):
+        """The first stage after `after` (None: the first) that has work to do, or None."""
+        following = 0 if after is None else self.ORDER.index(after) + 1
+        return next((name for name in self.ORDER[following:] if self.specs.get(name)), None)
+
     def _add_next(self, after):
         """Add the first stage after `after` that has work to do."""
-        following = 0 if after is None else self.ORDER.index(after) + 1
-        for stage_name in self.ORDER[following:]:
-            if self.specs.get(stage_name):
-                self._add_stage(stage_name, self.specs[stage_name])
-                return
+        stage_name = self._next_stage(after)
+        if stage_name is not None:
+            self._add_stage(stage_name, self.specs[stage_name])
 
     def _add_stage(self, stage_name, specs):
         self.attempts[stage_name] = self.attempts.get(stage_name, 0) + 1
@@ -109,6 +121,12 @@ class RunPipeline:
         """Retry what a retry may cure; a task whose analysis code raised is not
         (exit_codes.NOT_RETRIED: it would raise again), and stops the run at once."""
         failed = [t for t in stage.tasks if t.state != "DONE"]
+        if self.cancelled and (failed or self._next_stage(stage_name)):  # (a last stage that
+            # ended whole has published the result: the run is complete, cancelled too late)
+            self.on_event(stage_name, "failed", f"{stage_name}: cancelled ({self.cancelled}); "
+                          "the run stops here")
+            self.stopped_at = stage_name
+            return
         incurable = [t for t in failed if exit_code_of(t) in NOT_RETRIED]
         again = bool(failed) and not incurable and self.attempts[stage_name] <= self.retries
         if incurable:

@@ -23,7 +23,8 @@ from trajflow.tasks.placement import (node_cpus, pin_to, RADICAL_TIMER_SLACK_NS,
 from trajflow.tasks.rundir import open_in_run, record_outcome
 from trajflow.workflows.run import resources
 from trajflow.workflows.run.batch import BATCH_JOB, lost_nodes_of_job
-from trajflow.workflows.run.entk_client import (CompletionFailed, LiveWorkflow, new_appmanager, reap_local_tasks,
+from trajflow.workflows.run.entk_client import (cancel_tasks, CompletionFailed, LiveWorkflow,
+                                                new_appmanager, reap_local_tasks,
                                                 remove_id_counters, remove_local_sandbox, run_live,
                                                 shutdown, working_dir)
 from trajflow.workflows.run.heartbeat import (CLOSED, DEFAULT_CLIENT_TIMEOUT_S,
@@ -424,6 +425,9 @@ class _Runs:
             if kind == "close":
                 self._close()
                 return
+            if kind == "cancel":
+                self.cancel(*batch)
+                continue
             self.add(_Batch(warmup=True) if kind == "warmup" else _Batch(**batch))
 
     def add(self, batch):
@@ -443,7 +447,27 @@ class _Runs:
             if batch.close_after:
                 self._close()
         if self.lost:  # EnTK gave up on the pilot already: nothing runs
-            self._fail_unfinished(self.lost, not_run=True)
+            self._fail_unfinished(self.lost, not_run=True, batches=[batch])
+
+    def cancel(self, name, why):
+        """Stop the run `name` (its client left): its tasks running now are cancelled,
+        no stage follows; it ends as failed with `why`, resumable. A run not started
+        yet (one at a time) ends at once."""
+        with self.lock:
+            for batch in list(self.batches):
+                r = next((r for r in batch.requests if r.name == name), None)
+                if r is None or name in batch.ended:
+                    continue
+                if r in batch.waiting:
+                    batch.waiting.remove(r)
+                    self._finish(batch, r, f"cancelled before it began: {why}")
+                    self._report_if_done(batch)
+                elif name in batch.pipelines:
+                    uids = batch.pipelines[name].cancel(why)
+                    if uids:
+                        cancel_tasks(uids)
+                log.info("%s: cancelled (%s)", name, why)
+                return
 
     def _start(self, batch, r):
         if self.lost:
@@ -534,6 +558,8 @@ class _Runs:
         run = batch.pipelines.get(r.name)
         done = collect(r.name, r.plan, run) if run is not None else []
         batch.outcomes += done
+        if not error and run is not None and run.cancelled and run.stopped_at:
+            error = f"cancelled: {run.cancelled}"  # (not where it ended whole meanwhile)
         if error:
             batch.errors[r.name] = error
         node = ("" if os.path.exists(r.plan.result_path())
@@ -543,10 +569,11 @@ class _Runs:
         batch.ended.add(r.name)
         _send(self.conn, ("ended", (r.name, done)))
 
-    def _fail_unfinished(self, why, not_run=False):
-        """EnTK gave up (and took the pilot): every run not ended ends with `why`."""
+    def _fail_unfinished(self, why, not_run=False, batches=None):
+        """EnTK gave up (and took the pilot): every run not ended (of `batches`, default
+        all) ends with `why`."""
         with self.lock:
-            for batch in [b for b in self.batches if not b.warmup]:
+            for batch in [b for b in (batches or self.batches) if not b.warmup]:
                 for r in batch.requests:
                     if r.name not in batch.ended:
                         started = r.name in batch.pipelines and not not_run
