@@ -173,6 +173,7 @@ class LiveWorkflow:
         self._lock = threading.Lock()
         self._pipelines = []
         self.closed = False  # no more pipelines will come: run() ends once these have
+        self.error = None    # what failed in the thread feeding it: run() ends with it
 
     def add(self, pipeline):
         pipeline._validate()  # what AppManager's workflow setter checks of each
@@ -185,6 +186,12 @@ class LiveWorkflow:
                 self._pipelines.remove(pipeline)
 
     def close(self):
+        self.closed = True
+
+    def fail(self, exc):
+        """The thread feeding the workflow failed: run_live raises `exc` (as the cause of
+        a CompletionFailed), rather than wait for pipelines that will never come."""
+        self.error = exc
         self.closed = True
 
     def __iter__(self):
@@ -200,7 +207,8 @@ class LiveWorkflow:
 
 
 class CompletionFailed(Exception):
-    """run_live's on_completed raised inside EnTK's run(); the original is its __cause__."""
+    """run_live's on_completed raised inside EnTK's run(), or the workflow's feeder failed
+    (LiveWorkflow.fail); the original is its __cause__."""
 
 
 def run_live(appman, workflow, on_completed):
@@ -219,6 +227,8 @@ def run_live(appman, workflow, on_completed):
         while not (workflow.closed and not len(workflow)):
             if appman._cur_attempt > appman._reattempts or appman._term.is_set():
                 break
+            if workflow.error is not None:
+                raise CompletionFailed() from workflow.error
             for pipe in workflow:
                 if pipe.state == states.FAILED:
                     raise EnTKError("Pipeline %s failed" % pipe.uid)
@@ -243,7 +253,7 @@ def run_live(appman, workflow, on_completed):
         appman.run()
     except Exception as exc:
         if isinstance(exc.__cause__, CompletionFailed):
-            raise exc.__cause__ from None
+            raise exc.__cause__  # (its own __cause__, the original, kept)
         raise
     finally:
         del appman._run_workflow

@@ -28,6 +28,8 @@ from trajflow.workflows.run.watchdog import bounds, Watchdog
 
 log = logging.getLogger(__name__)
 
+WATCH_EVERY_S = 0.5  # the watchdog is asked this often while the child says nothing
+
 
 def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_root=None,
               retries=1, resume=False, envs=None, one_at_a_time=False, on_run_ended=None,
@@ -115,6 +117,7 @@ class PilotProcess:
         self._failure = None  # (kind, text) of the stop asked of the child, if one was
         self._batch_t0 = time.time()  # since when the runs in flight have been sent
         self._batches = 0     # batches sent
+        self._checked_at = 0.0  # when the watchdog was last asked (_receive)
         self._send_lock = threading.Lock()
 
     def __enter__(self):
@@ -225,9 +228,11 @@ class PilotProcess:
                                           else max(0.0, min(0.5, deadline - time.monotonic()))):
                     if not self._child.is_alive():
                         raise EOFError
-                    failure = self.watchdog.check()
-                    if failure and not self._conn.poll(0):  # what came first is heard first
-                        self.stop(failure)
+                    if time.monotonic() - self._checked_at >= WATCH_EVERY_S:
+                        self._checked_at = time.monotonic()
+                        failure = self.watchdog.check()
+                        if failure and not self._conn.poll(0):  # what came first is heard first
+                            self.stop(failure)
                     if deadline is not None and time.monotonic() >= deadline:
                         return None
                 kind, payload = self._conn.recv()

@@ -345,6 +345,7 @@ class Pilot:
         one batch), beside the runs already on the pilot; resolve each run's future
         as it ends."""
         in_flight = {}  # batch id -> its RunFutures
+        batch = []
         try:
             while True:
                 batch, last = self._take_batch(wait=not in_flight)
@@ -357,6 +358,7 @@ class Pilot:
                             pass
                     in_flight[self._process.send_batch([f.request for f in batch],
                                                        close_after=last)] = batch
+                    batch = []
                 elif last and not in_flight:
                     return
                 message = self._process.next_message(timeout=DISPATCH_POLL_S)
@@ -378,7 +380,7 @@ class Pilot:
             with self._cond:
                 pending = [f for f in self._pending if f.set_running_or_notify_cancel()]
                 self._pending.clear()
-            self._fail_all([f for b in in_flight.values() for f in b] + pending, exc)
+            self._fail_all(batch + [f for b in in_flight.values() for f in b] + pending, exc)
 
     def _take_batch(self, wait):
         """([RunFuture], whether the pilot is closing) of the runs waiting. `wait`: until

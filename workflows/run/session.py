@@ -82,9 +82,10 @@ def serve(conn, pilot, session_root, parent_end, client_pid, client_timeout, kee
     os.environ.setdefault("RADICAL_REPORT", "FALSE")
     session = _Session(conn, pilot, session_root, client_pid, client_timeout, keep_sandbox,
                        bounds["start"])
-    runs = _Runs(session, conn)
+    runs = None
     ending = ("closed", None)
     try:
+        runs = _Runs(session, conn)
         with working_dir(session_root):
             session.open()
             threading.Thread(target=runs.receive, name="trajflow-batches", daemon=True).start()
@@ -95,12 +96,13 @@ def serve(conn, pilot, session_root, parent_end, client_pid, client_timeout, kee
                   else ("interrupted", _interrupted_text()) if _was_interrupted(exc)
                   else ("error", f"{type(exc).__name__}: {exc}"))
     finally:
-        in_flight = runs.plans_in_flight()  # their partial files go at the end
+        in_flight = []  # the plans of the runs not ended: their partial files go at the end
         # bounded: a failed session close (ENOSPC, seen) once left this process waiting
         # forever on RADICAL's proxy process in multiprocessing's exit hook
         watchdog = threading.Timer(SHUTDOWN_LIMIT_S, _give_up, args=(session_root, in_flight))
         watchdog.daemon = True  # never keeps the process alive; it only cuts a hang short
         watchdog.start()
+        in_flight += runs.plans_in_flight() if runs is not None else []
         session.close(ending[0])  # the pilot cancelled before the parent hears the end
         for plan in in_flight:      # no task of theirs runs any more
             remove_partial_files(plan)
@@ -385,6 +387,7 @@ class _Batch:
     outcomes: list = dataclasses.field(default_factory=list)
     errors: dict = dataclasses.field(default_factory=dict)
     ended: set = dataclasses.field(default_factory=set)
+    wait_until: list = dataclasses.field(default_factory=list)  # one wait for lost nodes
 
     @property
     def done(self):
@@ -408,7 +411,8 @@ class _Runs:
         self.batches = []      # not yet reported
         self.by_pipeline = {}  # EnTK pipeline uid -> (batch, request or None: a warm-up)
         self.lost = None       # why the pilot is gone, once EnTK gave up
-        self.wait_until = []   # one wait for the batch system's word on lost nodes, for all
+        self.failed = None     # what ended the receiver thread, if something did
+        self.cancels = {}      # run name -> why, of a cancel that came before its run
         self.closing = threading.Event()
         self.python = resources.task_python(session.pilot["resource"])
         self.agent_env = resources.agent_environment(session.pilot["resource"])
@@ -416,24 +420,35 @@ class _Runs:
     # --- the receiver thread -------------------------------------------------
     def receive(self):
         """The parent's messages: batches join the workflow; "close" (or the parent's
-        end) closes it, and EnTK's run() then ends with the runs in it."""
-        while True:
-            try:
-                kind, batch = self.conn.recv()
-            except (EOFError, OSError):
-                kind, batch = "close", None
-            if kind == "close":
-                self._close()
-                return
-            if kind == "cancel":
-                self.cancel(*batch)
-                continue
-            self.add(_Batch(warmup=True) if kind == "warmup" else _Batch(**batch))
+        end) closes it, and EnTK's run() then ends with the runs in it. A failure here
+        (a full disk writing an outcome) ends the session with it, as a failure of the
+        main thread's would: nothing would read the parent's messages any more."""
+        try:
+            while True:
+                try:
+                    kind, batch = self.conn.recv()
+                except (EOFError, OSError):
+                    kind, batch = "close", None
+                if kind == "close":
+                    self._close()
+                    return
+                if kind == "cancel":
+                    self.cancel(*batch)
+                    continue
+                self.add(_Batch(warmup=True) if kind == "warmup" else _Batch(**batch))
+        except BaseException as exc:  # noqa: the main thread raises it (serve)
+            log.error("the runs' messages: %s: %s", type(exc).__name__, exc)
+            with self.lock:  # (the workflow of now: _renew replaces it)
+                self.failed = exc
+                self.workflow.fail(exc)
+            self.closing.set()
 
     def add(self, batch):
         with self.lock:
             self.batches.append(batch)
-            if batch.warmup:
+            if self.lost and not batch.warmup:  # EnTK gave up on the pilot: nothing runs
+                self._fail_unfinished(self.lost, not_run=True, batches=[batch])
+            elif batch.warmup:
                 pipeline = _empty_pipeline()
                 self.by_pipeline[pipeline.uid] = (batch, None)
                 self.workflow.add(pipeline)
@@ -446,8 +461,6 @@ class _Runs:
                     self._start(batch, r)
             if batch.close_after:
                 self._close()
-        if self.lost:  # EnTK gave up on the pilot already: nothing runs
-            self._fail_unfinished(self.lost, not_run=True, batches=[batch])
 
     def cancel(self, name, why):
         """Stop the run `name` (its client left): its tasks running now are cancelled,
@@ -468,10 +481,15 @@ class _Runs:
                         cancel_tasks(uids)
                 log.info("%s: cancelled (%s)", name, why)
                 return
+            self.cancels[name] = why  # its batch is on its way (sent after the cancel)
 
     def _start(self, batch, r):
         if self.lost:
             batch.waiting.append(r)
+            return
+        if r.name in self.cancels:
+            self._finish(batch, r, f"cancelled before it began: {self.cancels.pop(r.name)}")
+            self._report_if_done(batch)
             return
         run = RunPipeline(r.plan, r.plan_path, self.python, r.name, r.retries,
                           remaining_specs(r.plan, r.plan_path) if r.resume else None,
@@ -514,6 +532,8 @@ class _Runs:
             raise RuntimeError(self.lost)  # the held pilot never came up
         while self.lost and not self.closing.wait(0.5):
             pass  # batches still coming are failed as they come, until "close"
+        if self.failed is not None:
+            raise self.failed
         return self._final_report()
 
     def _renew(self):
@@ -533,8 +553,14 @@ class _Runs:
                     continue
                 for r in batch.requests:
                     record_session(r.plan.workdir, self.session.dir)
-                    if r.name in batch.pipelines and r.name not in batch.ended:
+                    old = batch.pipelines.get(r.name)
+                    if old is None or r.name in batch.ended:
+                        continue
+                    if old.cancelled:  # nothing of it ran on the pilot that hung
+                        self._finish(batch, r, f"cancelled before it began: {old.cancelled}")
+                    else:
                         self._start(batch, r)
+                self._report_if_done(batch)
 
     def _completed(self, pipeline):
         """EnTK's pipeline has completed (in EnTK's run(), this thread)."""
@@ -563,11 +589,12 @@ class _Runs:
         if error:
             batch.errors[r.name] = error
         node = ("" if os.path.exists(r.plan.result_path())
-                else _lost_nodes_after(done, self.wait_until))
+                else _lost_nodes_after(done, batch.wait_until))
         write_outcome(r.plan, done, run.stopped_at if run else None, error,
                       "; ".join(filter(None, [disk, node])))
-        batch.ended.add(r.name)
-        _send(self.conn, ("ended", (r.name, done)))
+        with self.lock:  # said before its batch's report can be (_report_if_done)
+            _send(self.conn, ("ended", (r.name, done)))
+            batch.ended.add(r.name)
 
     def _fail_unfinished(self, why, not_run=False, batches=None):
         """EnTK gave up (and took the pilot): every run not ended (of `batches`, default
