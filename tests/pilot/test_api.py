@@ -247,8 +247,11 @@ def test_a_run_behind_another_says_so_in_its_one_wall_time(pilot, adk):
     assert wall["whole"] == pytest.approx(behind.wall_s, abs=1e-6)
     assert sum(wall["parts"].values()) == pytest.approx(behind.wall_s, abs=1e-6)
     assert f"{waited:.1f} s in the agent's scheduler" in behind.summary()
-    assert ahead.profile.report["advice"]["ahead"]["times"]["wall"]["parts"].get(
-        "in the agent's scheduler", 0.0) < waited / 2
+    # the first run's own 4 s are its analyze (cores held), not a wait; its reduce may
+    # wait for the second run's analyze, which asked for the cores first (seen in CI)
+    ahead_wall = ahead.profile.report["advice"]["ahead"]["times"]["wall"]
+    assert ahead_wall["parts"]["analyze"] >= 4.0, ahead_wall
+    assert sum(ahead_wall["parts"].values()) == pytest.approx(ahead.wall_s, abs=1e-6)
 
 
 def test_the_example_script_runs_end_to_end(tmp_path, adk, solvated, reference_results):

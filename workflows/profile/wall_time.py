@@ -7,9 +7,9 @@ the run said how it ended (outcome.json's `ended`); `trajflow runs`,
 cut at moments the run's folder keeps:
 
 - planning: from the call until the run was handed to its pilot (`handed_at`);
-- in the pilot's queue: until its pilot took it from its queue (`dispatched_at`): behind
-  another batch (a pilot runs one batch at a time), or gathering runs submitted
-  together into one batch (0.3 s);
+- in the pilot's queue: until its pilot took it from its queue (`dispatched_at`):
+  gathering runs submitted together into one batch (0.3 s; a run sent while others
+  run joins them at once);
 - pilot start: until the pilot's agent was active (RADICAL's PMGR_ACTIVE), where
   the pilot was started for this run;
 - hand-over: EnTK and RADICAL passing the first task to the agent's scheduler;
