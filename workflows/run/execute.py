@@ -66,6 +66,15 @@ def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_
     return report
 
 
+def tell_run_ended(on_run_ended, name, outcomes):
+    """on_run_ended(name, outcomes), whose failure is logged, never raised: the pilot
+    still runs other runs, and must never be left behind."""
+    try:
+        on_run_ended(name, outcomes)
+    except Exception as exc:  # noqa: see above
+        log.error("after run %s: %s: %s", name, type(exc).__name__, exc)
+
+
 @dataclasses.dataclass
 class RunRequest:
     """One run for the pilot: its plan, and how to run it."""
@@ -206,10 +215,7 @@ class PilotProcess:
             while True:
                 kind, payload = self.next_message()
                 if kind == "ended" and on_run_ended is not None:
-                    try:
-                        on_run_ended(*payload)
-                    except Exception as exc:  # the pilot still runs: never leave it
-                        log.error("after run %s: %s: %s", payload[0], type(exc).__name__, exc)
+                    tell_run_ended(on_run_ended, *payload)
                 elif kind == "report" and payload[0] == batch:
                     if close_after:
                         self._join()

@@ -23,7 +23,6 @@ entk_client.LiveWorkflow): runs side by side share the pilot's cores.
 """
 import concurrent.futures
 import dataclasses
-import logging
 import os
 import threading
 import time
@@ -32,7 +31,7 @@ from trajflow.tasks.rundir import (add_to_failure, begin_attempt, PLAN, record_d
                                    record_handed_over, record_outcome, withdraw_handover)
 from trajflow.workflows.errors import InputError, Interrupted, RunFailed
 from trajflow.workflows.run import resources
-from trajflow.workflows.run.execute import PilotProcess, RunRequest
+from trajflow.workflows.run.execute import PilotProcess, RunRequest, tell_run_ended
 from trajflow.workflows.run.heartbeat import cancel_orphans
 from trajflow.workflows.run.outcomes import (failed_for_good, forget_analyze_attempt,
                                              remove_partial_files)
@@ -41,8 +40,6 @@ from trajflow.workflows.run.progress import Progress
 from trajflow.workflows.run.runs import Run
 from trajflow.workflows.run.signals import stop_on_signals
 from trajflow.workflows.run.spec import PilotSpec, RunSpec, spelled, split_options, takes_options
-
-log = logging.getLogger(__name__)
 
 COALESCE_S = 0.3  # runs submitted this close together go to the pilot as one batch
 DISPATCH_POLL_S = 0.05  # while runs are on the pilot, how soon a new submit is handed over
@@ -366,10 +363,7 @@ class Pilot:
                     continue
                 kind, payload = message
                 if kind == "ended":
-                    try:
-                        self._ended(*payload)
-                    except Exception as exc:  # noqa: the pilot still runs: never leave it
-                        log.error("after run %s: %s: %s", payload[0], type(exc).__name__, exc)
+                    tell_run_ended(self._ended, *payload)
                 elif kind == "report":
                     for f in in_flight.pop(payload[0], []):
                         if not f.done():  # ended without a word from the pilot (it should not)

@@ -449,9 +449,7 @@ class _Runs:
             if self.lost and not batch.warmup:  # EnTK gave up on the pilot: nothing runs
                 self._fail_unfinished(self.lost, not_run=True, batches=[batch])
             elif batch.warmup:
-                pipeline = _empty_pipeline()
-                self.by_pipeline[pipeline.uid] = (batch, None)
-                self.workflow.add(pipeline)
+                self._start_warmup(batch)
             else:
                 for r in batch.requests:  # a later --resume finds this pilot here, should
                     record_session(r.plan.workdir, self.session.dir)  # its client die
@@ -482,6 +480,11 @@ class _Runs:
                 log.info("%s: cancelled (%s)", name, why)
                 return
             self.cancels[name] = why  # its batch is on its way (sent after the cancel)
+
+    def _start_warmup(self, batch):
+        pipeline = _empty_pipeline()
+        self.by_pipeline[pipeline.uid] = (batch, None)
+        self.workflow.add(pipeline)
 
     def _start(self, batch, r):
         if self.lost:
@@ -547,9 +550,7 @@ class _Runs:
             self.by_pipeline.clear()
             for batch in self.batches:
                 if batch.warmup:
-                    pipeline = _empty_pipeline()
-                    self.by_pipeline[pipeline.uid] = (batch, None)
-                    self.workflow.add(pipeline)
+                    self._start_warmup(batch)
                     continue
                 for r in batch.requests:
                     record_session(r.plan.workdir, self.session.dir)
