@@ -25,6 +25,7 @@ import numpy as np
 
 from . import faults, kernels, mda_analyses, parts
 from .exit_codes import ANALYSIS_RAISED, COLLECTIVE_TIMEOUT
+from .modes import MpiMode, TasksMode
 from .analyses import ANALYSIS_CLASSES
 from .plan import RunPlan, chunk_size, decode_path_arg
 from .rundir import mark_started
@@ -259,7 +260,7 @@ def check_inputs(plan, setup_marks):
 def run_tasks_mode(plan, block, setup_marks=None):
     setup_marks = list(setup_marks or [])
     check_inputs(plan, setup_marks)
-    timer = RankTimer("analyze", rank=0, size=1, block=block, mode="tasks", setup_marks=setup_marks,
+    timer = RankTimer("analyze", rank=0, size=1, block=block, mode=TasksMode.name, setup_marks=setup_marks,
                       schedule=plan.schedule, progress_path=plan.progress_path(block),
                       neighbours=CpuNeighbours.for_rank(0, plan.workdir))
     faults.maybe_slow_down(block)
@@ -269,7 +270,7 @@ def run_tasks_mode(plan, block, setup_marks=None):
         arrays, attrs = analyze_block(plan, block, timer)
         # tasks mode hands its block to reduce through a part file: its "gather"
         with timer.phase("comm"):
-            parts.write_part(plan.part_path(f"block_{block:05d}"), arrays,
+            parts.write_part(plan.block_part_path(block), arrays,
                              part_attrs(plan, attrs, [block]))
     timer.finish(plan.profile_path(f"analyze.block_{block:05d}"))
 
@@ -281,7 +282,7 @@ def run_claimed_blocks(plan, block, timer):
     work: its failure is recorded, never the task's."""
     claims = BlockClaims(plan, task=f"analyze.block_{block:05d}")
     runs = timer.info.setdefault("block_copies", [])
-    part = plan.part_path(f"block_{block:05d}")
+    part = plan.block_part_path(block)
     if parts.is_whole(part):  # a retry of a block a backup copy has published
         timer.frames_done = _block_frames(plan, block)
         return
@@ -338,7 +339,7 @@ def publish_block_copy(plan, work, block, claims, timer, backup):
     if len(pieces) == len(chunks):
         arrays, _ = join_pieces(pieces, agreed_layout_of(pieces))
         with timer.phase("comm"):  # tasks mode hands its block to reduce as a file
-            won = parts.write_part(plan.part_path(f"block_{block:05d}"), arrays,
+            won = parts.write_part(plan.block_part_path(block), arrays,
                                    part_attrs(plan, work.attrs(), [block]), first_wins=True)
     if won:
         claims.finished(block, time.time() - t0)
@@ -369,7 +370,7 @@ def run_mpi_mode(plan, setup_marks=None):
         need = plan.analyze_ranks if size != plan.analyze_ranks else plan.n_blocks
         raise SystemExit(f"analyze: {size} MPI ranks for {plan.n_blocks} blocks "
                          f"({plan.schedule} schedule); start it with mpiexec -n {need}")
-    timer = RankTimer("analyze", rank=rank, size=size, block=rank, mode="mpi",
+    timer = RankTimer("analyze", rank=rank, size=size, block=rank, mode=MpiMode.name,
                       setup_marks=setup_marks, mpi_init_after_chunks=early is not None,
                       gather=plan.gather, schedule=plan.schedule,
                       progress_path=plan.progress_path(rank),
@@ -405,7 +406,7 @@ def run_mpi_mode(plan, setup_marks=None):
         rows_by_rank = comm.gather(rows, root=root)
     if rank == root:
         with timer.phase("write"):
-            parts.write_part(plan.part_path("mpi"), gathered,
+            parts.write_part(plan.gathered_part_path(), gathered,
                              part_attrs(plan, work.attrs(), list(range(size))),
                              row_order=chunk_order(rows_by_rank))
     timer.finish(plan.profile_path(f"analyze.block_{rank:05d}"))
@@ -621,7 +622,7 @@ def main(argv=None):
     marks.append(("kernels", time.time()))
     kernels.warm_up()
     parts.warm_up()
-    if plan.mode == "tasks":
+    if not plan.execution.collective:
         if args.block is None or not 0 <= args.block < plan.n_blocks:
             p.error(f"tasks mode needs --block between 0 and {plan.n_blocks - 1}")
         try:

@@ -22,6 +22,7 @@ import numpy as np
 
 from . import faults, mda_analyses
 from .exit_codes import ANALYSIS_RAISED
+from .modes import TasksMode
 from .plan import RunPlan, decode_path_arg
 from .rundir import mark_started, replaced_whole
 from .timing import RankTimer
@@ -47,7 +48,7 @@ def _write_pickle(path, obj):
 def run_part(plan, part):
     import cloudpickle
     faults.maybe_fail(plan.workdir, part)
-    timer = RankTimer("analyze", rank=0, size=1, block=part, mode="tasks",
+    timer = RankTimer("analyze", rank=0, size=1, block=part, mode=TasksMode.name,
                       progress_path=plan.progress_path(part))
     with timer.phase("open_topology"):  # the analysis and its Universe, unpickled
         with open(function_path(plan), "rb") as fh:

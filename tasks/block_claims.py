@@ -83,7 +83,7 @@ class BlockClaims:
         self._write(self._path(block), self._me())
 
     def published(self, block):
-        return os.path.exists(self.plan.part_path(f"block_{block:05d}"))
+        return os.path.exists(self.plan.block_part_path(block))
 
     def progressed(self, block, t_first, frames):
         """The block's own copy has done `frames` since its first chunk began at `t_first`."""
@@ -106,8 +106,8 @@ class BlockClaims:
         block is unclaimed (its task waits for this core)."""
         n = self.plan.n_blocks
         cap = max(1, math.ceil(BACKUP_SHARE * n))
-        parts_dir = os.path.dirname(self.plan.part_path("x"))
-        names = {os.path.basename(self.plan.part_path(f"block_{b:05d}")): b for b in range(n)}
+        parts_dir = os.path.dirname(self.plan.block_part_path(0))
+        names = {os.path.basename(self.plan.block_part_path(b)): b for b in range(n)}
         published, pause = set(), POLL_S
         while True:
             # one listing of parts/ and of claims/ a look; a published block stays so

@@ -95,18 +95,16 @@ class Split(IOStrategy):
     one_file = False
 
     def split_tasks(self, plan):
-        if plan.mode == "mpi":
-            return [("split", ["--mpi"], plan.analyze_ranks)]  # ranks stride over the blocks
-        return [(f"split.b{b:05d}", ["--block", str(b)], 0) for b in range(plan.n_blocks)]
+        return plan.execution.split_tasks_per_block(plan)
 
     def _missing(self, plan):
         return [b for b in range(plan.n_blocks) if not os.path.exists(plan.segment_path(b))]
 
     def remaining_split_tasks(self, plan, tasks):
         missing = self._missing(plan)
-        if plan.mode == "tasks":
-            return [t for t in tasks if int(t[1][-1]) in missing]
-        return tasks if missing else []
+        if plan.execution.collective:  # one MPI task writes every segment
+            return tasks if missing else []
+        return [t for t in tasks if int(t[1][-1]) in missing]
 
     def prepare(self, plan, universe, blocks, rank, timer):
         for b in blocks:

@@ -16,6 +16,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
+from .modes import BACKEND, MODES
 from .rundir import (BACKEND_RESULT, is_finite_number, PLAN, RESULT, SELECTION, replaced_whole,
                      write_text)
 
@@ -123,9 +124,14 @@ class RunPlan:
         return self.mpi_ranks or self.n_blocks
 
     @property
+    def execution(self):
+        """The ExecutionMode object of `mode` (modes.py); an MDAnalysis run() has its own."""
+        return BACKEND if self.backend else MODES[self.mode]
+
+    @property
     def n_workers(self) -> int:
         """The analyze stage's N as scaling counts it: its MPI ranks, or its tasks."""
-        return self.analyze_ranks if self.mode == "mpi" else self.n_blocks
+        return self.execution.workers(self)
 
     def frame_numbers(self, start: int = 0, stop: Optional[int] = None) -> np.ndarray:
         """The global frame numbers of the analysed frames [start, stop) (positions in
@@ -187,9 +193,14 @@ class RunPlan:
             return self.trajectories[0]
         return self.shared_h5md or self.path("split", "trajectory.h5md")
 
-    def part_path(self, name: str) -> str:
-        """A block (tasks mode) or gathered (MPI mode) result before reduce."""
-        return self.path("parts", f"{name}.h5")
+    def block_part_path(self, block: int) -> str:
+        """One block's result before reduce (tasks mode; an MPI rank's when it saves its
+        blocks as it goes)."""
+        return self.path("parts", f"block_{block:05d}.h5")
+
+    def gathered_part_path(self) -> str:
+        """The MPI ranks' gathered result before reduce."""
+        return self.path("parts", "mpi.h5")
 
     def selection_path(self) -> str:
         """The atoms (and dihedral quadruplets) resolved once on the workstation."""
@@ -252,7 +263,6 @@ class RunPlan:
 
 
 WORKSTATION_ONLY = ("selected", "lock", "factory_pickle")  # fields never written to plan.json
-MODES = ("mpi", "tasks")
 GATHERS = ("gatherv", "rma")
 MPI_READS = ("independent", "collective")  # h5md.COLLECTIVE: every rank in each read
 FACTORY_KINDS = ("file", "module", "pickle")

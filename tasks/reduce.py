@@ -26,9 +26,7 @@ class IncompleteResult(Exception):
 
 
 def expected_parts(plan):
-    if plan.mode == "mpi":
-        return [plan.part_path("mpi")]
-    return [plan.part_path(f"block_{b:05d}") for b in range(plan.n_blocks)]
+    return plan.execution.part_paths(plan)
 
 
 def remove_parts(plan):
@@ -124,8 +122,8 @@ def write_result(plan, arrays, analysis_attrs, results=None):
                 "topology": plan.topology, "trajectories": json.dumps(plan.trajectories),
                 "io": plan.io, "mode": plan.mode, "gather": plan.gather, "schedule": plan.schedule,
                 "n_blocks": plan.n_blocks, "blocks": json.dumps(plan.blocks),
-                "ranks": plan.analyze_ranks if plan.mode == "mpi" else 1,
-                "tasks": 1 if plan.mode == "mpi" else plan.n_blocks,
+                "ranks": plan.execution.ranks_per_task(plan),
+                "tasks": len(plan.execution.analyze_tasks(plan, [])),
                 "repeat": plan.repeat, "n_frames": plan.n_frames,
                 "input_checksum": plan.input_checksum, "compression": plan.compression or "none",
                 "versions": json.dumps(package_versions()),

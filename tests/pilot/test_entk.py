@@ -116,7 +116,7 @@ def test_a_task_that_keeps_failing_fails_the_run_and_publishes_nothing(session, 
     assert "TRAJFLOW_TEST" in failed.stderr_tail
     assert report.stopped[name] == "analyze"
     assert report.results[name] is None and not os.path.exists(plans[name].result_path())
-    assert not os.path.exists(plans[name].part_path("mpi"))
+    assert not os.path.exists(plans[name].gathered_part_path())
 
 
 def test_an_exception_of_the_analysis_own_code_is_not_retried(session):

@@ -374,7 +374,7 @@ def test_a_rank_killed_before_mpi_init_does_not_leave_the_others_waiting(tmp_pat
     plan, _, proc = analyze_under_shells(tmp_path, long_xtc, ids, timeout_s=600.0)
     assert proc.returncode != 0
     assert "rank(s) [1] ended before MPI_Init" in proc.stdout + proc.stderr
-    assert not os.path.exists(plan.part_path("mpi"))
+    assert not os.path.exists(plan.gathered_part_path())
 
 
 def test_a_rank_that_fails_before_mpi_init_ends_the_job_with_its_code(tmp_path, long_xtc):
@@ -387,4 +387,4 @@ def test_a_rank_that_fails_before_mpi_init_ends_the_job_with_its_code(tmp_path, 
     plan, _, proc = analyze_under_shells(tmp_path, long_xtc, ids)
     assert proc.returncode == INJECTED_FAILURE, proc.stdout[-1500:] + proc.stderr[-2000:]
     assert "TRAJFLOW_TEST_FAIL: block 0 fails on purpose" in proc.stderr
-    assert not os.path.exists(plan.part_path("mpi"))
+    assert not os.path.exists(plan.gathered_part_path())

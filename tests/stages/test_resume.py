@@ -90,7 +90,7 @@ def test_a_damaged_part_is_named_by_reduce_and_analysed_again_on_resume(tmp_path
     for stage in ("split", "analyze"):
         for spec in specs[stage]:
             assert run_spec(spec).returncode == 0
-    part = plan.part_path("block_00001")
+    part = plan.block_part_path(1)
     if damage == "truncated":
         with open(part, "r+b") as fh:
             fh.truncate(os.path.getsize(part) // 2)

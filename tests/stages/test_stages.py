@@ -204,7 +204,7 @@ def test_rmsd_over_h5md_or_dcd_runs_without_importing_mdanalysis(tmp_path, adk, 
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[-1] == "False"
     expected = rms.RMSD(mda.Universe(*adk), select="name CA").run().results.rmsd[:, 2]
-    with h5py.File(plan.part_path("block_00000")) as f:
+    with h5py.File(plan.block_part_path(0)) as f:
         np.testing.assert_allclose(f["rmsd"][()], expected[:len(f["rmsd"])], atol=1e-4)
     import dataclasses
     # trajflow's own H5MD holds every frame's exact box: no MDAnalysis even for dihedrals;

@@ -4,6 +4,7 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 
 from trajflow.tasks.analyze import chunk_order, join_pieces
+from trajflow.tasks.modes import MODES
 from trajflow.tasks.parts import read_part, write_part
 from trajflow.tasks.plan import balanced_blocks
 from trajflow.tasks.schedules import CHUNKS_PER_BLOCK, MIN_CHUNK_FRAMES, SCHEDULES
@@ -101,7 +102,7 @@ def test_a_dynamic_run_with_a_slow_rank_says_how_the_schedule_helped():
 
 def test_a_static_run_with_a_slow_rank_is_advised_a_dynamic_schedule():
     members = [_rank(0, 5000, 1.25, "static", 1), _rank(1, 5000, 5.0, "static", 1)]
-    plan = type("Plan", (), {"mode": "mpi"})()
+    plan = type("Plan", (), {"execution": MODES["mpi"]})()
     text = schedule_advice(plan, members)
     assert "--schedule dynamic" in text and "about 3.0 s sooner" in text
     even = [_rank(0, 5000, 1.25, "static", 1), _rank(1, 5000, 1.3, "static", 1)]
@@ -118,7 +119,7 @@ def test_a_dynamic_run_of_equal_ranks_whose_chunks_cost_much_is_advised_static()
             c[5] += 0.01 * i
         rec["intervals"] = [["compute", c[4], c[5]] for c in rec["chunks"]]
         members.append(rec)
-    plan = type("Plan", (), {"mode": "mpi"})()
+    plan = type("Plan", (), {"execution": MODES["mpi"]})()
     assert "--schedule static" in schedule_advice(plan, members)
 
 

@@ -39,6 +39,7 @@ from typing import Dict, List
 
 from trajflow.tasks.analyses import ANALYSES
 from trajflow.tasks.mda_analyses import parse_spec
+from trajflow.tasks.modes import MODES
 from trajflow.workflows.errors import InputError
 from trajflow.workflows.run.planning import ANALYSIS_FORMS
 from trajflow.workflows.run.resources import resource_description
@@ -311,7 +312,7 @@ def load_campaign(path, cls=None, yes=False) -> "CampaignSpec":
         largest = max((e.ranks for e in experiments if e.resource == label), default=0)
         if not largest:
             raise InputError(f"[resources.\"{label}\"] has no experiments: remove it or list some")
-        mpi = max((e.ranks for e in experiments if e.resource == label and e.mode == "mpi"),
+        mpi = max((e.ranks for e in experiments if e.resource == label and MODES[e.mode].collective),
                   default=0)
         if spec.cpus and mpi > spec.cpus:
             raise InputError(f"[resources.\"{label}\"] cpus = {spec.cpus} cannot hold the "
@@ -442,7 +443,7 @@ def _expand(points, repeats):
     tasks-mode points differing only in gather are one experiment."""
     seen, out = set(), []
     for p in points:
-        gather = "-" if p["mode"] == "tasks" else p["gather"]
+        gather = p["gather"] if MODES[p["mode"]].collective else "-"
         for rep in range(1, repeats + 1):
             e = Experiment(p["resource"], p["ranks"], p["io"], p["mode"], gather, p["repeat"], rep,
                            p["schedule"])

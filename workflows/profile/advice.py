@@ -15,6 +15,7 @@ import os
 import socket
 
 from trajflow.tasks.io_strategies import GUIDELINES
+from trajflow.tasks.modes import MODES
 from trajflow.tasks.plan import is_finite_number
 from trajflow.tasks.rundir import (KEPT_TASK_FILES, PILOT_EVENTS, PILOT_PROFILES, read_lines,
                                    read_outcome, SESSIONS)
@@ -137,7 +138,7 @@ def run_times(records, plan):
 def strategy_flags(io, mode, gather, schedule=None):
     """A strategy as the flags that ask for it; the gather only in mpi mode, the
     schedule only when neither the papers' static blocks nor left to auto."""
-    return (f"--io {io} --mode {mode}" + (f" --gather {gather}" if mode == "mpi" else "")
+    return (f"--io {io} --mode {mode}" + (f" --gather {gather}" if MODES[mode].collective else "")
             + (f" --schedule {schedule}" if schedule not in (None, "static", "auto") else ""))
 
 
@@ -286,7 +287,7 @@ def _prepared(plan, times):
 
 def _gather_note(plan, analyze, times):
     comm = max(r["t_comm"] for r in analyze)
-    if plan.mode != "mpi" or comm <= GATHER_SHARE * times["analyze_stage"]:
+    if not plan.execution.collective or comm <= GATHER_SHARE * times["analyze_stage"]:
         return ""
     result = plan.result_path()
     size = os.path.getsize(result) if os.path.exists(result) else None

@@ -16,6 +16,7 @@ import os
 import re
 import shlex
 from trajflow.tasks.exit_codes import ANALYSIS_RAISED
+from trajflow.tasks.modes import is_mpi_rank
 from trajflow.tasks.plan import is_finite_number, PlanError, RunPlan
 from trajflow.tasks.timing import PHASES
 from trajflow.tasks.rundir import OUTCOME, PLAN, read_lines, read_outcome, read_record, write_text
@@ -287,7 +288,7 @@ def critical_path_lines(records):
 def member_name(rec):
     """A group's member as the user knows it: an MPI rank, a tasks-mode block, or the
     segment a split task wrote."""
-    if rec.get("mode") != "mpi":
+    if not is_mpi_rank(rec):
         for key in ("block", "segment"):
             if rec.get(key) is not None:
                 return f"{key} {rec[key]}"

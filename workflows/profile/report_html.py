@@ -12,6 +12,7 @@ import io
 import os
 import re
 
+from trajflow.tasks.modes import is_mpi_rank
 from trajflow.tasks.rundir import RESULT, write_text
 from trajflow.workflows.profile.advice import pilot_span
 from trajflow.workflows.profile.wall_time import describe as describe_wall
@@ -46,7 +47,7 @@ def png_uri(fig):
 def _label(r):
     if r["task"] in ("split", "reduce"):
         return f"{r['run']} {r['task']}"
-    who = f"rank {r.get('rank', 0)}" if r.get("mode") == "mpi" else f"block {r.get('block', '')}"
+    who = f"rank {r.get('rank', 0)}" if is_mpi_rank(r) else f"block {r.get('block', '')}"
     return f"{r['run']} {r['task']} {who}"
 
 
@@ -167,7 +168,7 @@ def _draw_work_units(fig, entries, starts, HoverTool, ColumnDataSource):
         t0 = starts.get(r["run"], 0.0)
         pieces = [(c[4], c[5], f"chunk {c[0]}: the run's frames #{c[2]}-#{c[3] - 1} "
                                f"(block {c[1]})")
-                  for c in r.get("chunks") or [] if r.get("mode") == "mpi"]
+                  for c in r.get("chunks") or [] if is_mpi_rank(r)]
         pieces += [(b["t_start"], b["t_stop"],
                     f"block {b['block']} ({'backup copy' if b['backup'] else 'own'}, "
                     f"{'won' if b['won'] else 'stopped: the other copy won'})")

@@ -11,6 +11,7 @@ have saved.
 """
 import statistics
 
+from trajflow.tasks.modes import is_mpi_rank
 from trajflow.workflows.profile.stragglers import FLOOR_S, FLOOR_SHARE
 
 SLOW_SPEED = 0.8          # a rank below this share of the others' median speed is named
@@ -137,14 +138,14 @@ def schedule_lines(members):
     """Lines for one group of analyze records (an MPI task's ranks, or a stage's tasks)."""
     if not members or members[0].get("task") != "analyze":
         return []
-    if members[0].get("mode") == "mpi":
+    if is_mpi_rank(members[0]):
         return mpi_lines(mpi_effect(members))
     return backup_lines(members)
 
 
 def schedule_advice(plan, analyze):
     """A sentence recommending a schedule from what was measured, or ""."""
-    if plan.mode != "mpi":
+    if not plan.execution.collective:
         return ""
     effect = mpi_effect(analyze)
     if effect is None or effect["loop_s"] < MIN_LOOP_S:

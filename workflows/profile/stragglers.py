@@ -36,6 +36,8 @@ each other member's wait up to the flag's excess, and the longest waiters).
 import math
 import statistics
 
+from trajflow.tasks.modes import is_mpi_rank, mode_named
+
 PHASES = {"setup": ("t_setup", "t_finalize"),
           "open": ("t_open_topology", "t_open_trajectory", "t_open"), "io": ("t_io",),
           "compute": ("t_compute",), "comm": ("t_comm", "t_claim"),
@@ -179,7 +181,7 @@ def _merge_slow_hosts(flags, members, late, dur, base, phase_base, common):
 def _phase_outliers(members, late, healthy, phase_base, floor, common):
     """Members within the total rule whose one phase is far out of line."""
     phases = [p for p in PHASES if p != "other"
-              and (p != "launch" or all(m.get("mode") == "mpi" for m in members))]
+              and (p != "launch" or all(is_mpi_rank(m) for m in members))]
     mads = {p: statistics.median(abs(phase_times(m)[p] - phase_base[p]) for m in healthy)
             for p in phases}
     flags = []
@@ -187,7 +189,7 @@ def _phase_outliers(members, late, healthy, phase_base, floor, common):
         if i in late:
             continue
         times = phase_times(m)
-        root = m.get("rank") == m.get("gather_root", 0) and m.get("mode", "mpi") == "mpi"
+        root = m.get("rank") == m.get("gather_root", 0) and mode_named(m.get("mode")).collective
         out = {p: times[p] - phase_base[p] for p in phases
                if not (root and p in ("comm", "write"))  # the gather's root receives, writes
                if times[p] - phase_base[p] > max(floor, 3 * MAD_SCALE * mads[p])
@@ -212,9 +214,9 @@ def _phase_outliers(members, late, healthy, phase_base, floor, common):
 
 def impact(member, members, excess):
     """How much sooner the group would have ended had `member` not been late."""
-    if member.get("mode") == "mpi" and member.get("schedule") == "dynamic":
+    if is_mpi_rank(member) and member.get("schedule") == "dynamic":
         return dynamic_impact(member, members)
-    if member.get("mode") == "mpi" or any(o.get("t_wait") for o in members):
+    if is_mpi_rank(member) or any(o.get("t_wait") for o in members):
         return excess  # the other ranks wait for it at the barrier
     if any(o.get("t_start", 0.0) >= member.get("t_stop", 0.0) for o in members if o is not member):
         return excess  # members ran one after another: everything after it was pushed back

@@ -19,6 +19,7 @@ the header is row 1) and the column.
 import csv
 import os
 
+from trajflow.tasks.modes import MpiMode
 from trajflow.workflows.errors import InputError
 
 PHASE_COLUMNS = ("t_open", "t_io", "t_compute", "t_wait", "t_comm", "t_write")
@@ -74,7 +75,7 @@ def _record(path, row_number, row, header, name):
         return value
 
     rec = {"run": name, "task": (row.get("group") or "").strip() or "ranks",
-           "rank": number("rank", int), "mode": "mpi", "t_start": 0.0}
+           "rank": number("rank", int), "mode": MpiMode.name, "t_start": 0.0}
     if "host" in header:
         rec["host"] = (row.get("host") or "").strip() or None
     if "frames" in header:

@@ -16,6 +16,7 @@ a trace lines up with RADICAL's own profiles.
 import json
 import os
 
+from trajflow.tasks.modes import is_block_task
 from trajflow.tasks.rundir import write_text
 from trajflow.workflows.profile.advice import pilot_span
 from trajflow.workflows.profile.inspection import rank_spans
@@ -28,7 +29,7 @@ def _task_key(rec):
 
 def _task_name(rec):
     name = f"{rec['run']} {rec['task']}"
-    if rec.get("mode") == "tasks" and rec.get("block") is not None:
+    if is_block_task(rec) and rec.get("block") is not None:
         name += f" block {rec['block']}"
     return name + (f" ({rec['rp_task_id']})" if rec.get("rp_task_id") else "")
 

@@ -26,6 +26,7 @@ import numpy as np
 from MDAnalysis.analysis.backends import BackendBase
 
 from trajflow.tasks import backend_part
+from trajflow.tasks.modes import TasksMode
 from trajflow.tasks.plan import RunPlan
 from trajflow.tasks.rundir import has_plan, open_in_run
 from trajflow.workflows.errors import InputError
@@ -114,7 +115,7 @@ def backend_plan(analysis, func, computations, out):
     plan = RunPlan(workdir=out, topology=str(universe or ""),
                    trajectories=[str(f) for f in filenames],
                    analysis=f"mdanalysis:{type(analysis).__module__}.{type(analysis).__name__}",
-                   selection="", io="shared", mode="tasks", gather="gatherv",
+                   selection="", io="shared", mode=TasksMode.name, gather="gatherv",
                    n_frames=int(sum(len(g) for g in groups)), n_atoms=int(u.n_atoms),
                    blocks=blocks, backend=True)
     plan.asked_at = time.time()  # the run's wall time counts from here, as any run's

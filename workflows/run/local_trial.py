@@ -16,6 +16,7 @@ import sys
 import tempfile
 
 from trajflow.tasks.exit_codes import ANALYSIS_RAISED
+from trajflow.tasks.modes import TasksMode
 from trajflow.tasks.plan import RunPlan
 from trajflow.workflows.errors import InputError
 
@@ -45,7 +46,7 @@ def try_analysis(inputs, label, write_code, chosen, frames=TRIAL_FRAMES, limit_s
     with tempfile.TemporaryDirectory(prefix="trajflow-trial-") as staging:
         plan = RunPlan(workdir=staging, topology=inputs.topology,
                        trajectories=inputs.trajectories, analysis=inputs.analysis, selection="",
-                       io="shared", mode="tasks", gather="gatherv", n_frames=len(first),
+                       io="shared", mode=TasksMode.name, gather="gatherv", n_frames=len(first),
                        n_atoms=inputs.n_atoms, blocks=[(0, len(first))],
                        frame_selection={"frames": first}, input_frames=inputs.n_frames,
                        analysis_args=inputs.analysis_args, factory=inputs.factory,

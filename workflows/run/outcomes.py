@@ -138,7 +138,7 @@ def forget_analyze_attempt(plan):
     """Before an MPI run's analyze task runs again: its earlier ranks' progress counts
     and records go (run again on fewer ranks, the ranks past the new last one would
     count frames twice and leave records of an attempt that made no result)."""
-    if plan.mode != "mpi" or os.path.exists(plan.part_path("mpi")):
+    if not plan.execution.collective or os.path.exists(plan.gathered_part_path()):
         return
     for path in glob.glob(plan.path("progress", "analyze.*")) + glob.glob(
             plan.path("profile", "analyze.*")):

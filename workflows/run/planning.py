@@ -24,6 +24,7 @@ from trajflow.tasks import mda_analyses
 from trajflow.tasks.analyses import ANALYSES, ANALYSIS_CLASSES, MERGED_ANALYSES
 from trajflow.tasks.h5md import COLLECTIVE, missing_box
 from trajflow.tasks.inputs import input_stats
+from trajflow.tasks.modes import MODES
 from trajflow.tasks.plan import balanced_blocks, chosen_frames, PlanError, RunPlan
 from trajflow.tasks.rundir import (FOLDERS, foreign_entries, keep_room, LOCK, MARKER, open_in_run, PLAN,
                                    replaced_whole, RESERVE_BYTES)
@@ -486,8 +487,8 @@ def _make_plan(out, inputs, spec, cpus):
         chosen = "frames chosen" if selection else "trajectory's frames"
         raise InputError(f"{spelled('blocks', n_blocks)} is more than the {n_frames} "
                          f"{chosen}: use at most {n_frames} blocks")
-    if spec.mode == "mpi" and n_blocks > cpus:
-        raise InputError(f"{spelled('mode', 'mpi')} runs one rank per block: {n_blocks} ranks do "
+    if MODES[spec.mode].collective and n_blocks > cpus:
+        raise InputError(f"{spelled('mode', spec.mode)} runs one rank per block: {n_blocks} ranks do "
                          f"not fit in {spelled('cpus', cpus)}; ask for {spelled('cpus', n_blocks)} "
                          f"or fewer {spelled('blocks')}")
     plan = RunPlan(workdir=out, topology=inputs.topology, trajectories=inputs.trajectories,
@@ -632,7 +633,7 @@ def fit_to_cores(plan: RunPlan, cores: int) -> RunPlan:
     to rounding in a user analysis' aggregation), which is how a run resumed on the nodes
     left after one was lost goes on. Tasks mode and an MDAnalysis run() (tasks
     of one core each, which queue for a core) stay as they are."""
-    if plan.mode != "mpi" or plan.backend or plan.n_blocks <= cores:
+    if not plan.execution.collective or plan.n_blocks <= cores:
         return dataclasses.replace(plan, mpi_ranks=0) if plan.mpi_ranks else plan
     log.warning("%s: the pilot has %d cores for %d blocks: %d MPI ranks share the blocks "
                 "(dynamic schedule%s%s)", os.path.basename(plan.workdir), cores, plan.n_blocks,

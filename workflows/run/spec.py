@@ -25,7 +25,8 @@ from typing import Any, Dict, List, Optional
 from trajflow.tasks.analyses import ANALYSIS_CLASSES, MERGED_ANALYSES
 from trajflow.tasks.h5md import COLLECTIVE, parse_compression
 from trajflow.tasks.placement import node_cpus, split_cpus
-from trajflow.tasks.plan import CHUNK_BYTES, GATHERS, is_finite_number, MODES, MPI_READS
+from trajflow.tasks.modes import MODES, MpiMode
+from trajflow.tasks.plan import CHUNK_BYTES, GATHERS, is_finite_number, MPI_READS
 from trajflow.tasks.io_strategies import IO_STRATEGIES
 from trajflow.tasks.schedules import SCHEDULES
 from trajflow.workflows.errors import InputError
@@ -115,8 +116,8 @@ class RunSpec:
                                    for n, c in ANALYSIS_CLASSES.items())
         + ", 'name CA' for rmsf, 'backbone' for pca", metavar="SEL")
     io: str = option("shared", _io_help(), choices=tuple(IO_STRATEGIES))
-    mode: str = option("mpi", "mpi: one analyze task with one rank per block; tasks: one "
-                              "single-core task per block", choices=MODES)
+    mode: str = option(MpiMode.name, "; ".join(f"{m.name}: {m.help}" for m in MODES.values()),
+                       choices=tuple(MODES))
     gather: str = option("gatherv", "mpi mode: collect results with Gatherv, or one-sided puts "
                                     "into an MPI window on rank 0", choices=GATHERS)
     schedule: str = option(AUTO, "how ranks or tasks share the frames; " + "; ".join(
@@ -193,9 +194,10 @@ class RunSpec:
             parse_compression(self.compression)
         except ValueError as exc:
             raise InputError(f"{spelled('compression', self.compression)}: {exc}")
-        if self.mpi_reads == COLLECTIVE and (self.mode != "mpi" or self.schedule == "dynamic"):
+        if self.mpi_reads == COLLECTIVE and (not MODES[self.mode].collective
+                                             or self.schedule == "dynamic"):
             raise InputError(f"{spelled('mpi_reads', COLLECTIVE)} needs every rank in each read: "
-                             f"use it with {spelled('mode', 'mpi')} and the static schedule (not "
+                             f"use it with {spelled('mode', MpiMode.name)} and the static schedule (not "
                              f"{spelled('mode', self.mode)}, {spelled('schedule', self.schedule)})")
         if self.compression and self.io != "h5md":
             raise InputError(f"{spelled('compression')} applies to {spelled('io', 'h5md')} only: "
@@ -255,7 +257,7 @@ def resolved_schedule(spec: "RunSpec", builtin: bool) -> str:
     measured no slower (a built-in analysis in mpi mode), static elsewhere."""
     if spec.schedule != AUTO:
         return spec.schedule
-    return ("dynamic" if builtin and spec.mode == "mpi" and spec.mpi_reads != COLLECTIVE
+    return ("dynamic" if builtin and MODES[spec.mode].collective and spec.mpi_reads != COLLECTIVE
             else "static")
 
 
@@ -335,11 +337,7 @@ class PilotSpec:
         a core per task, at most this machine's on a local resource (the rest queue)."""
         if self.cpus is not None:
             return self.cpus
-        if plan.mode == "mpi":
-            return plan.analyze_ranks
-        if not self.local:
-            return plan.n_blocks
-        return min(plan.n_blocks, self.local_cores())
+        return plan.execution.cores_for(plan, self.local_cores() if self.local else None)
 
     def local_cores(self) -> int:
         """This machine's cores that tasks may use: all this process may use, but those the

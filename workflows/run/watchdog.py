@@ -258,8 +258,7 @@ class Watchdog:
             bound += START_GRACE_S  # the child cancels a hung start itself, and replaces it
         if clock.phase == "stall" and bound and watch.frames > watch.base:
             plan = watch.plan
-            ranks = plan.analyze_ranks if plan.mode == "mpi" else plan.n_blocks
-            per_frame = (watch.changed - watch.first) * max(1, ranks) / (watch.frames - watch.base)
+            per_frame = (watch.changed - watch.first) * max(1, plan.n_workers) / (watch.frames - watch.base)
             bound = max(bound, STALL_FACTOR * per_frame)
         return bound
 
