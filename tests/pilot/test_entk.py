@@ -26,6 +26,7 @@ from trajflow.tasks import rundir
 from trajflow.workflows.run.execute import run_plans
 from plans import make_plan
 from trajflow.workflows.run.planning import write_plan
+from trajflow.workflows.run.spec import PilotSpec
 from paths import FACTORIES
 
 pytestmark = pytest.mark.entk
@@ -59,7 +60,7 @@ def session(tmp_path_factory, adk, adk_xtc, solvated):
             plan.collective_timeout_s = 120.0  # (seen in CI): its own abort ends the task
         runs.append((name, plan, write_plan(plan)))
     os.remove(doomed_top)  # the analyze task of "doomed" must now fail
-    report = run_plans(runs, "local.localhost", walltime=15, cpus=2, session_root=str(root),
+    report = run_plans(runs, PilotSpec(walltime=15, cpus=2), session_root=str(root),
                        retries=1, envs={name: env for name, _, env in specs})
     return report, {name: plan for name, plan, _ in runs}
 

@@ -9,6 +9,7 @@ from trajflow.workflows.datasets import adk_concatenated
 from trajflow.workflows.run.execute import run_plans
 from plans import make_plan
 from trajflow.workflows.run.planning import write_plan
+from trajflow.workflows.run.spec import PilotSpec
 
 pytestmark = [pytest.mark.entk, pytest.mark.slow]
 
@@ -18,7 +19,7 @@ def test_500_task_pipeline_completes_with_bounded_client_memory(tmp_path):
     from MDAnalysis.analysis import rms
     top, traj = adk_concatenated(6, "DCD", folder=str(tmp_path))  # 588 frames
     plan = make_plan(top, [traj], "rmsd", str(tmp_path / "run"), mode="tasks", blocks=500, cpus=2)
-    report = run_plans([("many", plan, write_plan(plan))], "local.localhost", walltime=60, cpus=2,
+    report = run_plans([("many", plan, write_plan(plan))], PilotSpec(walltime=60, cpus=2),
                        retries=0)
     assert report.ok, "\n".join(o.describe() for o in report.failed[:5])
     assert sum(o.stage == "analyze" for o in report.outcomes) == 500

@@ -51,6 +51,10 @@ def test_full_factorial_expansion_and_pilots(tmp_path):
     assert c.pilot("local.slurm") == {"resource": "local.slurm", "walltime": 15, "cpus": 2,
                                       "queue": "debug"}
     assert c.pilot("local.localhost")["cpus"] == 2       # sized for the largest experiment
+    # the pilot the campaign starts is a PilotSpec, as every pilot is: whole, with its guard
+    spec = c.pilot_spec("local.slurm")
+    assert (spec.resource, spec.cpus, spec.walltime, spec.queue, spec.client_timeout) == \
+        ("local.slurm", 2, 15, "debug", 300)
     e = c.on("local.slurm")[0]
     assert e.id == "local.slurm/n1-shared-mpi-gatherv-k1-r1"
 

@@ -30,6 +30,7 @@ from trajflow.workflows.run.resources import agent_cores
 from trajflow.tasks.stages import stage_specs
 from trajflow.workflows.run.pipeline import task_environment
 from trajflow.workflows.run.planning import plan_from_options, write_plan
+from trajflow.workflows.run.spec import PilotSpec
 from trajflow.tasks.results import open_result
 
 FORMATS = ("xtc", "dcd", "h5md")
@@ -123,7 +124,7 @@ def pilot_vs_mpiexec(files, workdir, launches):
     runs = [(f"r{k}",) + our_plan(files, "xtc", 2, os.path.join(workdir, f"pilot{k}"))
             for k in range(launches)]
     with CpuSampler() as cpu:
-        report = run_plans(runs, "local.localhost", 30, 2, one_at_a_time=True,
+        report = run_plans(runs, PilotSpec(walltime=30, cpus=2), one_at_a_time=True,
                            session_root=os.path.join(workdir, "pilot"))
     if not report.ok:
         raise RuntimeError("the pilot runs of the large benchmark failed: "
@@ -157,8 +158,8 @@ def placed_pilot_vs_mpiexec(files, workdir, launches):
     os.sched_setaffinity(0, kept)
     try:
         with CpuSampler() as cpu:
-            report = run_plans(runs, PLACED_RESOURCE, 30, n, one_at_a_time=True,
-                               session_root=os.path.join(workdir, "placed_pilot"))
+            report = run_plans(runs, PilotSpec(PLACED_RESOURCE, walltime=30, cpus=n),
+                               one_at_a_time=True, session_root=os.path.join(workdir, "placed_pilot"))
     finally:
         os.sched_setaffinity(0, before)
     if not report.ok:

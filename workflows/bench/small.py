@@ -32,6 +32,7 @@ from trajflow.workflows.run.execute import run_plans
 from trajflow.tasks.stages import stage_specs
 from trajflow.workflows.run.pipeline import task_environment
 from trajflow.workflows.run.planning import plan_from_options, write_plan
+from trajflow.workflows.run.spec import PilotSpec
 
 
 def best_of(fn, repeats):
@@ -361,7 +362,7 @@ def bench_pilot_reuse(workdir):
                          blocks=1, cpus=1)
         runs.append((name, plan, write_plan(plan)))
     t0 = time.time()
-    report = run_plans(runs, "local.localhost", 10, 1, one_at_a_time=True,
+    report = run_plans(runs, PilotSpec(walltime=10, cpus=1), one_at_a_time=True,
                        session_root=os.path.join(workdir, "reuse"))
     if not report.ok:
         raise RuntimeError("the pilot-reuse benchmark runs failed")

@@ -23,6 +23,7 @@ from trajflow.workflows.profile.schedule_effects import mpi_effect
 from trajflow.tasks.stages import stage_specs
 from trajflow.workflows.run.pipeline import task_environment
 from trajflow.workflows.run.planning import plan_from_options, write_plan
+from trajflow.workflows.run.spec import PilotSpec
 
 SLOW_FRACTION = 0.25   # the slowed rank's or task's share of one core
 SLOW_RANK = 1          # rank 0 gathers by default: the one a dynamic schedule may spare
@@ -98,7 +99,7 @@ def bench_tasks(top, xtc, workdir, slow_block=TASK_BLOCKS - 1):
             runs.append((name, plan, write_plan(plan)))
             if slow:
                 envs[name] = {"TRAJFLOW_TEST_SLOW": f"{slow_block}:{quota.path}"}
-        report = run_plans(runs, "local.localhost", 20, 2, envs=envs, one_at_a_time=True,
+        report = run_plans(runs, PilotSpec(walltime=20, cpus=2), envs=envs, one_at_a_time=True,
                            session_root=workdir)
     finally:
         for _, plan, _ in runs:

@@ -77,7 +77,7 @@ def _check_held_pilot(campaign, label):
     if status["resource"] != resources.resolve_resource(label):
         raise InputError(f"{where}: that pilot is on {status['resource']}, not {label}: name "
                          f"the resource [resources.\"{status['resource']}\"]")
-    needed = campaign.pilot(label)["cpus"]
+    needed = campaign.cores(label)
     if status["cpus"] < needed:
         raise InputError(f"{where}: that pilot has {status['cpus']} cores and the largest "
                          f"experiment needs {needed}: hold a larger one, or fewer ranks")
@@ -116,7 +116,7 @@ def plan_experiments(campaign: CampaignSpec, cdir: str, resume: bool):
                 kept.append(e)
                 continue
         todo[e] = make_plan(campaign.run_spec(e, top, trajs, d),
-                            campaign.pilot(e.resource)["cpus"], new_out=False, inputs=inputs)
+                            campaign.cores(e.resource), new_out=False, inputs=inputs)
         todo[e].asked_at = 0.0  # experiments wait their turn: each is timed from its tasks
         if e.io == "h5md":
             todo[e].shared_h5md = shared_h5md_path(cdir, inputs.checksum,
@@ -338,19 +338,16 @@ def _follow(campaign, cdir, procs, kept, progress=True) -> bool:
 def _run_resource(campaign, label, runs, cdir):
     """One resource's process: its pilot, its experiments; output to logs/<label>.log."""
     with resource_log(cdir, label):
-        pilot = campaign.pilot(label)
         code, error = EXIT_OK, None
         try:
             if campaign.resources[label].pilot:
                 code = _run_on_held(campaign, label, runs)
             else:
-                report = run_plans([(e.id, plan, path) for e, plan, path in runs], label,
-                                   pilot["walltime"], pilot["cpus"], pilot.get("queue"),
-                                   pilot.get("project"),
+                report = run_plans([(e.id, plan, path) for e, plan, path in runs],
+                                   campaign.pilot_spec(label),
                                    session_root=os.path.join(cdir, "sessions", label),
                                    retries=campaign.option("retries"),
-                                   one_at_a_time=not campaign.concurrent,
-                                   client_timeout=campaign.resources[label].client_timeout)
+                                   one_at_a_time=not campaign.concurrent)
                 for o in report.failed:
                     print(o.describe())
                 code = EXIT_OK if report.ok else EXIT_FAILED

@@ -42,8 +42,8 @@ from trajflow.tasks.mda_analyses import parse_spec
 from trajflow.tasks.modes import MODES
 from trajflow.workflows.errors import InputError
 from trajflow.workflows.run.planning import ANALYSIS_FORMS
-from trajflow.workflows.run.resources import resource_description
-from trajflow.workflows.run.spec import option_choices, option_default, RunSpec, value_type
+from trajflow.workflows.run.spec import (option_choices, option_default, PilotSpec, RunSpec,
+                                        value_type)
 
 DESIGNS = ("factorial", "list")
 DATASETS = ("adk",)
@@ -186,13 +186,28 @@ class CampaignSpec:
     def on(self, resource: str) -> List[Experiment]:
         return [e for e in self.experiments if e.resource == resource]
 
-    def pilot(self, resource: str) -> dict:
-        """The pilot description of a resource: its walltime, queue, project, and
-        cores for its largest experiment (or the cpus the file gives)."""
+    def cores(self, resource: str) -> int:
+        """A resource's pilot cores: the cpus the file gives, or its largest experiment's."""
+        return self.resources[resource].cpus or max((e.ranks for e in self.on(resource)),
+                                                    default=1)
+
+    def pilot_spec(self, resource: str) -> PilotSpec:
+        """The pilot of a resource the campaign starts, as every other pilot is made: its
+        walltime, queue, project and client guard from the file, its cores from cores()."""
         spec = self.resources[resource]
-        largest = max((e.ranks for e in self.on(resource)), default=1)
-        return resource_description(resource, spec.walltime, spec.cpus or largest,
-                                    spec.queue or None, spec.project or None)
+        return PilotSpec(resource, cpus=self.cores(resource), walltime=spec.walltime,
+                         queue=spec.queue or None, project=spec.project or None,
+                         client_timeout=spec.client_timeout)
+
+    def pilot(self, resource: str) -> dict:
+        """The pilot description of a resource (pilot_spec's); for a held pilot its name,
+        for a remote resource its machine (the campaign there starts its pilot), and
+        the cores either needs."""
+        spec = self.resources[resource]
+        if spec.pilot or spec.remote:
+            where = {"held": spec.pilot} if spec.pilot else {"remote": spec.remote}
+            return {"resource": resource, **where, "cpus": self.cores(resource)}
+        return self.pilot_spec(resource).description()
 
 
 def _where(table, key):

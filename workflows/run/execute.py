@@ -31,10 +31,10 @@ log = logging.getLogger(__name__)
 WATCH_EVERY_S = 0.5  # the watchdog is asked this often while the child says nothing
 
 
-def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_root=None,
-              retries=1, resume=False, envs=None, one_at_a_time=False, on_run_ended=None,
-              on_event=None, client_timeout=DEFAULT_CLIENT_TIMEOUT_S, limits=""):
-    """Run [(name, plan, plan_path)] as pipelines on one pilot; return a RunReport.
+def run_plans(runs, pilot, session_root=None, retries=1, resume=False, envs=None,
+              one_at_a_time=False, on_run_ended=None, on_event=None):
+    """Run [(name, plan, plan_path)] as pipelines on one pilot of `pilot` (a PilotSpec
+    with its cpus: its description, client guard and limits); return a RunReport.
 
     A failed task is run again up to `retries` times before its run fails.
     `resume`: run only what the runs are missing. `envs`: run name -> extra
@@ -46,18 +46,17 @@ def run_plans(runs, resource, walltime, cpus, queue=None, project=None, session_
     then called here, while the pilot is already being shut down (the CLI
     writes the run's report meanwhile). `on_event(run, stage, kind, text)`:
     the pilot's activation and each stage's start and end as they happen.
-    `client_timeout`, `limits`: see PilotProcess.
     """
     t0 = time.time()
     if resume:  # a pilot of these runs whose client died must not run beside this one
         for _name, plan, _path in runs:
             cancel_orphans(plan.workdir, log.warning)
             remove_partial_files(plan)
-    desc = resources.resource_description(resource, walltime, cpus, queue, project)
     requests = [RunRequest(name, plan, path, retries, resume, (envs or {}).get(name))
                 for name, plan, path in runs]
-    process = PilotProcess(desc, session_root or runs[0][1].workdir, on_event=on_event,
-                           client_timeout=client_timeout, limits=limits)
+    process = PilotProcess(pilot.description(), session_root or runs[0][1].workdir,
+                           on_event=on_event, client_timeout=pilot.client_timeout,
+                           limits=pilot.limits)
     with process:
         report = process.run_batch(requests, one_at_a_time, close_after=True,
                                    on_run_ended=lambda name, _outcomes: on_run_ended

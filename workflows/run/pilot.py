@@ -101,9 +101,7 @@ class Pilot:
         self.resource, self.cpus, self.walltime = spec.resource, spec.cpus, spec.walltime
         self.client_timeout, self.keep_sandbox = spec.client_timeout, spec.keep_sandbox
         self.limits = spec.limits
-        self.description = resources.resource_description(spec.resource, spec.walltime, spec.cpus,
-                                                          spec.queue, spec.project,
-                                                          spec.access_schema)
+        self.description = spec.description()
         self.path = os.path.abspath(spec.path or
                                     f"trajflow-pilot-{time.strftime('%Y%m%d-%H%M%S')}")
         self._progress = Progress(progress)

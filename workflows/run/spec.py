@@ -320,6 +320,12 @@ class PilotSpec:
     def local(self) -> bool:
         return resources.is_local(self.resource)
 
+    def description(self) -> dict:
+        """The pilot description EnTK's AppManager takes, from every option that shapes
+        the pilot (its cpus must be known by now)."""
+        return resources.resource_description(self.resource, self.walltime, self.cpus,
+                                              self.queue, self.project, self.access_schema)
+
     def blocks_for(self, run: RunSpec) -> int:
         """How many blocks a run has: as asked, else the pilot's cpus, else (on
         this machine) its cores; InputError where nothing says."""
