@@ -80,10 +80,16 @@ def test_cli_run_on_a_held_pilot_is_mdanalysis_and_starts_no_pilot(held, adk,
                                                                    reference_results):
     out = held["path"] / "cli"
     t0 = time.time()
+    # planned by the holder: this client never imports MDAnalysis (Python lists each import)
     run = _trajflow(["run", "--topology", adk[0], "--trajectory", adk[1], "--analysis", "rmsd",
-                     "--pilot", "mod", "--out", str(out)], held["env"], str(held["path"]),
-                    check=0)
+                     "--pilot", "mod", "--out", str(out)],
+                    {**held["env"], "PYTHONPROFILEIMPORTTIME": "1"}, str(held["path"]), check=0)
     wall = time.time() - t0
+    imported = [line for line in run.stderr.splitlines() if line.startswith("import time:")]
+    assert any("trajflow.workflows.run.held_client" in line for line in imported)
+    assert "MDAnalysis" not in [line.split("|")[-1].strip() for line in imported]
+    run.stderr = "\n".join(line for line in run.stderr.splitlines()
+                            if not line.startswith("import time:"))
     with h5py.File(out / "result.h5", "r") as f:
         np.testing.assert_allclose(f["rmsd"][:], reference_results(adk[0], [adk[1]], "rmsd")
                                    ["rmsd"], rtol=1e-5, atol=1e-4)
@@ -189,13 +195,18 @@ def test_what_a_held_pilot_cannot_take_is_refused_in_a_second(held, adk):
     options = _trajflow(base + ["--pilot", "mod", "--cpus", "4", "--out", "x2"], env, cwd,
                         check=2)
     assert "--cpus: options of a pilot" in options.stderr
+    # bad input, found by the holder's planning, in the words and flags of a client's own
+    nothing = _trajflow(base + ["--pilot", "mod", "--select", "resname NOPE", "--out", "x3"],
+                        env, cwd, check=2)
+    assert "selection 'resname NOPE' matches 0 atom(s)" in nothing.stderr
+    wide = _trajflow(base + ["--pilot", "mod", "--blocks", "3", "--out", "x4"], env, cwd, check=2)
+    assert "--mode mpi runs one rank per block: 3 ranks do not fit in --cpus 2" in wide.stderr
     again = _trajflow(["pilot", "start", "--name", "mod"], env, cwd, check=2)
     assert "a pilot named 'mod' is held already" in again.stderr
     bad = _trajflow(["pilot", "start", "--name", "../up"], env, cwd, check=2)
     assert "pilot name '../up'" in bad.stderr
-    assert time.time() - t0 < 30  # five refusals, each a Python start and no pilot
-    assert not os.path.exists(os.path.join(cwd, "x1")) and not os.path.exists(
-        os.path.join(cwd, "x2"))
+    assert time.time() - t0 < 40  # seven refusals, each a Python start and no pilot
+    assert not [x for x in ("x1", "x2", "x3", "x4") if os.path.exists(os.path.join(cwd, x))]
     # a folder open to others is refused, not used
     os.chmod(held["pilots"], 0o755)
     try:

@@ -35,10 +35,11 @@ from trajflow.workflows.run.runs import find_runs
 from trajflow.workflows.run.spec import PilotSpec, RunSpec
 
 
-def _run_and_report(plans, spec, pilot_spec, path, resume=False, held=None):
+def _run_and_report(plans, spec, pilot_spec, path, resume=False, held=None, asked_at=None):
     """Run the plans on one pilot (the API's Pilot, or the held pilot named `held`),
     each run's summary and HTML report written as soon as it has ended (while the
-    pilot is shut down), then printed; the exit code."""
+    pilot is shut down), then printed; the exit code. No plans, a held pilot: `spec`'s
+    run, planned there (HeldPilot.submit_spec), asked for at `asked_at`."""
     import concurrent.futures
     t0 = time.time()
     runs, futures, errors = {}, {}, {}
@@ -57,7 +58,8 @@ def _run_and_report(plans, spec, pilot_spec, path, resume=False, held=None):
             own = dataclasses.replace(pilot_spec, cpus=cpus, path=path)
             chosen = Pilot(progress=spec.progress, **dataclasses.asdict(own))
         with chosen as pilot:
-            futures = {pilot.submit_plan(plan, spec, resume=resume): plan for plan in plans}
+            futures = ([pilot.submit_plan(plan, spec, resume=resume) for plan in plans]
+                       or [pilot.submit_spec(spec, asked_at)])
             pilot.close(wait=False)  # no more runs: the pilot ends with the last one
             for future in concurrent.futures.as_completed(futures):
                 finished(future)
@@ -74,7 +76,7 @@ def _run_and_report(plans, spec, pilot_spec, path, resume=False, held=None):
     summaries = {future: _summarise(runs[future], getattr(future, "report", None))
                  for future in futures}
     failed = False
-    for future, plan in futures.items():
+    for future in futures:
         run = runs[future]
         outcome = run.outcome or {}
         for text in outcome.get("retried_tasks", []):
@@ -151,7 +153,11 @@ def _run_on_held(args):
     if args.remote:
         raise InputError("--pilot with --remote: a held pilot of this machine cannot take a "
                          "remote run; leave out one of them")
+    asked_at = time.time()
     status = held_client.held_status(args.pilot)
+    spec = spec_from_args(RunSpec, args)
+    if not args.resume and held_client.can_plan_there(spec):  # no MDAnalysis import here
+        return _run_and_report([], spec, None, None, held=args.pilot, asked_at=asked_at)
     plan, spec, _ = plan_from_args(args, held_cpus=status["cpus"])
     return _run_and_report([plan], spec, None, plan.workdir, resume=bool(args.resume),
                            held=args.pilot)

@@ -9,7 +9,10 @@ which sends runs to one by name with the same submit/run API as `Pilot`.
 
 A run is planned and its folder written here, as for any pilot (bad input is
 refused before the held pilot hears of it); the holder (held_holder.py) is
-sent the plan's path and answers with the run's stage events and its end.
+sent the plan's path and answers with the run's stage events and its end. A
+built-in analysis from the command line (`submit_spec`) is planned by the holder
+instead, which has MDAnalysis imported already: the client sends its RunSpec whole
+and never imports MDAnalysis (half a second of each `trajflow run --pilot`).
 """
 import concurrent.futures
 import contextlib
@@ -25,20 +28,22 @@ import sys
 import threading
 import time
 
-from trajflow.tasks.plan import is_finite_number
+from trajflow.tasks.analyses import ANALYSES
+from trajflow.tasks.plan import is_finite_number, RunPlan
 from trajflow.tasks.rundir import record_handed_over, withdraw_handover, write_text
 from trajflow.workflows.errors import InputError, Interrupted, RunFailed
 from trajflow.workflows.run.held_holder import HeldRequest
 from trajflow.workflows.run.held_registry import (connect, held_names, HOLDER_MODULE, holder_alive,
-                                                  is_refused,
+                                                  is_refused, MAX_MESSAGE_BYTES,
                                                   is_stale, LIST_HINT, LOG, Messages, pilot_folder,
                                                   read_record, remove_folder,
                                                   REQUEST, send)
 from trajflow.workflows.run.pilot import Pilot, prepare_run
-from trajflow.workflows.run.planning import fit_to_cores, make_plan
+from trajflow.workflows.run.planning import check_outdir, default_out, fit_to_cores, make_plan
 from trajflow.workflows.run.progress import Progress
+from trajflow.workflows.run.rundir_lock import RunLock
 from trajflow.workflows.run.runs import Run
-from trajflow.workflows.run.spec import RunSpec, split_options, takes_options
+from trajflow.workflows.run.spec import on_command_line, RunSpec, split_options, takes_options
 
 log = logging.getLogger(__name__)
 
@@ -317,18 +322,55 @@ class HeldPilot:
             raise
         return future
 
+    def submit_spec(self, spec, asked_at=None) -> HeldRunFuture:
+        """A new run of a built-in analysis, planned by the holder (InputError for bad
+        input, as make_plan's, with its folder gone again); returns once it is planned.
+        Its folder is locked here first, and the lock goes with the request."""
+        if not can_plan_there(spec):
+            raise ValueError("the holder plans new runs of built-in analyses only")
+        asked_at = time.time() if asked_at is None else asked_at
+        out = os.path.abspath(spec.out if spec.out is not None else default_out(spec.analysis))
+        spec = dataclasses.replace(spec, out=out, topology=os.path.abspath(spec.topology),
+                                   trajectory=[os.path.abspath(t) for t in spec.trajectory])
+        lock = RunLock(check_outdir(out)).acquire()  # before anything is read or written
+        conn = None
+        try:
+            conn = _connect(self.name, pilot_folder(self.name))
+            _send_with_lock(conn, {"op": "run", "spec": json.loads(spec.to_json()),
+                                   "asked_at": asked_at, "command_line": on_command_line(),
+                                   "retries": spec.retries,
+                                   "env": {**testing_hooks(), **(spec.env or {})},
+                                   "resume": False}, lock)
+            answer = Messages(conn).receive()
+            if "planned" not in answer:
+                raise InputError(answer.get("invalid") or f"the held pilot {self.name} refused "
+                                 f"the run: {answer.get('refused', answer)}")
+            plan = RunPlan.load(answer["planned"])
+        except BaseException as exc:  # refused: nothing left behind
+            if conn is not None:
+                conn.close()
+            lock.release(remove_dir=True)
+            if isinstance(exc, (OSError, EOFError, ValueError)):  # the holder broke off
+                raise InputError(f"the held pilot {self.name!r} did not plan the run ({exc}); "
+                                 f"{LIST_HINT}") from None
+            raise
+        plan.lock = lock
+        if lock.taken_over:
+            self._progress.line(f"{plan.workdir}: took over the lock of a run that is gone "
+                                f"({lock.taken_over})")
+        future = HeldRunFuture(plan, conn)
+        self._follow_in_thread(future, spec)
+        return future
+
     def _send(self, future, path, spec, resume):
         """The request, with the folder's lock passed along (SCM_RIGHTS): the holder keeps
         the folder locked while the run goes on there, whatever becomes of this process."""
-        line = (json.dumps({"op": "run", "plan": path, "retries": spec.retries,
-                            "env": {**testing_hooks(), **(spec.env or {})}, "resume": resume})
-                + "\n").encode()
-        lock = future.plan.lock
-        if lock is not None and lock.fd is not None:
-            sent = socket.send_fds(future.conn, [line], [lock.fd])
-            future.conn.sendall(line[sent:])
-        else:
-            future.conn.sendall(line)
+        _send_with_lock(future.conn, {"op": "run", "plan": path, "retries": spec.retries,
+                                      "env": {**testing_hooks(), **(spec.env or {})},
+                                      "resume": resume}, future.plan.lock)
+        self._follow_in_thread(future, spec)
+
+    def _follow_in_thread(self, future, spec):
         self._futures.append(future)
         future.followed = threading.Thread(target=self._follow, args=(future, spec),
                                            daemon=True, name="trajflow-held-run")
@@ -422,6 +464,24 @@ class HeldPilot:
         for future in sent:
             future.hang_up()
         return sent
+
+
+def _send_with_lock(conn, message, lock):
+    """One request line, with the run folder's lock descriptor where there is one."""
+    line = (json.dumps(message) + "\n").encode()
+    if lock is not None and lock.fd is not None:
+        sent = socket.send_fds(conn, [line], [lock.fd])
+        conn.sendall(line[sent:])
+    else:
+        conn.sendall(line)
+
+
+def can_plan_there(spec) -> bool:
+    """Whether the holder can plan `spec`: a new run of a built-in analysis whose request
+    fits one message (a user's analysis is loaded and tried here, where its code is)."""
+    return (isinstance(spec.analysis, str) and spec.analysis in ANALYSES and not spec.args
+            and None not in (spec.topology, spec.trajectory)
+            and len(spec.to_json()) < MAX_MESSAGE_BYTES // 2)
 
 
 def testing_hooks():

@@ -2,8 +2,9 @@
 
 It is started detached (a session of its own, its output in the pilot's
 holder.log), holds one `Pilot` (pilot.py), and answers on its Unix socket
-(held_registry.py): "status", "stop", and "run" (a plan its client wrote, whose
-folder's lock the client holds). Each run's stage events go back on the run's
+(held_registry.py): "status", "stop", and "run" (a plan its client wrote, or a
+built-in analysis' RunSpec that it plans itself, into a folder whose lock the client
+holds). Each run's stage events go back on the run's
 connection as they happen, then how it ended. A client that hangs up before
 its run began (Ctrl-C) has its run cancelled.
 
@@ -16,7 +17,9 @@ gone) and the next `trajflow pilot` command finds the folder stale.
     python -m trajflow.workflows.run.held_holder FOLDER
 """
 import concurrent.futures
+import contextlib
 import dataclasses
+import importlib
 import json
 import logging
 import os
@@ -26,15 +29,16 @@ import sys
 import threading
 import time
 
-from trajflow.tasks.plan import PlanError, RunPlan
-from trajflow.tasks.rundir import read_record as read_plain
+from trajflow.tasks.plan import is_finite_number, PlanError, RunPlan
+from trajflow.tasks.rundir import read_record as read_plain, record_handed_over, withdraw_handover
 from trajflow.workflows.errors import InputError, Interrupted, RunFailed
 from trajflow.workflows.run.held_registry import (check_private, listen, MAX_MESSAGE_BYTES,
                                                   Messages, read_record, remove_folder, REQUEST,
                                                   send, write_record)
 from trajflow.workflows.run.pilot import Pilot
+from trajflow.workflows.run.planning import fit_to_cores, make_plan, write_plan
 from trajflow.workflows.run.runs import Run
-from trajflow.workflows.run.spec import PilotSpec, RunSpec
+from trajflow.workflows.run.spec import command_line, PilotSpec, RunSpec
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +112,9 @@ class Holder:
         self._record()
         log.info("held pilot %s active: %s cores on %s", self.request.name, self.pilot.cpus,
                  self.pilot.resource)
+        # the runs it plans need MDAnalysis: imported now, once (not before the pilot's
+        # process is forked: a fork amid an import leaves the child that module's lock)
+        importlib.import_module("MDAnalysis")
         self._watch()
         self.state = "stopping"
         self._record()
@@ -213,23 +220,26 @@ class Holder:
             conn.close()
 
     def _run(self, conn, messages, message):
-        """A client's run: checked, handed to the pilot, its events and its end sent back."""
+        """A client's run: checked (planned here, for a RunSpec), handed to the pilot, its
+        events and its end sent back."""
+        run = plan = None
         try:
             run = _run_message(message)
-            plan = RunPlan.load(run["plan"])
-            if self.state != "active" or self.stopping.is_set():
-                raise InputError(f"the held pilot {self.request.name} is {self.state}"
-                                 + (f" ({self.why})" if self.why else ""))
-            left = self.started + 60 * self.pilot.walltime - time.time()
-            if left < 60:
-                raise InputError(f"the held pilot {self.request.name} has {left:.0f} s of its "
-                                 "walltime left: start another (trajflow pilot start)")
+            self._check_open()  # before a folder is written for a run it cannot take
+            if run["spec"] is not None:
+                plan, run["plan"] = self._plan(run, conn)
+                if plan is None:
+                    return
+            else:
+                plan = RunPlan.load(run["plan"])
             spec = RunSpec(retries=run["retries"], env=run["env"])
             future = self.pilot.submit_written(
                 plan, run["plan"], spec, resume=run["resume"],
                 on_event=lambda _run, stage, kind, text: conn.say({"event": [stage, kind, text]}))
         except (InputError, PlanError, OSError, ValueError, TypeError, RuntimeError) as exc:
             conn.say({"refused": str(exc)})  # RuntimeError: the pilot is closing or lost
+            if run is not None and run["spec"] is not None and plan is not None:
+                withdraw_handover(plan.workdir)  # planned here, never begun
             return
         self.last_busy = time.time()
         threading.Thread(target=_cancel_on_hangup, args=(messages, future, self.pilot),
@@ -255,6 +265,35 @@ class Holder:
         # after the result: this process has bokeh and matplotlib imported already, where
         # its client would pay seconds for them
         conn.say({"report": Run(plan.workdir, trust=True).write_report()})
+
+    def _check_open(self):
+        """InputError unless the pilot is active, not stopping, with a minute left."""
+        if self.state != "active" or self.stopping.is_set():
+            raise InputError(f"the held pilot {self.request.name} is {self.state}"
+                             + (f" ({self.why})" if self.why else ""))
+        left = self.started + 60 * self.pilot.walltime - time.time()
+        if left < 60:
+            raise InputError(f"the held pilot {self.request.name} has {left:.0f} s of its "
+                             "walltime left: start another (trajflow pilot start)")
+
+    def _plan(self, run, conn):
+        """(plan, its path) of a client's RunSpec, planned and written here as its client
+        would have (for this pilot's cores, into the folder it locked); (None, None) when
+        the input is bad, which the client is told in make_plan's words."""
+        try:
+            # its messages spelled as its client's user writes options (flags, or keywords)
+            with command_line() if run["command_line"] else contextlib.nullcontext():
+                spec = RunSpec(**run["spec"])
+                plan = fit_to_cores(make_plan(spec, self.pilot.cpus, new_out=False),
+                                    self.pilot.cpus)
+            plan.asked_at = run["asked_at"]
+            path = write_plan(plan)
+        except InputError as exc:
+            conn.say({"invalid": str(exc)})
+            return None, None
+        record_handed_over(plan.workdir)  # "interrupted" until it says how it ended
+        conn.say({"planned": path})
+        return plan, path
 
 
 class Connection:
@@ -301,13 +340,21 @@ def _run_message(message):
     """A "run" request's fields, checked (plain JSON from the owner's socket)."""
     plan, resume = message.get("plan"), message.get("resume", False)
     retries, env = message.get("retries", 1), message.get("env")
-    if not isinstance(plan, str) or not os.path.isabs(plan):
+    spec, asked_at = message.get("spec"), message.get("asked_at", 0.0)
+    flags = message.get("command_line") is True
+    if spec is not None:
+        if not isinstance(spec, dict) or resume or not is_finite_number(asked_at) or not all(
+                isinstance(spec.get(k), str) and os.path.isabs(spec[k]) for k in ("out", "topology")):
+            raise InputError("a run request's spec is a new run's RunSpec, its folder and "
+                             "topology absolute paths")
+    elif not isinstance(plan, str) or not os.path.isabs(plan):
         raise InputError("a run request names its plan by an absolute path")
     if not isinstance(resume, bool):
         raise InputError("a run request's resume is true or false")
     if env is not None and not isinstance(env, dict):
         raise InputError("a run request's env is an object")
-    return {"plan": plan, "resume": resume, "retries": retries, "env": env}
+    return {"plan": plan, "resume": resume, "retries": retries, "env": env, "spec": spec,
+            "asked_at": asked_at, "command_line": flags}
 
 
 def _cancel_on_hangup(messages, future, pilot):

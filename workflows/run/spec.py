@@ -49,6 +49,11 @@ def command_line():
         _ON_COMMAND_LINE.reset(token)
 
 
+def on_command_line() -> bool:
+    """Whether messages spell options as flags now (see command_line)."""
+    return _ON_COMMAND_LINE.get()
+
+
 _NOTHING = object()
 
 
