@@ -24,7 +24,7 @@ venv: $(VENV)/.installed
 # compiles them again in every process, ~0.15 s of each `trajflow` command and task
 # start (a wheel's install compiles them itself)
 bytecode: $(VENV)/.installed
-	$(PY) -m compileall -q tasks workflows >/dev/null
+	$(PY) -m compileall -q tasks workflows
 
 demo: bytecode
 	$(VENV)/bin/trajflow demo

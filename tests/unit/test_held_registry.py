@@ -1,6 +1,7 @@
 """Where held pilots are found, without a pilot: names, the private folder's checks,
 the socket reached through the folder's descriptor, one message per line, stale
 records, and a fake holder that answers the client's requests."""
+import dataclasses
 import json
 import os
 import socket
@@ -169,3 +170,59 @@ def test_a_holders_request_is_checked(tmp_path):
     request = HeldRequest.from_dict(json.loads(json.dumps(
         {"name": "x", "pilot": {"resource": "local.localhost", "cpus": 1}, "idle_timeout_s": 60})))
     assert request.pilot.cpus == 1 and request.idle_timeout_s == 60.0
+
+
+def test_a_run_the_holder_plans_is_a_built_in_one_and_a_refusal_leaves_nothing(pilots,
+                                                                               tmp_path):
+    """The holder plans only trajflow's own analyses (a user's code is never imported
+    there), an older holder plans none, and a run it refuses or breaks off leaves no
+    folder behind (a fake holder on the real socket)."""
+    from trajflow.workflows.run.held_holder import _run_message, receive_first
+    from trajflow.workflows.run.spec import RunSpec
+    spec = {"out": "/o", "topology": "/t.psf", "analysis": "mine.py:f"}
+    with pytest.raises(InputError, match="built-in analyses only"):
+        _run_message({"spec": spec, "asked_at": 1.0})
+    assert _run_message({"spec": dict(spec, analysis="rmsd"), "asked_at": 1.0})["spec"]
+    builtin = RunSpec(topology="t.psf", trajectory=["t.dcd"], analysis="rmsd")
+    assert held_client.can_plan_there(builtin, {"plans_runs": True})
+    assert not held_client.can_plan_there(builtin, {"cpus": 2})  # an older holder
+    assert not held_client.can_plan_there(RunSpec(topology="t.psf", trajectory=["t.dcd"],
+                                                  analysis="mine.py:f"))
+    assert not held_client.can_plan_there(RunSpec(trajectory=["t.dcd"], analysis="rmsd"))
+
+    folder = reg.pilot_folder("fake")
+    os.mkdir(folder, 0o700)
+    server = reg.listen(folder)
+    status = {"name": "fake", "state": "active", "resource": "local.localhost", "cpus": 2,
+              "walltime": 10, "session_dir": "/s", "plans_runs": True}
+    got = []
+
+    def serve(answers):
+        conn, _ = server.accept()  # the client's status request
+        reg.Messages(conn).receive()
+        reg.send(conn, status)
+        conn.close()
+        for answer in answers:
+            conn, _ = server.accept()
+            message, lock_fd = receive_first(conn)
+            got.append((message, lock_fd is not None))
+            os.close(lock_fd)
+            if answer is not None:
+                reg.send(conn, answer)
+            conn.close()
+    thread = threading.Thread(target=serve, args=([{"invalid": "--select 'x' matches 0 atoms"},
+                                                    None],), daemon=True)
+    thread.start()
+    pilot = held_client.HeldPilot("fake", progress=False)
+    run = RunSpec(topology="t.psf", trajectory=["t.dcd"], analysis="rmsd",
+                  out=str(tmp_path / "refused"))
+    with pytest.raises(InputError, match="^--select 'x' matches 0 atoms$"):
+        pilot.submit_spec(run)
+    with pytest.raises(InputError, match="did not plan the run"):
+        pilot.submit_spec(dataclasses.replace(run, out=str(tmp_path / "broken")))
+    thread.join(5)
+    server.close()
+    assert not (tmp_path / "refused").exists() and not (tmp_path / "broken").exists()
+    (message, with_lock), _ = got
+    assert with_lock and message["spec"]["out"] == str(tmp_path / "refused")
+    assert os.path.isabs(message["spec"]["topology"]) and message["spec"]["analysis"] == "rmsd"

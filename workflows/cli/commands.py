@@ -156,7 +156,7 @@ def _run_on_held(args):
     asked_at = time.time()
     status = held_client.held_status(args.pilot)
     spec = spec_from_args(RunSpec, args)
-    if not args.resume and held_client.can_plan_there(spec):  # no MDAnalysis import here
+    if not args.resume and held_client.can_plan_there(spec, status):  # no MDAnalysis here
         return _run_and_report([], spec, None, None, held=args.pilot, asked_at=asked_at)
     plan, spec, _ = plan_from_args(args, held_cpus=status["cpus"])
     return _run_and_report([plan], spec, None, plan.workdir, resume=bool(args.resume),

@@ -30,7 +30,7 @@ import time
 
 from trajflow.tasks.analyses import ANALYSES
 from trajflow.tasks.plan import is_finite_number, RunPlan
-from trajflow.tasks.rundir import record_handed_over, withdraw_handover, write_text
+from trajflow.tasks.rundir import PLAN, record_handed_over, withdraw_handover, write_text
 from trajflow.workflows.errors import InputError, Interrupted, RunFailed
 from trajflow.workflows.run.held_holder import HeldRequest
 from trajflow.workflows.run.held_registry import (connect, held_names, HOLDER_MODULE, holder_alive,
@@ -218,6 +218,7 @@ class HeldRunFuture(concurrent.futures.Future):
         self.name = os.path.basename(plan.workdir)
         self.conn = conn
         self.report = None     # report.html, once the holder has written it
+        self.messages = None   # the connection's reader, where one has begun reading it
         self.followed = None   # the thread that hears the holder on this run
         self.cancelled_there = False  # the holder cancelled it before it began
         self.ended_there = False      # the holder said how it ended
@@ -327,13 +328,13 @@ class HeldPilot:
         input, as make_plan's, with its folder gone again); returns once it is planned.
         Its folder is locked here first, and the lock goes with the request."""
         if not can_plan_there(spec):
-            raise ValueError("the holder plans new runs of built-in analyses only")
+            raise ValueError("a held pilot plans new runs of built-in analyses only")
         asked_at = time.time() if asked_at is None else asked_at
         out = os.path.abspath(spec.out if spec.out is not None else default_out(spec.analysis))
         spec = dataclasses.replace(spec, out=out, topology=os.path.abspath(spec.topology),
                                    trajectory=[os.path.abspath(t) for t in spec.trajectory])
         lock = RunLock(check_outdir(out)).acquire()  # before anything is read or written
-        conn = None
+        conn = messages = None
         try:
             conn = _connect(self.name, pilot_folder(self.name))
             _send_with_lock(conn, {"op": "run", "spec": json.loads(spec.to_json()),
@@ -341,15 +342,20 @@ class HeldPilot:
                                    "retries": spec.retries,
                                    "env": {**testing_hooks(), **(spec.env or {})},
                                    "resume": False}, lock)
-            answer = Messages(conn).receive()
+            messages = Messages(conn)  # the run's one reader: it buffers the lines after
+            answer = messages.receive()
             if "planned" not in answer:
                 raise InputError(answer.get("invalid") or f"the held pilot {self.name} refused "
                                  f"the run: {answer.get('refused', answer)}")
+            if answer["planned"] != os.path.join(out, PLAN):
+                raise ValueError(f"it answered with another plan, {answer['planned']!r:.200}")
             plan = RunPlan.load(answer["planned"])
-        except BaseException as exc:  # refused: nothing left behind
+        except BaseException as exc:  # refused, or broken off: no folder left for nothing
+            if messages is not None:
+                messages.close()
             if conn is not None:
                 conn.close()
-            lock.release(remove_dir=True)
+            lock.release(remove_dir=True)  # only while empty: a plan written there stays
             if isinstance(exc, (OSError, EOFError, ValueError)):  # the holder broke off
                 raise InputError(f"the held pilot {self.name!r} did not plan the run ({exc}); "
                                  f"{LIST_HINT}") from None
@@ -359,6 +365,7 @@ class HeldPilot:
             self._progress.line(f"{plan.workdir}: took over the lock of a run that is gone "
                                 f"({lock.taken_over})")
         future = HeldRunFuture(plan, conn)
+        future.messages = messages
         self._follow_in_thread(future, spec)
         return future
 
@@ -379,7 +386,7 @@ class HeldPilot:
     def _follow(self, future, spec):
         """The holder's word on one run, until its end (the run's report written); then the
         folder's lock is let go (the holder has let go of its own)."""
-        messages = Messages(future.conn)
+        messages = future.messages or Messages(future.conn)
         plan, say = future.plan, spec.progress
         try:
             while True:
@@ -476,11 +483,13 @@ def _send_with_lock(conn, message, lock):
         conn.sendall(line)
 
 
-def can_plan_there(spec) -> bool:
-    """Whether the holder can plan `spec`: a new run of a built-in analysis whose request
-    fits one message (a user's analysis is loaded and tried here, where its code is)."""
-    return (isinstance(spec.analysis, str) and spec.analysis in ANALYSES and not spec.args
-            and None not in (spec.topology, spec.trajectory)
+def can_plan_there(spec, status=None) -> bool:
+    """Whether a held pilot (of `status`, if given: one started by an older trajflow
+    plans nothing) can plan `spec`: a new run of a built-in analysis whose request fits
+    one message (a user's analysis is loaded and tried here, where its code is)."""
+    return ((status is None or bool(status.get("plans_runs")))
+            and isinstance(spec.analysis, str) and spec.analysis in ANALYSES and not spec.args
+            and not spec.missing() and all(spec.trajectory)
             and len(spec.to_json()) < MAX_MESSAGE_BYTES // 2)
 
 

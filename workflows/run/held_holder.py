@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 
+from trajflow.tasks.analyses import ANALYSES
 from trajflow.tasks.plan import is_finite_number, PlanError, RunPlan
 from trajflow.tasks.rundir import read_record as read_plain, record_handed_over, withdraw_handover
 from trajflow.workflows.errors import InputError, Interrupted, RunFailed
@@ -114,7 +115,10 @@ class Holder:
                  self.pilot.resource)
         # the runs it plans need MDAnalysis: imported now, once (not before the pilot's
         # process is forked: a fork amid an import leaves the child that module's lock)
-        importlib.import_module("MDAnalysis")
+        try:
+            importlib.import_module("MDAnalysis")
+        except Exception as exc:  # noqa: planning will say it; the pilot must still end
+            log.error("MDAnalysis could not be imported: %s: %s", type(exc).__name__, exc)
         self._watch()
         self.state = "stopping"
         self._record()
@@ -175,7 +179,9 @@ class Holder:
                 "idle_s": 0.0 if load["running"] or load["queued"]
                 else round(time.time() - self.last_busy, 1),
                 "idle_timeout_s": self.request.idle_timeout_s,
-                "session_dir": self.pilot.session_dir, "error": self.error, **load}
+                "session_dir": self.pilot.session_dir, "error": self.error,
+                "plans_runs": True,  # a built-in analysis' RunSpec is planned here
+                **load}
 
     def _record(self):
         write_record(self.folder, {
@@ -256,6 +262,8 @@ class Holder:
         except concurrent.futures.CancelledError:  # its client left, or the pilot stopped
             ended = {"ok": False, "interrupted": True, "cancelled": True,
                      "error": f"cancelled before it began ({self.why or 'its client left'})"}
+            if run["spec"] is not None:  # planned here: nothing began, nothing interrupted
+                withdraw_handover(plan.workdir)
         except BaseException as exc:  # noqa: the pilot failed; the client must hear of it
             ended = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         self.last_busy = time.time()
@@ -291,8 +299,14 @@ class Holder:
         except InputError as exc:
             conn.say({"invalid": str(exc)})
             return None, None
+        except Exception as exc:  # noqa: an input MDAnalysis could not read: said, not lost
+            log.exception("planning a run in %s", run["spec"].get("out"))
+            conn.say({"invalid": f"{type(exc).__name__}: {exc}"})
+            return None, None
         record_handed_over(plan.workdir)  # "interrupted" until it says how it ended
-        conn.say({"planned": path})
+        if not conn.say({"planned": path}):  # its client left meanwhile: not begun
+            withdraw_handover(plan.workdir)
+            return None, None
         return plan, path
 
 
@@ -304,12 +318,14 @@ class Connection:
         self.conn = conn
         self.lock = threading.Lock()
 
-    def say(self, message):
+    def say(self, message) -> bool:
+        """Whether it was sent (False: the client is gone)."""
         with self.lock:
             try:
                 send(self.conn, message)
+                return True
             except OSError:
-                pass  # the client is gone; the run's end is on disk all the same
+                return False  # the client is gone; the run's end is on disk all the same
 
 
 def receive_first(conn, most=MAX_MESSAGE_BYTES):
@@ -347,6 +363,11 @@ def _run_message(message):
                 isinstance(spec.get(k), str) and os.path.isabs(spec[k]) for k in ("out", "topology")):
             raise InputError("a run request's spec is a new run's RunSpec, its folder and "
                              "topology absolute paths")
+        # only trajflow's own analyses are planned here: a user's code is never imported
+        if not isinstance(spec.get("analysis"), str) or spec["analysis"] not in ANALYSES \
+                or spec.get("args"):
+            raise InputError("a held pilot plans built-in analyses only: plan your own "
+                             "analysis in your process and send its plan")
     elif not isinstance(plan, str) or not os.path.isabs(plan):
         raise InputError("a run request names its plan by an absolute path")
     if not isinstance(resume, bool):

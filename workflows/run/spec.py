@@ -328,6 +328,8 @@ class PilotSpec:
     def description(self) -> dict:
         """The pilot description EnTK's AppManager takes, from every option that shapes
         the pilot (its cpus must be known by now)."""
+        if self.cpus is None:
+            raise ValueError("a pilot's description needs its cpus: give cpus=N")
         return resources.resource_description(self.resource, self.walltime, self.cpus,
                                               self.queue, self.project, self.access_schema)
 
