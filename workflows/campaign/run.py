@@ -40,7 +40,7 @@ from trajflow.workflows.profile.report_html import html_table
 from trajflow.workflows.run import held_client, resources, signals
 from trajflow.workflows.run.execute import run_plans
 from trajflow.workflows.run.progress import close_bar, new_bar, shown
-from trajflow.workflows.run.planning import (check_outdir, InputError, make_plan, read_inputs,
+from trajflow.workflows.run.planning import (check_outdir, InputError, read_inputs, resolve,
                                              write_plan)
 from trajflow.workflows.run.spec import RunSpec
 
@@ -115,8 +115,8 @@ def plan_experiments(campaign: CampaignSpec, cdir: str, resume: bool):
                                      "a new campaign folder (--out) instead of mixing the two")
                 kept.append(e)
                 continue
-        todo[e] = make_plan(campaign.run_spec(e, top, trajs, d),
-                            campaign.cores(e.resource), new_out=False, inputs=inputs)
+        todo[e] = resolve(campaign.run_spec(e, top, trajs, d), cores=campaign.cores(e.resource),
+                          new_out=False, inputs=inputs)
         todo[e].asked_at = 0.0  # experiments wait their turn: each is timed from its tasks
         if e.io == "h5md":
             todo[e].shared_h5md = shared_h5md_path(cdir, inputs.checksum,

@@ -31,6 +31,7 @@ from trajflow.workflows.remote import client as remote
 from trajflow.workflows.run import held_client, resources
 from trajflow.workflows.run.api import plan_of
 from trajflow.workflows.run.pilot import Pilot
+from trajflow.workflows.run.planning import own_pilot
 from trajflow.workflows.run.runs import find_runs
 from trajflow.workflows.run.spec import PilotSpec, RunSpec
 
@@ -54,8 +55,7 @@ def _run_and_report(plans, spec, pilot_spec, path, resume=False, held=None, aske
         if held:
             chosen = held_client.HeldPilot(held, progress=spec.progress)
         else:
-            cpus = pilot_spec.cpus or max(pilot_spec.cores_for(plan) for plan in plans)
-            own = dataclasses.replace(pilot_spec, cpus=cpus, path=path)
+            own = own_pilot(plans, pilot_spec, path)
             chosen = Pilot(progress=spec.progress, **dataclasses.asdict(own))
         with chosen as pilot:
             futures = ([pilot.submit_plan(plan, spec, resume=resume) for plan in plans]

@@ -46,7 +46,7 @@ from trajflow.workflows.remote.client import REMOTE_SIDE
 from trajflow.workflows.run.batch import BATCH_SYSTEMS, BatchError
 from trajflow.workflows.run import resources
 from trajflow.workflows.run.api import plan_of
-from trajflow.workflows.run.planning import write_plan
+from trajflow.workflows.run.planning import own_pilot, write_plan
 from trajflow.workflows.run.progress import frames_done
 from trajflow.workflows.run.spec import check_no_control, command_line, PilotSpec, RunSpec
 import trajflow
@@ -129,7 +129,7 @@ def batch_job(plan, pilot_spec, request, cores_per_node=None, system=BATCH_SYSTE
     """(job options, script) of the client's job: the pilot's cores, its walltime and
     JOB_MARGIN_MIN more; the script execs the client, every word quoted for bash."""
     options = system.job_options(
-        cores=pilot_spec.cores_for(plan), minutes=pilot_spec.walltime + JOB_MARGIN_MIN,
+        cores=own_pilot([plan], pilot_spec).cpus, minutes=pilot_spec.walltime + JOB_MARGIN_MIN,
         log=os.path.join(plan.workdir, CLIENT_LOG), queue=pilot_spec.queue,
         project=pilot_spec.project, cores_per_node=cores_per_node,
         job_name=f"trajflow-{os.path.basename(plan.workdir)}")

@@ -7,7 +7,7 @@ from trajflow.tasks.rundir import has_plan
 from trajflow.workflows.errors import InputError
 from trajflow.workflows.run.held_client import pilot_given
 from trajflow.workflows.run.pilot import Pilot
-from trajflow.workflows.run.planning import make_plan, plan_for_resume
+from trajflow.workflows.run.planning import own_pilot, plan_for_resume, resolve
 from trajflow.workflows.run.runs import Run
 from trajflow.workflows.run.spec import PilotSpec, RunSpec, split_options, takes_options
 
@@ -39,8 +39,7 @@ def run_plan(plan, spec, pilot_spec, pilot=None, resume=False) -> Run:
     if pilot is not None:
         with pilot_given(pilot, spec.progress) as chosen:
             return chosen.submit_plan(plan, spec, resume=resume).result()
-    own_spec = dataclasses.replace(pilot_spec, cpus=pilot_spec.cores_for(plan),
-                                   path=pilot_spec.path or plan.workdir)
+    own_spec = own_pilot([plan], pilot_spec, plan.workdir)
     try:
         with Pilot(progress=spec.progress, **dataclasses.asdict(own_spec)) as own:
             return own.submit_plan(plan, spec, resume=resume).result()
@@ -101,6 +100,4 @@ def plan_of(spec, pilot_spec, resume=None, cpus=None):
     """The checked plan of a run for a pilot of `pilot_spec` (nothing written), or with
     `resume` the plan of that interrupted run; InputError naming the problem. `cpus`: a
     held pilot's cores, which are all its plan needs (then `pilot_spec` may be None)."""
-    if resume:
-        return plan_for_resume(resume)
-    return make_plan(spec, cpus or pilot_spec.cpus or pilot_spec.blocks_for(spec))
+    return resolve(spec, pilot_spec, cores=cpus, resume=resume)

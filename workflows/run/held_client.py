@@ -39,7 +39,7 @@ from trajflow.workflows.run.held_registry import (connect, held_names, HOLDER_MO
                                                   read_record, remove_folder,
                                                   REQUEST, send)
 from trajflow.workflows.run.pilot import Pilot, prepare_run
-from trajflow.workflows.run.planning import check_outdir, default_out, fit_to_cores, make_plan
+from trajflow.workflows.run.planning import check_outdir, default_out, fit_to_cores, resolve
 from trajflow.workflows.run.progress import Progress
 from trajflow.workflows.run.rundir_lock import RunLock
 from trajflow.workflows.run.runs import Run
@@ -284,7 +284,7 @@ class HeldPilot:
         """Plan a run and send it to the held pilot; returns at once (as Pilot.submit)."""
         spec = RunSpec(topology=topology, trajectory=trajectory, analysis=analysis,
                        **split_options(options, RunSpec)[0])
-        return self.submit_plan(make_plan(spec, self.cpus), spec)
+        return self.submit_plan(resolve(spec, cores=self.cpus), spec)
 
     def run(self, topology, trajectory, analysis, **kwargs) -> Run:
         """Run on the held pilot and wait: the Run, or RunFailed / Interrupted."""

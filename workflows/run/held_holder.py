@@ -37,7 +37,7 @@ from trajflow.workflows.run.held_registry import (check_private, listen, MAX_MES
                                                   Messages, read_record, remove_folder, REQUEST,
                                                   send, write_record)
 from trajflow.workflows.run.pilot import Pilot
-from trajflow.workflows.run.planning import fit_to_cores, make_plan, write_plan
+from trajflow.workflows.run.planning import resolve, write_plan
 from trajflow.workflows.run.runs import Run
 from trajflow.workflows.run.spec import command_line, PilotSpec, RunSpec
 
@@ -292,8 +292,7 @@ class Holder:
             # its messages spelled as its client's user writes options (flags, or keywords)
             with command_line() if run["command_line"] else contextlib.nullcontext():
                 spec = RunSpec(**run["spec"])
-                plan = fit_to_cores(make_plan(spec, self.pilot.cpus, new_out=False),
-                                    self.pilot.cpus)
+                plan = resolve(spec, cores=self.pilot.cpus, new_out=False)
             plan.asked_at = run["asked_at"]
             path = write_plan(plan)
         except InputError as exc:

@@ -35,7 +35,7 @@ from trajflow.workflows.run.execute import PilotProcess, RunRequest, tell_run_en
 from trajflow.workflows.run.heartbeat import cancel_orphans
 from trajflow.workflows.run.outcomes import (failed_for_good, forget_analyze_attempt,
                                              remove_partial_files)
-from trajflow.workflows.run.planning import fit_to_cores, full_disk_note, make_plan, write_plan
+from trajflow.workflows.run.planning import fit_to_cores, full_disk_note, resolve, write_plan
 from trajflow.workflows.run.progress import Progress
 from trajflow.workflows.run.runs import Run
 from trajflow.workflows.run.signals import stop_on_signals
@@ -268,7 +268,7 @@ class Pilot:
         with self._cond:
             self._planning += 1  # the pilot waits for this run to join the next batch
         try:
-            return self.submit_plan(make_plan(spec, self.cpus), spec)
+            return self.submit_plan(resolve(spec, cores=self.cpus), spec)
         finally:
             with self._cond:
                 self._planning -= 1

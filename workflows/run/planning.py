@@ -32,7 +32,7 @@ from trajflow.workflows.errors import InputError
 from trajflow.workflows.run import integrity, local_trial, user_code
 from trajflow.workflows.run.rundir_lock import RunLock
 from trajflow.workflows.run.progress import eta_text
-from trajflow.workflows.run.spec import RunSpec, resolved_schedule, spelled
+from trajflow.workflows.run.spec import PilotSpec, RunSpec, resolved_schedule, spelled
 
 log = logging.getLogger(__name__)
 
@@ -385,6 +385,33 @@ def read_inputs(topology, trajectories, analysis, selection=None, analysis_args=
         u.trajectory.close()  # an HDF5 file left open would block its writers
 
 
+def resolve(spec: RunSpec, pilot: Optional[PilotSpec] = None, *, cores: Optional[int] = None,
+            resume: Optional[str] = None, new_out=True, inputs=None) -> RunPlan:
+    """The checked plan of a run (nothing written): the one place its shape is decided.
+
+    For a pilot of its own (`pilot`, a PilotSpec) or a running one of `cores` (a kept or
+    held Pilot, a campaign's resource): its blocks as asked, else one per core (`cores`,
+    the pilot's cpus, or this machine's); one MPI rank per block, and on `cores` fewer
+    than the blocks the ranks share them (fit_to_cores); its schedule and MPI reads as
+    asked, `auto` resolved by mode and analysis (resolved_schedule). `resume`: that
+    interrupted run's plan instead, fitted to `cores`. The pilot of its own is then
+    sized by own_pilot(). InputError naming the problem."""
+    if resume:
+        plan = plan_for_resume(resume)
+    else:
+        blocks_default = cores or pilot.cpus or pilot.blocks_for(spec)
+        plan = make_plan(spec, blocks_default, new_out=new_out, inputs=inputs)
+    return plan if cores is None else fit_to_cores(plan, cores)
+
+
+def own_pilot(plans, pilot: PilotSpec, path=None) -> PilotSpec:
+    """The pilot of the runs' own: `pilot` with its cpus as asked, else as many as the
+    largest run's execution mode needs (RunPlan.execution.cores_for), and its session in
+    `path` where it has none."""
+    cpus = pilot.cpus or max(pilot.cores_for(plan) for plan in plans)
+    return dataclasses.replace(pilot, cpus=cpus, path=pilot.path or path)
+
+
 def make_plan(spec: RunSpec, cpus: int, *, new_out=True, inputs=None) -> RunPlan:
     """Check everything and return the plan of `spec` (not yet written), for a pilot of
     `cpus` cores (the blocks' default; MPI ranks must fit). `new_out=False`: the caller
@@ -635,6 +662,8 @@ def fit_to_cores(plan: RunPlan, cores: int) -> RunPlan:
     of one core each, which queue for a core) stay as they are."""
     if not plan.execution.collective or plan.n_blocks <= cores:
         return dataclasses.replace(plan, mpi_ranks=0) if plan.mpi_ranks else plan
+    if plan.mpi_ranks == cores and plan.schedule == "dynamic":
+        return plan  # fitted already (resolve, then the pilot it meets): said once
     log.warning("%s: the pilot has %d cores for %d blocks: %d MPI ranks share the blocks "
                 "(dynamic schedule%s%s)", os.path.basename(plan.workdir), cores, plan.n_blocks,
                 cores, "" if plan.schedule == "dynamic" else f", instead of {plan.schedule}",
