@@ -478,7 +478,8 @@ def _send_with_lock(conn, message, lock):
     line = (json.dumps(message) + "\n").encode()
     if lock is not None and lock.fd is not None:
         sent = socket.send_fds(conn, [line], [lock.fd])
-        conn.sendall(line[sent:])
+        if sent < len(line):  # (an empty send to a holder that has answered and hung up
+            conn.sendall(line[sent:])  # fails with EPIPE: seen, when it refused at once)
     else:
         conn.sendall(line)
 
