@@ -28,13 +28,13 @@ import sys
 import threading
 import time
 
-from trajflow.tasks.analyses import ANALYSES
 from trajflow.tasks.plan import is_finite_number, RunPlan
 from trajflow.tasks.rundir import PLAN, record_handed_over, withdraw_handover, write_text
 from trajflow.workflows.errors import InputError, Interrupted, RunFailed
 from trajflow.workflows.run.held_holder import HeldRequest
 from trajflow.workflows.run.held_registry import (connect, held_names, HOLDER_MODULE, holder_alive,
                                                   is_refused, MAX_MESSAGE_BYTES,
+                                                  plannable_there,
                                                   is_stale, LIST_HINT, LOG, Messages, pilot_folder,
                                                   read_record, remove_folder,
                                                   REQUEST, send)
@@ -299,9 +299,7 @@ class HeldPilot:
             path = prepare_run(plan, resume, self._progress.line)
             future = HeldRunFuture(plan, conn)
             if plan.lock is not None:
-                if plan.lock.taken_over:
-                    self._progress.line(f"{plan.workdir}: took over the lock of a run that is "
-                                        f"gone ({plan.lock.taken_over})")
+                plan.lock.say_taken_over(self._progress.line)
                 record_handed_over(plan.workdir)  # "interrupted" until it says how it ended
             self._send(future, path, spec, resume)
         except BaseException:
@@ -361,9 +359,7 @@ class HeldPilot:
                                  f"{LIST_HINT}") from None
             raise
         plan.lock = lock
-        if lock.taken_over:
-            self._progress.line(f"{plan.workdir}: took over the lock of a run that is gone "
-                                f"({lock.taken_over})")
+        lock.say_taken_over(self._progress.line)
         future = HeldRunFuture(plan, conn)
         future.messages = messages
         self._follow_in_thread(future, spec)
@@ -489,8 +485,7 @@ def can_plan_there(spec, status=None) -> bool:
     plans nothing) can plan `spec`: a new run of a built-in analysis whose request fits
     one message (a user's analysis is loaded and tried here, where its code is)."""
     return ((status is None or bool(status.get("plans_runs")))
-            and isinstance(spec.analysis, str) and spec.analysis in ANALYSES and not spec.args
-            and not spec.missing() and all(spec.trajectory)
+            and plannable_there(spec.analysis, spec.args) and not spec.missing() and all(spec.trajectory)
             and len(spec.to_json()) < MAX_MESSAGE_BYTES // 2)
 
 

@@ -29,12 +29,12 @@ import sys
 import threading
 import time
 
-from trajflow.tasks.analyses import ANALYSES
 from trajflow.tasks.plan import is_finite_number, PlanError, RunPlan
 from trajflow.tasks.rundir import read_record as read_plain, record_handed_over, withdraw_handover
 from trajflow.workflows.errors import InputError, Interrupted, RunFailed
 from trajflow.workflows.run.held_registry import (check_private, listen, MAX_MESSAGE_BYTES,
-                                                  Messages, read_record, remove_folder, REQUEST,
+                                                  Messages, plannable_there, read_record,
+                                                  remove_folder, REQUEST,
                                                   send, write_record)
 from trajflow.workflows.run.pilot import Pilot
 from trajflow.workflows.run.planning import resolve, write_plan
@@ -363,8 +363,7 @@ def _run_message(message):
             raise InputError("a run request's spec is a new run's RunSpec, its folder and "
                              "topology absolute paths")
         # only trajflow's own analyses are planned here: a user's code is never imported
-        if not isinstance(spec.get("analysis"), str) or spec["analysis"] not in ANALYSES \
-                or spec.get("args"):
+        if not plannable_there(spec.get("analysis"), spec.get("args")):
             raise InputError("a held pilot plans built-in analyses only: plan your own "
                              "analysis in your process and send its plan")
     elif not isinstance(plan, str) or not os.path.isabs(plan):

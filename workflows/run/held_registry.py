@@ -21,6 +21,7 @@ import socket
 import stat
 import time
 
+from trajflow.tasks.analyses import ANALYSES
 from trajflow.tasks.rundir import read_record as read_plain, write_text
 from trajflow.workflows.errors import InputError
 
@@ -165,6 +166,12 @@ class Messages:
 
     def close(self):
         self.file.close()
+
+
+def plannable_there(analysis, args) -> bool:
+    """Whether a holder plans a run of `analysis` itself: trajflow's own analyses only
+    (a user's code is never imported by the long-lived holder); both sides ask this."""
+    return isinstance(analysis, str) and analysis in ANALYSES and not args
 
 
 def write_record(folder, record):

@@ -482,5 +482,4 @@ def hold_lock_until_done(plan, future, say):
             withdraw_handover(workdir)
         lock.release()
     future.add_done_callback(release)
-    if lock.taken_over:
-        say(f"{plan.workdir}: took over the lock of a run that is gone ({lock.taken_over})")
+    lock.say_taken_over(say)

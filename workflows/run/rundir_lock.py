@@ -87,6 +87,11 @@ class RunLock:
         _HELD.add(fd)
         return self
 
+    def say_taken_over(self, say):
+        """Say, where it did, that this lock replaced a stale one (whose run is gone)."""
+        if self.taken_over:
+            say(f"{self.rundir}: took over the lock of a run that is gone ({self.taken_over})")
+
     def let_go(self):
         """Close this process's hold only: the lock stays taken by the process it was
         handed to (a held pilot's holder, which got the same open file), its file kept."""
