@@ -10,16 +10,19 @@ import time
 TRAJFLOW = os.path.join(os.path.dirname(sys.executable), "trajflow")
 
 
-def processes_mentioning(text):
-    """pids whose command line contains `text` (from /proc, no extra dependency)."""
+def processes_mentioning(*texts):
+    """pids whose command line contains every one of `texts` (from /proc, no extra
+    dependency). Each command line is read once: a process that ends while it is
+    looked at is simply not found (reading its /proc entry twice raced, in CI)."""
     found = []
     for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
         try:
             with open(cmdline, "rb") as fh:
-                if text.encode() in fh.read():
-                    found.append(int(cmdline.split("/")[2]))
+                line = fh.read()
         except OSError:
-            pass
+            continue
+        if all(text.encode() in line for text in texts):
+            found.append(int(cmdline.split("/")[2]))
     return [p for p in found if p != os.getpid()]
 
 
@@ -41,8 +44,7 @@ def start_with_sleeping_tasks(args, delay="0:compute:300,1:compute:300"):
 
 def analyze_tasks(marker=""):
     """pids of analyze tasks (of the run whose folder is `marker`, if given)."""
-    return [p for p in processes_mentioning("trajflow.tasks.analyze")
-            if marker in open(f"/proc/{p}/cmdline", "rb").read().decode(errors="replace")]
+    return processes_mentioning("trajflow.tasks.analyze", marker)
 
 
 def wait_for_analyze(proc, patience_s=240, marker=""):

@@ -173,9 +173,8 @@ def test_a_client_stopped_longer_than_its_guard_allows_ends_named(tmp_path, adk,
     try:
         wait_for_analyze(proc, marker=str(out))
         session = session_name(out)
-        holder = [p for p in processes_mentioning(str(out))
-                  if os.getpgid(p) == p and p != proc.pid and b"trajflow\x00run" in
-                  open(f"/proc/{p}/cmdline", "rb").read()][0]
+        holder = [p for p in processes_mentioning(str(out), "trajflow\x00run")
+                  if p != proc.pid and os.getpgid(p) == p][0]
         os.kill(holder, signal.SIGSTOP)
         t0 = time.time()
         time.sleep(20)  # > --client-timeout: the guard ends the pilot meanwhile
