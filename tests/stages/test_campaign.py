@@ -283,8 +283,18 @@ def test_a_remote_resource_is_planned_on_its_machine_not_here(tmp_path):
     assert plan_experiments(load_campaign(write(tmp_path, only_remote, "r.toml")),
                             str(tmp_path / "c2"), False) == ({}, [])  # nothing read here
     bad = text.replace('remote = "me@login.hpc.org:2222"\n', "")
-    with pytest.raises(InputError, match="remote_python and remote_out go with remote"):
+    with pytest.raises(InputError, match="remote_out goes with remote ="):
         load_campaign(write(tmp_path, bad, "bad.toml"))
+    bad = text.replace('remote = "me@login.hpc.org:2222"', 'remote_python = "/venv/bin/python"'
+                       ).replace('remote_out = "/scratch/me/c"', "")
+    with pytest.raises(InputError, match=r"\[resources.\"local.slurm\"\]: remote_python without "
+                                         r"remote: it goes with a run on a cluster over SSH"):
+        load_campaign(write(tmp_path, bad, "bad2.toml"))
+    # the cluster's pilot options are checked here as far as they can be (the resource
+    # itself there), and on the cluster's side against its resource
+    bad = text.replace("walltime = 15\nremote", "walltime = 0\nremote")
+    with pytest.raises(InputError, match="walltime = 0: give 1 or more"):
+        load_campaign(write(tmp_path, bad, "bad3.toml"))
 
 
 def test_a_campaign_analyses_the_frames_its_file_chooses(tmp_path, adk):
@@ -307,5 +317,5 @@ def test_a_campaign_analyses_the_frames_its_file_chooses(tmp_path, adk):
     run_stages(plan, write_plan(plan))
     ref = rms.RMSD(mda.Universe(*adk), select="name CA").run(start=5, step=4).results.rmsd
     np.testing.assert_allclose(open_result(plan.workdir)["rmsd"], ref, atol=1e-4)
-    with pytest.raises(InputError, match="step=0"):
+    with pytest.raises(InputError, match=r"\[campaign\]: step = 0: give 1 or more"):
         load_campaign(write(tmp_path, text.replace("step = 4", "step = 0"), "bad.toml"))

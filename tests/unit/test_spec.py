@@ -122,8 +122,48 @@ def test_every_run_option_not_a_factor_is_a_campaign_key(tmp_path):
     spec = campaign.run_spec(campaign.experiments[0], "t.psf", ["x.dcd"], str(tmp_path / "r"))
     assert spec.retries == 3 and spec.allow_truncated and spec.chunk == 0
     (tmp_path / "bad.toml").write_text(text.replace("retries = 3", "retries = -1"))
-    with pytest.raises(InputError, match=r"\[campaign\]: retries=-1: give 0 or more"):
+    with pytest.raises(InputError, match=r"\[campaign\]: retries = -1: give 0 or more"):
         load_campaign(str(tmp_path / "bad.toml"))
+
+
+def test_every_pilot_option_is_a_resource_key_and_remote_ones_are_remotespecs(tmp_path):
+    """A campaign's resource takes PilotSpec's options by their names (checked by
+    PilotSpec, spelled as the file's keys), and its remote keys are RemoteSpec's."""
+    from trajflow.workflows.campaign.spec import PILOT_KEYS, REMOTE_KEYS, SCHEMA, load_campaign
+    from trajflow.workflows.run.spec import RemoteSpec
+    assert set(PILOT_KEYS) == {f.name for f in dataclasses.fields(PilotSpec)} - {"resource", "path"}
+    assert set(REMOTE_KEYS) <= {f.name for f in dataclasses.fields(RemoteSpec)}
+    assert set(PILOT_KEYS) | set(REMOTE_KEYS) <= set(SCHEMA["resource"])
+    text = ('[campaign]\nanalysis = "rmsd"\n[input]\ndataset = "adk"\ncopies = 1\n'
+            '[resources."local.localhost"]\nwalltime = 5\nlimits = "stall=60"\n'
+            'keep_sandbox = true\nclient_timeout = 20\n[factors]\nranks = [1, 2]\n')
+    (tmp_path / "c.toml").write_text(text)
+    pilot = load_campaign(str(tmp_path / "c.toml")).pilot_spec("local.localhost")
+    assert pilot == PilotSpec("local.localhost", cpus=2, walltime=5, limits="stall=60",
+                              keep_sandbox=True, client_timeout=20.0)
+    for change, words in ((('stall=60', 'stal=60'), 'limits = "stal=60"'),
+                          (('walltime = 5', 'walltime = 5\ncpus = 0'), "cpus = 0: give 1 or more"),
+                          (('walltime = 5', 'walltime = 5\nremote = "a\\nb"'), "holds '\\n'")):
+        (tmp_path / "bad.toml").write_text(text.replace(*change))
+        with pytest.raises(InputError) as err:
+            load_campaign(str(tmp_path / "bad.toml"))
+        assert str(err.value).startswith('[resources."local.localhost"]') and words in \
+            str(err.value), str(err.value)
+
+
+def test_remote_options_are_remotespecs_on_the_command_line_and_in_python():
+    from trajflow.workflows.cli.options import spec_from_args
+    from trajflow.workflows.run.spec import RemoteSpec
+    flags = {a.dest: a for a in _run_parser()._actions}
+    for f in dataclasses.fields(RemoteSpec):
+        assert flags[f.name].help.startswith(f.metadata["help"][:40]), f.name
+    args = _run_parser().parse_args(["--remote", "me@hpc", "--remote-batch", "--local", "here"])
+    assert spec_from_args(RemoteSpec, args) == RemoteSpec("me@hpc", remote_batch=True, local="here")
+    with command_line(), pytest.raises(InputError) as cli:
+        spec_from_args(RemoteSpec, _run_parser().parse_args(["--detach", "--local", "x"]))
+    assert str(cli.value).startswith("--detach, --local without --remote: they go with a run")
+    with pytest.raises(InputError, match="remote_batch needs remote: it submits"):
+        RemoteSpec(remote_batch=True)
 
 
 def test_collective_mpi_reads_need_every_rank_in_each_read():

@@ -50,22 +50,23 @@ def follow_remote_campaign(campaign, label, cdir, resume, interrupted):
     """Start the resource's campaign there, follow and fetch until it has ended;
     the error that kept it from running, or None."""
     spec = campaign.resources[label]
-    conn = connect(spec.remote, spec.remote_python or default_python(spec.remote, label))
+    target = spec.remote.remote
+    conn = connect(target, spec.remote.remote_python or default_python(target, label))
     try:
         with open(campaign.path, encoding="utf-8") as fh:
             text = fh.read()
         proc = conn.remote_side("campaign-start", remote_out(campaign, label), label, text,
                                 *(["--resume"] if resume else []), timeout=3600)
         if proc.returncode != 0:
-            return f"on {spec.remote}: " + (proc.stderr.strip().splitlines() or ["failed"])[-1]
+            return f"on {target}: " + (proc.stderr.strip().splitlines() or ["failed"])[-1]
         started = _json(proc)
-        print(f"{label}: a campaign on {spec.remote} ({started['host']}) runs these experiments "
+        print(f"{label}: a campaign on {target} ({started['host']}) runs these experiments "
               f"in {started['out']}", flush=True)
         offset, cancelled = 0, False
         local_runs = os.path.join(cdir, "runs", label)
         while True:
             if interrupted and not cancelled:
-                print(f"{label}: interrupted; cancelling the campaign on {spec.remote}", flush=True)
+                print(f"{label}: interrupted; cancelling the campaign on {target}", flush=True)
                 conn.remote_side("campaign-cancel", started["out"], timeout=600)
                 cancelled = True
             state = _json(conn.remote_side("campaign-status", started["out"], label, str(offset),

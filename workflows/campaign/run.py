@@ -64,14 +64,14 @@ def check_resources(campaign: CampaignSpec):
             resources.check_resource(label)
         except ValueError as exc:
             raise InputError(f"[resources.\"{label}\"]: {exc}")
-        if campaign.resources[label].pilot:
+        if campaign.resources[label].held_pilot:
             _check_held_pilot(campaign, label)
 
 
 def _check_held_pilot(campaign, label):
     """The held pilot a resource names is there, on that resource, with the cores its
     largest experiment needs; InputError before anything is written."""
-    name = campaign.resources[label].pilot
+    name = campaign.resources[label].held_pilot
     status = held_client.held_status(name)
     where = f"[resources.\"{label}\"] pilot = \"{name}\""
     if status["resource"] != resources.resolve_resource(label):
@@ -161,12 +161,12 @@ def describe(campaign: CampaignSpec, cdir: str, kept=()) -> str:
         lm = cfg.get("launch_methods", {}).get("order", [])
         remote = campaign.resources[label].remote
         if remote:
-            lines.append(f"\n{label}: by a campaign on {remote} over SSH (planned and checked "
+            lines.append(f"\n{label}: by a campaign on {remote.remote} over SSH (planned and checked "
                          "there), fetched into runs/ here")
             lines += [f"  {e.id:55s} to run there" for e in campaign.on(label)]
             continue
-        if campaign.resources[label].pilot:
-            lines.append(f"\n{label}: the held pilot {campaign.resources[label].pilot} "
+        if campaign.resources[label].held_pilot:
+            lines.append(f"\n{label}: the held pilot {campaign.resources[label].held_pilot} "
                          "(no pilot start); experiments "
                          + ("side by side" if campaign.concurrent else "one after another"))
             lines += [f"  {e.id:55s} to run" for e in campaign.on(label)]
@@ -340,7 +340,7 @@ def _run_resource(campaign, label, runs, cdir):
     with resource_log(cdir, label):
         code, error = EXIT_OK, None
         try:
-            if campaign.resources[label].pilot:
+            if campaign.resources[label].held_pilot:
                 code = _run_on_held(campaign, label, runs)
             else:
                 report = run_plans([(e.id, plan, path) for e, plan, path in runs],
@@ -367,7 +367,7 @@ def _run_on_held(campaign, label, runs):
     side if the campaign is concurrent); the exit code."""
     spec = RunSpec(retries=campaign.option("retries"))
     failed = False
-    with held_client.HeldPilot(campaign.resources[label].pilot) as pilot:
+    with held_client.HeldPilot(campaign.resources[label].held_pilot) as pilot:
         futures = []
         for experiment, plan, path in runs:
             futures.append(pilot.submit_written(plan, path, spec))

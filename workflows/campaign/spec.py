@@ -12,13 +12,16 @@ allowed, so a typo ("rank" for "ranks") is not silently a default.
                                retries, allow_truncated)
     [input]                    topology + trajectory (a file or a list), or
                                dataset = "adk" with copies and format (DCD, XTC, H5MD)
-    [resources."<label>"]      walltime (minutes, required unless pilot), cpus, queue, project,
+    [resources."<label>"]      the pilot's options (PILOT_KEYS, from PilotSpec: walltime,
+                               required unless pilot; cpus, default the largest
+                               experiment's ranks; queue, project, access_schema,
+                               client_timeout, limits, keep_sandbox), or
                                pilot (a held pilot's name, `trajflow pilot start`: its
                                experiments go there, one after another, no pilot start),
-                               client_timeout (s; the pilot's guard, 0: none; default 300),
-                               remote ([user@]host[:port]: this resource's experiments run
-                               by a campaign on that machine over SSH, fetched here),
-                               remote_python, remote_out (its folder there)
+                               or with them the machine over SSH (REMOTE_KEYS, from
+                               RemoteSpec: remote = "[user@]host[:port]", whose campaign
+                               runs this resource's experiments, fetched here;
+                               remote_python) and remote_out (the campaign's folder there)
     [factors]                  ranks (required), io, mode, gather, schedule, repeat: lists
                                of levels
     [[experiments]]            design = "list" only: resource, ranks, io, mode, gather,
@@ -35,15 +38,15 @@ import itertools
 import math
 import os
 import tomllib
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from trajflow.tasks.analyses import ANALYSES
 from trajflow.tasks.mda_analyses import parse_spec
 from trajflow.tasks.modes import MODES
 from trajflow.workflows.errors import InputError
 from trajflow.workflows.run.planning import ANALYSIS_FORMS
-from trajflow.workflows.run.spec import (option_choices, option_default, PilotSpec, RunSpec,
-                                        value_type)
+from trajflow.workflows.run.spec import (campaign_file, check_options, option_choices, option_default, PilotSpec, RemoteSpec,
+                                        RunSpec, value_type)
 
 DESIGNS = ("factorial", "list")
 DATASETS = ("adk",)
@@ -55,6 +58,14 @@ FACTOR_OPTIONS = ("io", "mode", "gather", "schedule", "repeat", "blocks")
 _NOT_KEYS = FACTOR_OPTIONS + ("topology", "trajectory", "analysis", "out", "env", "progress")
 RUN_KEYS = {f.metadata["toml"] or f.name: f for f in dataclasses.fields(RunSpec)
             if f.name not in _NOT_KEYS}
+# PilotSpec's options, a resource's keys (its label is the resource; path is the campaign's)
+PILOT_KEYS = {f.metadata["toml"] or f.name: f for f in dataclasses.fields(PilotSpec)
+              if f.name not in ("resource", "path")}
+# RemoteSpec's options that a campaign's resource takes (a campaign there is always detached
+# on the login node, and its folder is remote_out)
+REMOTE_KEYS = {f.name: f for f in dataclasses.fields(RemoteSpec)
+               if f.name in ("remote", "remote_python")}
+HELD_KEY, REMOTE_OUT_KEY = "pilot", "remote_out"
 
 # table -> key -> (type, required); a list type means "a list of these, or one"
 SCHEMA = {
@@ -63,10 +74,8 @@ SCHEMA = {
                  **{key: (value_type(f), False) for key, f in RUN_KEYS.items()}},
     "input": {"topology": (str, False), "trajectory": ([str], False), "dataset": (str, False),
               "copies": (int, False), "format": (str, False)},
-    "resource": {"walltime": (int, False), "cpus": (int, False), "queue": (str, False),
-                 "project": (str, False), "client_timeout": (int, False), "remote": (str, False),
-                 "pilot": (str, False),
-                 "remote_python": (str, False), "remote_out": (str, False)},
+    "resource": {**{key: (value_type(f), False) for key, f in {**PILOT_KEYS, **REMOTE_KEYS}.items()},
+                 HELD_KEY: (str, False), REMOTE_OUT_KEY: (str, False)},
     "factors": {"ranks": ([int], True), "io": ([str], False), "mode": ([str], False),
                 "gather": ([str], False), "schedule": ([str], False), "repeat": ([int], False)},
     "experiment": {"resource": (str, True), "ranks": (int, False), "io": (str, False),
@@ -106,18 +115,21 @@ class Experiment:
         return {"id": self.id, **dataclasses.asdict(self)}
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class ResourceSpec:
+    """One [resources."<label>"] table: its pilot's options as the file gives them
+    (PilotSpec's keywords, as a campaign's run options are RunSpec's), or a held
+    pilot's name; `remote` where a campaign on another machine runs its experiments."""
     label: str
-    walltime: int
-    cpus: int = 0        # 0: the largest experiment's ranks
-    queue: str = ""
-    project: str = ""
-    client_timeout: int = 300  # s without the campaign process before the pilot's guard ends it
-    remote: str = ""         # [user@]host[:port]: run by a campaign there, over SSH
-    remote_python: str = ""  # the python of trajflow's virtualenv there
-    remote_out: str = ""     # the campaign folder there
-    pilot: str = ""          # a held pilot's name (trajflow pilot start): run there
+    pilot_options: dict = dataclasses.field(default_factory=dict)
+    held_pilot: str = ""                  # a held pilot's name (trajflow pilot start): run there
+    remote: Optional[RemoteSpec] = None   # run by a campaign there, over SSH
+    remote_out: str = ""                  # that campaign's folder there
+
+    @property
+    def cpus(self) -> Optional[int]:
+        """The cores the file gives (none: the largest experiment's ranks)."""
+        return self.pilot_options.get("cpus")
 
 
 @dataclasses.dataclass
@@ -167,10 +179,16 @@ class CampaignSpec:
     def only(self, resource: str) -> "CampaignSpec":
         """This campaign with one resource's experiments only, run on this machine
         (how the cluster side of a remote resource runs it)."""
-        spec = dataclasses.replace(self.resources[resource], remote="", remote_python="",
-                                   remote_out="")
-        return dataclasses.replace(self, resources={resource: spec},
-                                   experiments=self.on(resource))
+        spec = dataclasses.replace(self.resources[resource], remote=None, remote_out="")
+        there = dataclasses.replace(self, resources={resource: spec},
+                                    experiments=self.on(resource))
+        if not spec.held_pilot:
+            try:  # its pilot's options checked there, against that machine's resource
+                with campaign_file():
+                    there.pilot_spec(resource)
+            except InputError as exc:
+                raise InputError(f"[resources.\"{resource}\"]: {exc}")
+        return there
 
     def run_spec(self, e: Experiment, topology, trajectories, out) -> RunSpec:
         """The RunSpec of one experiment: the file's run keys and the experiment's levels."""
@@ -192,20 +210,18 @@ class CampaignSpec:
                                                     default=1)
 
     def pilot_spec(self, resource: str) -> PilotSpec:
-        """The pilot of a resource the campaign starts, as every other pilot is made: its
-        walltime, queue, project and client guard from the file, its cores from cores()."""
-        spec = self.resources[resource]
-        return PilotSpec(resource, cpus=self.cores(resource), walltime=spec.walltime,
-                         queue=spec.queue or None, project=spec.project or None,
-                         client_timeout=spec.client_timeout)
+        """The pilot of a resource the campaign starts, as every other pilot is made: the
+        file's options, its cores from cores()."""
+        return PilotSpec(resource, **{**self.resources[resource].pilot_options,
+                                      "cpus": self.cores(resource)})
 
     def pilot(self, resource: str) -> dict:
         """The pilot description of a resource (pilot_spec's); for a held pilot its name,
         for a remote resource its machine (the campaign there starts its pilot), and
         the cores either needs."""
         spec = self.resources[resource]
-        if spec.pilot or spec.remote:
-            where = {"held": spec.pilot} if spec.pilot else {"remote": spec.remote}
+        if spec.held_pilot or spec.remote:
+            where = {"held": spec.held_pilot} if spec.held_pilot else {"remote": spec.remote.remote}
             return {"resource": resource, **where, "cpus": self.cores(resource)}
         return self.pilot_spec(resource).description()
 
@@ -239,8 +255,9 @@ def _check_table(values, kind, where):
 
 
 def _check_type(value, kind, where):
-    # TOML booleans are Python bools, which are ints too: keep them apart
-    if type(value) is not kind:
+    # TOML booleans are Python bools, which are ints too: keep them apart; a whole number
+    # is a number of seconds too
+    if type(value) is not kind and not (kind is float and type(value) is int):
         raise InputError(f"{where} = {value!r}: expected {kind.__name__}, "
                          f"got {type(value).__name__}")
 
@@ -297,7 +314,8 @@ def load_campaign(path, cls=None, yes=False) -> "CampaignSpec":
         raise InputError(f"[campaign] repeats = {c['repeats']} is too small")
     run_options = {f.name: c[key] for key, f in RUN_KEYS.items() if key in c}
     try:
-        RunSpec(**run_options)  # RunSpec's own checks, with its messages
+        with campaign_file():
+            RunSpec(**run_options)  # RunSpec's own checks, with its messages
     except InputError as exc:
         raise InputError(f"[campaign]: {exc}")
     inputs = _check_input(data["input"], base)
@@ -396,43 +414,46 @@ def _check_resources(values):
     if not isinstance(values, dict) or not values:
         raise InputError("[resources] must name at least one resource, e.g. "
                          "[resources.\"local.localhost\"] walltime = 30")
-    out = {}
-    for label, spec in values.items():
-        where = f"[resources.\"{label}\"]"
-        _check_table(spec, "resource", where)
-        if "pilot" in spec:
-            _check_held(spec, where)
-            spec = {"walltime": 0, **spec}
-        if "walltime" not in spec:
-            raise InputError(f"{where} walltime is required (minutes), unless the resource "
-                             "is a held pilot (pilot = \"NAME\")")
-        if spec["walltime"] <= 0 and "pilot" not in spec:
-            raise InputError(f"{where} walltime = {spec['walltime']}: minutes, more than 0")
-        if spec.get("cpus", 1) < 1:
-            raise InputError(f"{where} cpus = {spec['cpus']}: at least 1")
-        if spec.get("client_timeout", 0) < 0:
-            raise InputError(f"{where} client_timeout = {spec['client_timeout']}: seconds, "
-                             ">= 0 (0: no guard)")
-        if ("remote_python" in spec or "remote_out" in spec) and "remote" not in spec:
-            raise InputError(f"{where}: remote_python and remote_out go with remote = "
-                             "\"[user@]host[:port]\"")
-        out[label] = ResourceSpec(label, spec["walltime"], spec.get("cpus", 0),
-                                  spec.get("queue", ""), spec.get("project", ""),
-                                  spec.get("client_timeout", 300), spec.get("remote", ""),
-                                  spec.get("remote_python", ""), spec.get("remote_out", ""),
-                                  spec.get("pilot", ""))
-    return out
+    return {label: _resource(label, spec) for label, spec in values.items()}
 
 
-def _check_held(spec, where):
+def _resource(label, values) -> ResourceSpec:
+    """A resource table checked: PilotSpec's and RemoteSpec's own checks, with their
+    messages, under the table's name."""
+    where = f"[resources.\"{label}\"]"
+    _check_table(values, "resource", where)
+    pilot_options = {f.name: values[key] for key, f in PILOT_KEYS.items() if key in values}
+    remote_options = {f.name: values[key] for key, f in REMOTE_KEYS.items() if key in values}
+    if HELD_KEY in values:
+        _check_held(values, where)
+        return ResourceSpec(label, held_pilot=values[HELD_KEY])
+    if "walltime" not in pilot_options:
+        raise InputError(f"{where} walltime is required (minutes), unless the resource "
+                         f"is a held pilot ({HELD_KEY} = \"NAME\")")
+    if REMOTE_OUT_KEY in values and "remote" not in remote_options:
+        raise InputError(f"{where}: {REMOTE_OUT_KEY} goes with remote = \"[user@]host[:port]\"")
+    try:
+        with campaign_file():
+            remote = RemoteSpec(**remote_options) if remote_options else None
+            if remote is None:
+                PilotSpec(label, **pilot_options)
+            else:  # its resource is the cluster's: checked there too (CampaignSpec.only)
+                check_options(PilotSpec, pilot_options)
+    except InputError as exc:
+        raise InputError(f"{where}: {exc}")
+    return ResourceSpec(label, pilot_options, remote=remote,
+                        remote_out=values.get(REMOTE_OUT_KEY, ""))
+
+
+def _check_held(values, where):
     """A resource that names a held pilot takes its pilot's options from it."""
     from trajflow.workflows.run.held_registry import check_name
-    check_name(spec["pilot"])
-    given = [k for k in ("walltime", "queue", "project", "client_timeout", "remote",
-                         "remote_python", "remote_out") if k in spec]
+    check_name(values[HELD_KEY])
+    given = [k for k in values if k != HELD_KEY]
     if given:
-        raise InputError(f"{where}: {', '.join(given)} beside pilot = \"{spec['pilot']}\": the "
-                         "held pilot has its own (and is on this machine); drop them")
+        raise InputError(f"{where}: {', '.join(given)} beside {HELD_KEY} = "
+                         f"\"{values[HELD_KEY]}\": the held pilot has its own (and is on this "
+                         "machine); drop them")
 
 
 def _listed_points(listed, factors, resources):

@@ -33,7 +33,7 @@ from trajflow.workflows.run.api import plan_of
 from trajflow.workflows.run.pilot import Pilot
 from trajflow.workflows.run.planning import own_pilot
 from trajflow.workflows.run.runs import find_runs
-from trajflow.workflows.run.spec import PilotSpec, RunSpec
+from trajflow.workflows.run.spec import PilotSpec, RemoteSpec, RunSpec
 
 
 def _run_and_report(plans, spec, pilot_spec, path, resume=False, held=None, asked_at=None):
@@ -133,24 +133,21 @@ def run_planned(plan, spec, pilot_spec, resume=False):
 
 
 def cmd_run(args):
-    if args.remote_batch and not args.remote:
-        raise InputError("--remote-batch needs --remote HOST: it submits the run's client as a "
-                         "batch job there (here, run trajflow inside your own job with "
-                         "--access-schema batch)")
+    where = spec_from_args(RemoteSpec, args)
     if args.pilot:
-        return _run_on_held(args)
-    if args.remote:
-        return remote.cmd_run_remote(args, *specs_from_args(args))
+        return _run_on_held(args, where)
+    if where.remote:
+        return remote.cmd_run_remote(where, args.resume, *specs_from_args(args))
     return run_planned(*plan_from_args(args), resume=bool(args.resume))
 
 
-def _run_on_held(args):
+def _run_on_held(args, where):
     """`trajflow run --pilot NAME`: planned here for the held pilot's cores, run there."""
     given = flags_said(args, PilotSpec)
     if given:
         raise InputError(f"{', '.join(given)}: options of a pilot, and --pilot {args.pilot} "
                          "is held with its own: drop them (or leave out --pilot)")
-    if args.remote:
+    if where.remote:
         raise InputError("--pilot with --remote: a held pilot of this machine cannot take a "
                          "remote run; leave out one of them")
     asked_at = time.time()

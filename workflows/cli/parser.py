@@ -7,8 +7,8 @@ from trajflow.workflows.campaign.spec import MAX_EXPERIMENTS
 from trajflow.workflows.cli.options import RESUMED_OPTIONS, add_spec_options
 from trajflow.workflows.demo import DEFAULT_COPIES
 from trajflow.workflows.run.held_client import DEFAULT_IDLE_MIN
-from trajflow.workflows.remote.client import add_remote_commands, add_remote_options
-from trajflow.workflows.run.spec import PilotSpec, RunSpec
+from trajflow.workflows.remote.client import add_remote_commands
+from trajflow.workflows.run.spec import PilotSpec, RemoteSpec, RunSpec
 from trajflow.workflows.bench.scaling import CASES as SCALING_CASES, SETUP_RANKS
 
 
@@ -35,7 +35,7 @@ def build_parser():
     run = sub.add_parser("run", help="analyse a trajectory on a pilot",
                          description="Analyse a trajectory on a RADICAL pilot; writes RUNDIR/result.h5.")
     add_run_options(run)
-    add_remote_options(run)
+    add_spec_options(run, RemoteSpec)
     demo = sub.add_parser("demo", help="the point in a minute: CA RMSD of the solvated AdK on a "
                                        "kept pilot beside MDAnalysis' serial and 2-worker runs",
                           description="Build the solvated AdK (MDAnalysisTests GRO/XTC, 47,681 "

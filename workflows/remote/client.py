@@ -30,13 +30,12 @@ from trajflow.tasks.plan import load_json_record, PlanError, RunPlan
 from trajflow.tasks.rundir import FETCHED, owned_by_user, PLAN, REMOTE, write_text
 from trajflow.workflows.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InputError, RunFailed
 from trajflow.workflows.run.runs import Run
-from trajflow.workflows.run.spec import (check_no_control, PilotSpec, RunSpec, split_options,
-                                         takes_options)
+from trajflow.workflows.run.spec import (check_no_control, PilotSpec, REMOTE_SETTINGS, RemoteSpec,
+                                        RunSpec, spelled, split_options, takes_options)
 
 import trajflow
 
 ENDED = ("done", "failed")  # said once the run's client has ended too (its report written)
-SETTINGS = os.path.join("~", ".config", "trajflow", "remote.toml")
 
 
 # the cluster's half of a remote run (workflows/cli/remote_side.py), as the client starts it
@@ -154,7 +153,7 @@ def default_python(target, resource=None):
     the host's entry ([hosts."user@host"] or [hosts."host"], python = "..."), else
     the resource's ([resources."site.machine"], python = "...")."""
     import tomllib
-    path = os.path.expanduser(SETTINGS)
+    path = os.path.expanduser(REMOTE_SETTINGS)
     try:
         with open(path, "rb") as fh:
             settings = tomllib.load(fh)
@@ -175,7 +174,7 @@ def connect(target, python=None):
     if not python:
         raise InputError(f"which Python runs trajflow on {target}? Give --remote-python PATH (the "
                          "python of the virtualenv where trajflow is installed there), or set it "
-                         f"once in {SETTINGS}:\n  [hosts.\"{target}\"]\n  python = \"PATH\"")
+                         f"once in {REMOTE_SETTINGS}:\n  [hosts.\"{target}\"]\n  python = \"PATH\"")
     conn = Connection(target, python)
     try:
         return _checked(conn, target, python)
@@ -284,15 +283,19 @@ class RemoteRun:
         return self._conn
 
     @classmethod
-    def start(cls, target, python, request, local_dir, batch=False):
-        """Plan and start a run on the cluster (InputError with the cluster's message for
-        bad input); its local folder records where it lives. `batch`: its client runs
-        in a batch job of its own, the pilot in that job's allocation."""
+    def start(cls, remote: RemoteSpec, resource, request, local_dir):
+        """Plan and start a run on the cluster `remote` names (InputError with the cluster's
+        message for bad input); its local folder records where it lives. With
+        remote_batch its client runs in a batch job of its own, the pilot in that job's
+        allocation."""
         local_dir = os.path.abspath(local_dir)
         if os.path.exists(os.path.join(local_dir, REMOTE)):
-            raise InputError(f"{local_dir} already follows a remote run: give another --local")
+            raise InputError(f"{local_dir} already follows a remote run: give another "
+                             f"{spelled('local')}")
+        target = remote.remote
+        python = remote.remote_python or default_python(target, resource)
         conn = connect(target, python)
-        proc = conn.remote_side("start", *(["--batch"] if batch else []), request)
+        proc = conn.remote_side("start", *(["--batch"] if remote.remote_batch else []), request)
         if proc.returncode != 0:
             conn.close()
             message = proc.stderr.strip() or f"exit {proc.returncode}"
@@ -397,13 +400,19 @@ def submit_remote(remote, topology, trajectory, analysis, *, out, remote_python=
         ...     result, fetched = run.follow()
         >>> result.results.rmsd
     """
+    where = RemoteSpec(remote=remote, remote_python=remote_python, remote_batch=batch,
+                       local=local)
     run_options, pilot_options = split_options(options, RunSpec, PilotSpec)
     spec = RunSpec(topology=topology, trajectory=trajectory, analysis=analysis, out=out,
                    **run_options)
     pilot_spec = PilotSpec(**pilot_options)
-    local = local or os.path.basename(os.path.normpath(str(out)))
-    return RemoteRun.start(remote, remote_python or default_python(remote, pilot_spec.resource),
-                           run_request(spec, pilot_spec), local, batch)
+    return RemoteRun.start(where, pilot_spec.resource, run_request(spec, pilot_spec),
+                           local_folder(where, out))
+
+
+def local_folder(remote: RemoteSpec, out):
+    """This machine's folder of a remote run: as given, else ./NAME of its folder there."""
+    return remote.local or os.path.basename(os.path.normpath(str(out)))
 
 
 def run_request(spec, pilot_spec, resume=None):
@@ -412,25 +421,6 @@ def run_request(spec, pilot_spec, resume=None):
 
 
 # --- the command line ---------------------------------------------------------
-def add_remote_options(p):
-    p.add_argument("--remote", default=None, metavar="[USER@]HOST[:PORT]",
-                   help="run on this cluster over SSH: every path given is a path there; the run "
-                        "goes on without this machine (see `trajflow status/follow/fetch/cancel`)")
-    p.add_argument("--remote-python", default=None, metavar="PATH",
-                   help=f"with --remote: the python of the cluster's trajflow virtualenv "
-                        f"(default: the host's entry in {SETTINGS}, else the --resource's)")
-    p.add_argument("--remote-batch", action="store_true",
-                   help="with --remote: run the client in a batch job of its own (sbatch), its "
-                        "pilot in that job's allocation (RADICAL's batch access schema), for "
-                        "sites that end long processes on login nodes (default: the client stays "
-                        "on the login node, detached)")
-    p.add_argument("--detach", action="store_true",
-                   help="with --remote: return as soon as the run has started")
-    p.add_argument("--local", default=None, metavar="DIR",
-                   help="with --remote: this machine's folder for the run (default: ./NAME, "
-                        "NAME the last part of --out)")
-
-
 def add_remote_commands(sub):
     for name, text in (("status", "a remote run's state: queued, running (frames), done, failed"),
                        ("follow", "follow a remote run until it ends, then fetch it"),
@@ -447,17 +437,17 @@ def _hint(local):
             f"  trajflow status {local}  |  trajflow fetch {local}  |  trajflow cancel {local}")
 
 
-def cmd_run_remote(args, spec, pilot_spec):
-    if not (spec.out or args.resume):
+def cmd_run_remote(remote: RemoteSpec, resume, spec, pilot_spec):
+    """`trajflow run --remote HOST`: started there, then followed and fetched here
+    (unless --detach)."""
+    if not (spec.out or resume):
         raise InputError("--remote needs --out, the run's folder on the cluster")
-    local = args.local or os.path.basename(os.path.normpath(spec.out or args.resume))
-    python = args.remote_python or default_python(args.remote, pilot_spec.resource)
-    with RemoteRun.start(args.remote, python, run_request(spec, pilot_spec, args.resume), local,
-                         args.remote_batch) as run:
+    with RemoteRun.start(remote, pilot_spec.resource, run_request(spec, pilot_spec, resume),
+                         local_folder(remote, spec.out or resume)) as run:
         job = f", its client in batch job {run.where['batch_job']}" if run.where.get("batch_job") else ""
         print(f"trajflow: started on {run.target} ({run.where['host']}): {run.remote_dir}{job}; "
               f"following it here in {run.local}", file=sys.stderr)
-        if args.detach:
+        if remote.detach:
             print(f"detached; the run goes on on {run.target}:\n  " + _hint(run.local))
             return 0
         return _follow(run)

@@ -1,6 +1,6 @@
-"""Every option of a run and of its pilot, defined once.
+"""Every option of a run, of its pilot and of its cluster over SSH, defined once.
 
-An option is a field of `RunSpec` or `PilotSpec`: its type, default, help text
+An option is a field of `RunSpec`, `PilotSpec` or `RemoteSpec`: its type, default, help text
 and check live in the field. `trajflow.run`, `Pilot`, `Backend`, campaigns
 (their TOML keys), remote runs (sent as JSON) and `trajflow run`'s flags
 (cli/options.py builds them from the fields) all make a spec, so a default, a
@@ -36,35 +36,55 @@ from trajflow.workflows.run.watchdog import parse_limits, PHASES
 
 AUTO = "auto"  # the schedule chosen by the run's mode and analysis (resolved_schedule)
 
-_ON_COMMAND_LINE = contextvars.ContextVar("trajflow_on_command_line", default=False)
+_NOTHING = object()
+
+
+def _as_keyword(option, meta, value):
+    return option if value is _NOTHING else f"{option}={value!r}"
+
+
+def _as_flag(option, meta, value):
+    flag = meta.get("flag") or "--" + option.replace("_", "-")
+    return flag if value is _NOTHING else f"{flag} {value}"
+
+
+def _as_toml_key(option, meta, value):
+    key = meta.get("toml") or option
+    return key if value is _NOTHING else f"{key} = {json.dumps(value, default=repr)}"
+
+
+_SPELLING = contextvars.ContextVar("trajflow_spelling", default=_as_keyword)
 
 
 @contextlib.contextmanager
-def command_line():
-    """Inside: messages spell options as flags (`--io h5`), not keywords (`io='h5'`)."""
-    token = _ON_COMMAND_LINE.set(True)
+def _spelling(how):
+    token = _SPELLING.set(how)
     try:
         yield
     finally:
-        _ON_COMMAND_LINE.reset(token)
+        _SPELLING.reset(token)
+
+
+def command_line():
+    """Inside: messages spell options as flags (`--io h5`), not keywords (`io='h5'`)."""
+    return _spelling(_as_flag)
+
+
+def campaign_file():
+    """Inside: messages spell options as a campaign file's keys (`io = "h5"`)."""
+    return _spelling(_as_toml_key)
 
 
 def on_command_line() -> bool:
     """Whether messages spell options as flags now (see command_line)."""
-    return _ON_COMMAND_LINE.get()
-
-
-_NOTHING = object()
+    return _SPELLING.get() is _as_flag
 
 
 def spelled(option: str, value=_NOTHING) -> str:
-    """`option` (a field name of RunSpec or PilotSpec) as the caller writes it,
-    with `value` if given: `--io h5` on the command line, `io='h5'` in Python."""
-    meta = _META.get(option, {})
-    if _ON_COMMAND_LINE.get():
-        flag = meta.get("flag") or "--" + option.replace("_", "-")
-        return flag if value is _NOTHING else f"{flag} {value}"
-    return option if value is _NOTHING else f"{option}={value!r}"
+    """`option` (a field name of a spec) as the caller writes it, with `value` if
+    given: `--io h5` on the command line, `io='h5'` in Python, `io = "h5"` in a
+    campaign file."""
+    return _SPELLING.get()(option, _META.get(option, {}), value)
 
 
 def option(default, help, *, flag=None, flag_help=None, metavar=None, choices=None,
@@ -314,6 +334,9 @@ class PilotSpec:
         _check_fields(self)
         try:
             parse_limits(self.limits)
+        except ValueError as exc:
+            raise InputError(f"{spelled('limits', self.limits)}: {exc}")
+        try:
             object.__setattr__(self, "resource", resources.resolve_resource(self.resource))
             resources.check_resource(self.resource)
             if self.access_schema:
@@ -366,7 +389,47 @@ class PilotSpec:
         return cls(**json.loads(text))
 
 
-SPECS = (RunSpec, PilotSpec)
+REMOTE_SETTINGS = "~/.config/trajflow/remote.toml"  # a host's python, set once (remote/client.py)
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteSpec:
+    """Where a run's client goes when not on this machine: a cluster reached over SSH.
+    `trajflow run`'s --remote flags, `submit_remote`'s keywords and a campaign
+    resource's remote keys are these fields."""
+    remote: Optional[str] = option(
+        None, "run on this cluster over SSH: every path given is a path there; the run goes on "
+              "without this machine (see `trajflow status/follow/fetch/cancel`)",
+        metavar="[USER@]HOST[:PORT]")
+    remote_python: Optional[str] = option(
+        None, "with --remote: the python of the cluster's trajflow virtualenv; none: the host's "
+              f"entry in {REMOTE_SETTINGS}, else the resource's", metavar="PATH")
+    remote_batch: bool = option(
+        False, "with --remote: run the client in a batch job of its own (sbatch), its pilot in "
+               "that job's allocation (RADICAL's batch access schema), for sites that end long "
+               "processes on login nodes (default: the client stays on the login node, detached)")
+    detach: bool = option(False, "with --remote: return as soon as the run has started")
+    local: Optional[str] = option(
+        None, "with --remote: this machine's folder for the run; none: ./NAME, NAME the last "
+              "part of --out", metavar="DIR")
+
+    def __post_init__(self):
+        _check_fields(self)
+        if self.remote:
+            return
+        if self.remote_batch:
+            raise InputError(f"{spelled('remote_batch')} needs {spelled('remote')}: it submits "
+                             "the run's client as a batch job there (here, run trajflow inside "
+                             f"your own job with {spelled('access_schema', 'batch')})")
+        given = [spelled(f.name) for f in dataclasses.fields(self) if getattr(self, f.name)]
+        if given:
+            raise InputError(f"{', '.join(given)} without {spelled('remote')}: "
+                             f"{'it goes' if len(given) == 1 else 'they go'} with a run on a "
+                             f"cluster over SSH; give {spelled('remote', '[USER@]HOST[:PORT]')} "
+                             "or drop it")
+
+
+SPECS = (RunSpec, PilotSpec, RemoteSpec)
 _META = {f.name: dict(f.metadata) for spec in SPECS for f in dataclasses.fields(spec)}
 
 
@@ -396,11 +459,20 @@ def option_choices(name):
     return _META[name]["choices"]
 
 
-def _check_fields(spec):
+def check_options(spec_class, options: dict):
+    """`options` (keywords of `spec_class`) checked as its fields are, where the spec
+    itself cannot be made here: a campaign's pilot options for a cluster whose resource
+    this machine does not know."""
+    _check_fields(spec_class, {f.name: f.default for f in dataclasses.fields(spec_class)}
+                  | options)
+
+
+def _check_fields(spec, values=None):
     """Choices, types and least values, with one message per kind of problem: the same
-    check for the API, the CLI, campaign files and remote runs, since all make a spec."""
+    check for the API, the CLI, campaign files and remote runs, since all make a spec.
+    `values`: these (field name -> value) instead of the spec's own."""
     for f in dataclasses.fields(spec):
-        value, meta = getattr(spec, f.name), f.metadata
+        value, meta = (values or vars(spec))[f.name], f.metadata
         if meta["choices"] and value not in meta["choices"]:
             raise InputError(f"unknown {spelled(f.name, value)}: choose one of "
                              f"{', '.join(meta['choices'])}")

@@ -83,20 +83,21 @@ PHASES = {p.name: p for p in (
 
 
 def parse_limits(text):
-    """'NAME=S,...' as {phase: seconds} (0: unbounded); ValueError naming the fix."""
+    """'NAME=S,...' as {phase: seconds} (0: unbounded); ValueError naming the fix (the
+    caller names the option, spelled as its user writes it)."""
     limits = {}
     for item in filter(None, (part.strip() for part in (text or "").split(","))):
         name, sep, value = item.partition("=")
         if not sep or name.strip() not in PHASES:
-            raise ValueError(f"--limits {item!r}: give NAME=SECONDS with NAME one of "
-                             f"{', '.join(PHASES)} (e.g. --limits start=600,stall=900)")
+            raise ValueError(f"{item!r} is not NAME=SECONDS with NAME one of "
+                             f"{', '.join(PHASES)} (e.g. start=600,stall=900)")
         try:
             seconds = float(value)
         except ValueError:
             seconds = -1.0
         if not 0 <= seconds < float("inf"):  # NaN would disable the guard silently
-            raise ValueError(f"--limits {item!r}: the bound is a finite number of seconds, 0 "
-                             "or more (0: none)")
+            raise ValueError(f"{item!r}: the bound is a finite number of seconds, 0 or more "
+                             "(0: none)")
         limits[name.strip()] = seconds
     return limits
 
