@@ -15,7 +15,7 @@ import sys
 import time
 
 from trajflow.tasks.rundir import read_outcome, record_outcome
-from trajflow.workflows.campaign.folders import resource_log, rundir
+from trajflow.workflows.campaign.folders import resource_log, resource_runs, rundir
 from trajflow.workflows.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from trajflow.workflows.remote.client import connect, default_python, localise_plan
 
@@ -63,7 +63,7 @@ def follow_remote_campaign(campaign, label, cdir, resume, interrupted):
         print(f"{label}: a campaign on {target} ({started['host']}) runs these experiments "
               f"in {started['out']}", flush=True)
         offset, cancelled = 0, False
-        local_runs = os.path.join(cdir, "runs", label)
+        local_runs = resource_runs(cdir, label)
         while True:
             if interrupted and not cancelled:
                 print(f"{label}: interrupted; cancelling the campaign on {target}", flush=True)
@@ -74,7 +74,7 @@ def follow_remote_campaign(campaign, label, cdir, resume, interrupted):
             sys.stdout.write(state["log"])
             offset = state["log_offset"]
             if state["runs"]:
-                fetch_runs(conn, os.path.join(started["out"], "runs", label), local_runs)
+                fetch_runs(conn, resource_runs(started["out"], label), local_runs)
             if not state["alive"]:
                 sys.stdout.write(state["ended"])
                 return None

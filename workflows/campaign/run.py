@@ -29,7 +29,8 @@ from trajflow.tasks.rundir import (MARKER, PLAN, read_outcome, record_outcome, r
                                    write_text)
 from trajflow.tasks.universe_args import trajectory_keywords
 from trajflow.workflows.campaign.folders import (CAMPAIGN_MARKER, EXPERIMENTS_FILE,
-                                                 is_campaign_dir, resource_log, rundir)
+                                                 is_campaign_dir, resource_log, rundir,
+                                                 session_root)
 from trajflow.workflows.campaign.remote import run_remote_resource
 from trajflow.workflows.campaign.spec import CampaignSpec
 from trajflow.workflows.campaign.table import (COLUMNS, experiment_rows, summary_lines, TABLE_FILE,
@@ -345,7 +346,7 @@ def _run_resource(campaign, label, runs, cdir):
             else:
                 report = run_plans([(e.id, plan, path) for e, plan, path in runs],
                                    campaign.pilot_spec(label),
-                                   session_root=os.path.join(cdir, "sessions", label),
+                                   session_root=session_root(cdir, label),
                                    retries=campaign.option("retries"),
                                    one_at_a_time=not campaign.concurrent)
                 for o in report.failed:

@@ -37,7 +37,7 @@ from trajflow.tasks.client_guard import alive, start_time
 from trajflow.tasks.plan import RunPlan
 from trajflow.tasks.rundir import (BATCH_SCRIPT, CLIENT, CLIENT_EXIT, CLIENT_LOG, open_in_run,
                                    PLAN, read_outcome, read_record, write_record)
-from trajflow.workflows.campaign.folders import is_campaign_dir
+from trajflow.workflows.campaign.folders import is_campaign_dir, resource_log_path, resource_runs
 from trajflow.workflows.campaign.run import Campaign
 from trajflow.workflows.cli.commands import run_planned
 from trajflow.workflows.cli.main import run_guarded
@@ -310,13 +310,13 @@ def campaign_status(out, label, log_offset=0):
     """Whether the resource's campaign still runs, and its log (logs/LABEL.log) from the offset."""
     out, _, record, client_log = campaign_files(out)
     alive = client_alive(record)
-    log, log_offset = read_log(os.path.join(out, "logs", f"{label}.log"), log_offset)
+    log, log_offset = read_log(resource_log_path(out, label), log_offset)
     tail = ""
     if not alive:  # how it ended: the campaign's own summary or error
         size = os.path.getsize(client_log) if os.path.exists(client_log) else 0
         tail, _ = read_log(client_log, max(0, size - 3000))
     _answer({"alive": alive, "log": log, "log_offset": log_offset, "ended": tail,
-             "runs": os.path.isdir(os.path.join(out, "runs", label))})
+             "runs": os.path.isdir(resource_runs(out, label))})
     return 0
 
 
