@@ -46,6 +46,14 @@ def processes():
     return [p for p in found if p is not None]
 
 
+def cwd(pid):
+    """The working folder of `pid`, or None once it is gone (or is another user's)."""
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return None
+
+
 def environment(pid):
     """The environment `pid` started with, as a dict of bytes (empty once it is gone or
     is another user's)."""
