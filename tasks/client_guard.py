@@ -40,7 +40,8 @@ CANCEL = "trajflow.cancel"         # written by whoever wants the pilot gone now
 CLOSED = "trajflow.closed"         # written by the client when it has cancelled its pilot
 CLOSED_GRACE_S = 30.0              # a cancelled pilot's agent ends within seconds
 STARTED = "trajflow.guard"         # the guard's host, pid and batch job
-ENDED = "trajflow.guard.ended"     # why and how the guard ended
+FIRING = "trajflow.guard.firing"   # why the guard is ending the pilot (before it does)
+ENDED = "trajflow.guard.ended"     # why and how the guard ended (once the pilot has)
 CLIENT_CONFIGS = "trajflow-radical-config"  # the client's RADICAL configs, removed at the end
 
 
@@ -166,6 +167,9 @@ def guard(session_dir, timeout_s, bootstrap_pid, poll_s=None):
                           f"{timeout_s:g} s): the client is gone")
         if reason:
             print(f"trajflow client guard: {reason}; ending the pilot", flush=True)
+            # said first: locally the client's own process group is ended with the pilot's,
+            # and the client reads why as soon as it sees its end (ENDED comes after)
+            write_record(os.path.join(session_dir, FIRING), reason=reason)
             job = batch_job_cancel()
             if job:  # recorded first: the cancel ends the guard too
                 _ended(session_dir, fired=True, reason=reason, job_cancelled=shlex.join(job))

@@ -17,7 +17,7 @@ import threading
 import time
 
 from trajflow.tasks import procfs
-from trajflow.tasks.client_guard import ENDED
+from trajflow.tasks.client_guard import ENDED, FIRING
 from trajflow.tasks.rundir import OUTCOME, outcome_said, record_outcome
 from trajflow.workflows.errors import Interrupted
 from trajflow.workflows.run import resources, signals
@@ -393,14 +393,16 @@ def _group_ended(group, patience_s, poll_s=0.05):
 
 
 def _guard_ended(session_dir):
-    """Why the pilot's guard ended the pilot (its record), or "" if it did not: a
-    client stopped longer than --client-timeout (a suspended laptop) is one."""
-    try:
-        with open(os.path.join(session_dir or "", ENDED), encoding="utf-8") as fh:
-            record = json.load(fh)
-    except (OSError, ValueError):
-        return ""
-    return record.get("reason", "") if record.get("fired") else ""
+    """Why the pilot's guard ended (or is ending) the pilot, from its records, or "" if it
+    did not: a client stopped longer than --client-timeout (a suspended laptop) is one."""
+    for name in (ENDED, FIRING):
+        try:
+            with open(os.path.join(session_dir or "", name), encoding="utf-8") as fh:
+                record = json.load(fh)
+        except (OSError, ValueError):
+            continue
+        return record.get("reason", "") if record.get("fired", True) else ""
+    return ""
 
 
 def _session_log_tail(session_dir, n=10):
