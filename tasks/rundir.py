@@ -24,6 +24,7 @@ import json
 import math
 import os
 import secrets
+import shutil
 import stat
 import time
 
@@ -47,6 +48,7 @@ BATCH_SCRIPT = "client.sbatch"
 CLAIMS = "claims"
 REMOTE = "remote.json"        # in a remote run's local folder: where the run lives
 FOLDERS = ("parts", "profile", "split")  # made when the plan is written; others as needed
+ANALYSIS_DIR = "analysis"     # a user's analysis as the tasks load it (its copy, its modules)
 KEPT_TASK_FILES = "radical"   # each task's RADICAL profile, stdout and stderr
 SCHEDULING = "scheduling.prof"  # beside them: the task's lines of the agent scheduler's profile
 PILOT_EVENTS = "pilot.prof"     # in KEPT_TASK_FILES: the pilot's own lines (start, active)
@@ -62,7 +64,7 @@ FETCHED = (RESULT, PLAN, OUTCOME, REPORT, CLIENT_LOG, CLIENT_EXIT, "profile/", "
 # wherever the link points; the folder may be in shared project space)
 OWN_FILES = (PLAN, SELECTION, MARKER, LOCK, OUTCOME, RESERVE, OUTCOME_BEFORE, RESULT, REPORT,
              SESSIONS, CLIENT, CLIENT_LOG, CLIENT_EXIT, BATCH_SCRIPT, REMOTE)
-OWN_FOLDERS = (*FOLDERS, CLAIMS, KEPT_TASK_FILES, "progress", "analysis", "backend")
+OWN_FOLDERS = (*FOLDERS, CLAIMS, KEPT_TASK_FILES, "progress", ANALYSIS_DIR, "backend")
 
 
 def owned_by_user(path, kind=stat.S_ISREG) -> bool:
@@ -238,6 +240,16 @@ def _write_outcome_record(rundir, record):
             raise
     if record["status"] == "done":
         release_room(rundir)
+
+
+def remove_entry(path):
+    """Remove `path`: a folder with what is in it, a file, or a link itself (never what
+    a link points to); nothing if it is not there."""
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
 
 
 def keep_room(rundir):

@@ -45,3 +45,24 @@ def test_more_ranks_than_cores_are_refused_and_a_resume_shares_its_blocks(rmsd):
     again = resolve(None, cores=2, resume=first.workdir)  # on a pilot of 2 cores now
     assert (again.n_blocks, again.mpi_ranks, again.schedule) == (4, 2, "dynamic")
     assert resolve(None, cores=4, resume=first.workdir).mpi_ranks == 0
+
+
+@pytest.mark.parametrize("fails", ["save_selection", "save"])
+def test_a_plan_write_that_fails_half_way_leaves_no_half_written_folder(rmsd, monkeypatch,
+                                                                        fails):
+    """A full disk while the plan is written: what was written is taken back, the error
+    raised, and the folder (the lock's) removed with the lock, as for a refused run."""
+    import errno
+    import os
+    from trajflow.tasks.plan import RunPlan
+    plan = resolve(rmsd("full"), cores=2)
+    before = sorted(os.listdir(plan.workdir))
+
+    def full(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(RunPlan, fails, full)
+    with pytest.raises(OSError, match="No space left"):
+        write_plan(plan)
+    assert sorted(os.listdir(plan.workdir)) == before  # only the lock's file
+    plan.lock.release(remove_dir=True)
+    assert not os.path.exists(plan.workdir)

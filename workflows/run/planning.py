@@ -26,8 +26,9 @@ from trajflow.tasks.h5md import COLLECTIVE, missing_box
 from trajflow.tasks.inputs import input_stats
 from trajflow.tasks.modes import MODES
 from trajflow.tasks.plan import balanced_blocks, chosen_frames, PlanError, RunPlan
-from trajflow.tasks.rundir import (FOLDERS, foreign_entries, keep_room, LOCK, MARKER, open_in_run, PLAN,
-                                   replaced_whole, RESERVE_BYTES)
+from trajflow.tasks.rundir import (ANALYSIS_DIR, FOLDERS, foreign_entries, keep_room, LOCK, MARKER,
+                                   open_in_run, PLAN, remove_entry, replaced_whole, RESERVE,
+                                   RESERVE_BYTES, SELECTION)
 from trajflow.workflows.errors import InputError
 from trajflow.workflows.run import integrity, local_trial, user_code
 from trajflow.workflows.run.rundir_lock import RunLock
@@ -282,13 +283,13 @@ def _check_factory(u, kind, source, name, analysis, analysis_args):
     record = {"kind": kind, "source": None if kind == "pickle" else source, "name": name,
               "class": f"{type(analysis_object).__module__}.{type(analysis_object).__name__}"}
     if kind == "file":
-        record.update(copy=os.path.join("analysis", os.path.basename(source)),
+        record.update(copy=os.path.join(ANALYSIS_DIR, os.path.basename(source)),
                       checksum=mda_analyses.file_checksum(source),
                       modules=user_code.modules_beside(source))
         return record, None
     if kind == "pickle":
         pickled = _pickle_factory(factory, analysis)
-        record.update(copy=os.path.join("analysis", "factory.pickle"),
+        record.update(copy=os.path.join(ANALYSIS_DIR, "factory.pickle"),
                       checksum=hashlib.sha256(pickled).hexdigest())
         return record, pickled
     return record, None
@@ -674,15 +675,25 @@ def fit_to_cores(plan: RunPlan, cores: int) -> RunPlan:
 
 
 def write_plan(plan: RunPlan) -> str:
-    """Create RUNDIR and its folders and write plan.json; returns the plan's path."""
-    for sub in ("",) + FOLDERS:
-        os.makedirs(plan.path(sub), exist_ok=True)
-    with open_in_run(plan.path(MARKER), "w") as fh:
-        fh.write("This folder is a trajflow run.\n")
-    keep_room(plan.workdir)
-    plan.save_selection(plan.selected)
-    write_analysis_code(plan)
-    return plan.save(plan.path(PLAN))
+    """Create RUNDIR and its folders and write plan.json; returns the plan's path. A
+    write that fails half-way (a full disk, a quota) takes back what it wrote: the
+    folder is left as the run's lock found it, never a run folder without its plan."""
+    os.makedirs(plan.workdir, exist_ok=True)
+    written = [name for name in FOLDERS + (MARKER, RESERVE, SELECTION, ANALYSIS_DIR, PLAN)
+               if not os.path.lexists(plan.path(name))]
+    try:
+        for sub in FOLDERS:
+            os.makedirs(plan.path(sub), exist_ok=True)
+        with open_in_run(plan.path(MARKER), "w") as fh:
+            fh.write("This folder is a trajflow run.\n")
+        keep_room(plan.workdir)
+        plan.save_selection(plan.selected)
+        write_analysis_code(plan)
+        return plan.save(plan.path(PLAN))
+    except BaseException:
+        for name in written:
+            remove_entry(plan.path(name))
+        raise
 
 
 def write_analysis_code(plan):
@@ -690,11 +701,11 @@ def write_analysis_code(plan):
     copy and the modules beside it, or the pickled callable)."""
     if not (plan.factory and plan.factory.get("copy")):
         return
-    os.makedirs(plan.path("analysis"), exist_ok=True)
+    os.makedirs(plan.path(ANALYSIS_DIR), exist_ok=True)
     if plan.factory_pickle is not None:
         with open_in_run(plan.path(plan.factory["copy"]), "wb") as fh:
             fh.write(plan.factory_pickle)
     else:
         with replaced_whole(plan.path(plan.factory["copy"])) as tmp:
             shutil.copyfile(plan.factory["source"], tmp)
-        user_code.copy_modules(plan.factory.get("modules") or {}, plan.path("analysis"))
+        user_code.copy_modules(plan.factory.get("modules") or {}, plan.path(ANALYSIS_DIR))
