@@ -8,6 +8,7 @@ elsewhere each answer is empty).
 """
 import glob
 import os
+import time
 
 
 class Process:
@@ -44,6 +45,18 @@ def processes():
     """Every process readable now."""
     found = (process(path.split("/")[2]) for path in glob.glob("/proc/[0-9]*/stat"))
     return [p for p in found if p is not None]
+
+
+def group_ended(group, patience_s=0.0, poll_s=0.05) -> bool:
+    """Whether process group `group` has no live member within `patience_s` (a zombie
+    not yet reaped by its new parent has ended already). Polled: a fixed wait after a
+    signal to a group cost seconds of every run's end, the group mostly gone at once."""
+    deadline = time.time() + patience_s
+    while any(p.group == group and p.state != "Z" for p in processes()):
+        if time.time() >= deadline:
+            return False
+        time.sleep(poll_s)
+    return True
 
 
 def cwd(pid):

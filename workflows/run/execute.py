@@ -348,7 +348,7 @@ class PilotProcess:
                 os.killpg(self._child.pid, sig)
             except (ProcessLookupError, PermissionError):
                 return
-            if _group_ended(self._child.pid, patience_s=1.0):
+            if procfs.group_ended(self._child.pid, patience_s=1.0):
                 return
 
     def _kill_child(self):
@@ -377,19 +377,6 @@ class PilotProcess:
                                "did not stop and was killed")
             except OSError as exc:  # a full disk: the failure is raised all the same
                 log.error("%s: outcome.json not written: %s", plan.workdir, exc)
-
-
-def _group_ended(group, patience_s, poll_s=0.05):
-    """Whether process group `group` has no live member within `patience_s` (its zombies,
-    not yet reaped by their new parent, ended already). Polled: a fixed wait of 1 s after
-    each of SIGTERM and SIGKILL was 2 s of every run's end, the group mostly gone at once."""
-    deadline = time.time() + patience_s
-    while True:
-        if not any(p.group == group and p.state != "Z" for p in procfs.processes()):
-            return True
-        if time.time() >= deadline:
-            return False
-        time.sleep(poll_s)
 
 
 def _guard_ended(session_dir):

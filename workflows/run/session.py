@@ -17,6 +17,7 @@ import threading
 import time
 from resource import RUSAGE_SELF, getrusage
 
+from trajflow.tasks import procfs
 from trajflow.tasks.client_guard import CLIENT_CONFIGS
 from trajflow.tasks.placement import (node_cpus, pin_to, RADICAL_TIMER_SLACK_NS, set_timer_slack,
                                       split_cpus)
@@ -215,12 +216,17 @@ def _start_group_reaper(poll_s=1.0):
     included), ends what is left of its process group: RADICAL's client
     components (its session proxy, seen living on for good after a SIGKILL;
     a local pilot's bootstrapper and agent). It sits in a group of its own,
-    holds no descriptor of ours, and runs no Python cleanup."""
+    holds no descriptor of ours (not the client's output either: a caller reading it to
+    its end, `trajflow run | tee`, waited 2 s more for this process), and runs no Python
+    cleanup."""
     group = os.getpid()
     if os.fork():
         return
     try:
         os.setpgid(0, 0)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
         os.closerange(3, 65536)
         while os.getppid() == group:
             time.sleep(poll_s)
@@ -229,7 +235,8 @@ def _start_group_reaper(poll_s=1.0):
                 os.killpg(group, sig)
             except ProcessLookupError:
                 break
-            time.sleep(2.0)
+            if procfs.group_ended(group, patience_s=2.0):
+                break
     finally:
         os._exit(0)
 
