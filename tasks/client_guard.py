@@ -24,6 +24,7 @@ heartbeat. Standard library only: it starts before the agent, in every pilot.
     python -m trajflow.tasks.client_guard --session-dir DIR --timeout 300 --bootstrap-pid PID
 """
 import argparse
+import contextlib
 import os
 import shlex
 import shutil
@@ -169,10 +170,14 @@ def guard(session_dir, timeout_s, bootstrap_pid, poll_s=None):
             print(f"trajflow client guard: {reason}; ending the pilot", flush=True)
             # said first: locally the client's own process group is ended with the pilot's,
             # and the client reads why as soon as it sees its end (ENDED comes after)
-            write_record(os.path.join(session_dir, FIRING), reason=reason)
+            # (best effort: a full disk must not keep the guard from ending the pilot)
+            with contextlib.suppress(OSError):
+                write_record(os.path.join(session_dir, FIRING), reason=reason)
             job = batch_job_cancel()
             if job:  # recorded first: the cancel ends the guard too
-                _ended(session_dir, fired=True, reason=reason, job_cancelled=shlex.join(job))
+                with contextlib.suppress(OSError):
+                    _ended(session_dir, fired=True, reason=reason,
+                           job_cancelled=shlex.join(job))
                 subprocess.run(job, check=False, timeout=60)
             end_process_tree(bootstrap_pid)
             if not job:

@@ -51,6 +51,9 @@ def group_ended(group, patience_s=0.0, poll_s=0.05) -> bool:
     """Whether process group `group` has no live member within `patience_s` (a zombie
     not yet reaped by its new parent has ended already). Polled: a fixed wait after a
     signal to a group cost seconds of every run's end, the group mostly gone at once."""
+    if not os.path.isdir("/proc/self"):  # nothing to poll: wait, and say it may live on
+        time.sleep(patience_s)
+        return False
     deadline = time.time() + patience_s
     while any(p.group == group and p.state != "Z" for p in processes()):
         if time.time() >= deadline:

@@ -149,6 +149,9 @@ def test_unknown_resource_and_bad_input_exit_2_before_anything_is_written(tmp_pa
                            "--out", str(tmp_path / "camp")], capture_output=True, text=True)
     assert proc.returncode == 2 and "nowhere.cluster" in proc.stderr and "trajflow resources" in proc.stderr
     assert not (tmp_path / "camp").exists()
+    # the file itself loads anywhere (a cluster's campaign reads the laptop's resources
+    # too): a resource is checked against this machine where it runs, as above
+    assert load_campaign(path).resources["nowhere.cluster"].pilot_options["walltime"] == 15
     missing = BASE.replace('dataset = "adk"\ncopies = 1', 'topology = "no.psf"\ntrajectory = "no.dcd"')
     proc = subprocess.run([sys.executable, "-m", "trajflow.workflows.cli.main", "campaign",
                            write(tmp_path, missing, "m.toml"), "--out", str(tmp_path / "camp")],

@@ -149,6 +149,15 @@ def test_every_pilot_option_is_a_resource_key_and_remote_ones_are_remotespecs(tm
             load_campaign(str(tmp_path / "bad.toml"))
         assert str(err.value).startswith('[resources."local.localhost"]') and words in \
             str(err.value), str(err.value)
+    # a held pilot has its own options; cpus says what its experiments need of it
+    held = text.replace('walltime = 5\nlimits = "stall=60"\nkeep_sandbox = true\n'
+                        'client_timeout = 20\n', 'pilot = "mine"\ncpus = 2\n')
+    (tmp_path / "held.toml").write_text(held)
+    resource = load_campaign(str(tmp_path / "held.toml")).resources["local.localhost"]
+    assert (resource.held_pilot, resource.cpus) == ("mine", 2)
+    (tmp_path / "held.toml").write_text(held.replace("cpus = 2", "walltime = 5"))
+    with pytest.raises(InputError, match='walltime beside pilot = "mine"'):
+        load_campaign(str(tmp_path / "held.toml"))
 
 
 def test_remote_options_are_remotespecs_on_the_command_line_and_in_python():

@@ -57,7 +57,8 @@ def input_files(campaign: CampaignSpec):
 
 
 def check_resources(campaign: CampaignSpec):
-    """Each local resource known and valid (a remote one is checked on its machine)."""
+    """Each local resource known and valid, its pilot's options too (a remote one is
+    checked on its machine)."""
     for label in campaign.resources:
         if campaign.resources[label].remote:
             continue
@@ -67,6 +68,8 @@ def check_resources(campaign: CampaignSpec):
             raise InputError(f"[resources.\"{label}\"]: {exc}")
         if campaign.resources[label].held_pilot:
             _check_held_pilot(campaign, label)
+        else:
+            campaign.checked_pilot_spec(label)
 
 
 def _check_held_pilot(campaign, label):

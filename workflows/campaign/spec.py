@@ -182,12 +182,8 @@ class CampaignSpec:
         spec = dataclasses.replace(self.resources[resource], remote=None, remote_out="")
         there = dataclasses.replace(self, resources={resource: spec},
                                     experiments=self.on(resource))
-        if not spec.held_pilot:
-            try:  # its pilot's options checked there, against that machine's resource
-                with campaign_file():
-                    there.pilot_spec(resource)
-            except InputError as exc:
-                raise InputError(f"[resources.\"{resource}\"]: {exc}")
+        if not spec.held_pilot:  # its pilot's options checked there, against its resource
+            there.checked_pilot_spec(resource)
         return there
 
     def run_spec(self, e: Experiment, topology, trajectories, out) -> RunSpec:
@@ -214,6 +210,15 @@ class CampaignSpec:
         file's options, its cores from cores()."""
         return PilotSpec(resource, **{**self.resources[resource].pilot_options,
                                       "cpus": self.cores(resource)})
+
+    def checked_pilot_spec(self, resource: str) -> PilotSpec:
+        """pilot_spec(), its InputError said as the file's keys under the table's name
+        (the resource checked against this machine's configs)."""
+        try:
+            with campaign_file():
+                return self.pilot_spec(resource)
+        except InputError as exc:
+            raise InputError(f"[resources.\"{resource}\"]: {exc}")
 
     def pilot(self, resource: str) -> dict:
         """The pilot description of a resource (pilot_spec's); for a held pilot its name,
@@ -426,19 +431,22 @@ def _resource(label, values) -> ResourceSpec:
     remote_options = {f.name: values[key] for key, f in REMOTE_KEYS.items() if key in values}
     if HELD_KEY in values:
         _check_held(values, where)
-        return ResourceSpec(label, held_pilot=values[HELD_KEY])
+        with campaign_file():
+            try:
+                check_options(PilotSpec, pilot_options)
+            except InputError as exc:
+                raise InputError(f"{where}: {exc}")
+        return ResourceSpec(label, pilot_options, held_pilot=values[HELD_KEY])
     if "walltime" not in pilot_options:
         raise InputError(f"{where} walltime is required (minutes), unless the resource "
                          f"is a held pilot ({HELD_KEY} = \"NAME\")")
     if REMOTE_OUT_KEY in values and "remote" not in remote_options:
         raise InputError(f"{where}: {REMOTE_OUT_KEY} goes with remote = \"[user@]host[:port]\"")
-    try:
+    try:  # as far as a file can be checked anywhere: the resource itself is checked where
+        # it runs (campaign/run.py check_resources; a remote one there, CampaignSpec.only)
         with campaign_file():
             remote = RemoteSpec(**remote_options) if remote_options else None
-            if remote is None:
-                PilotSpec(label, **pilot_options)
-            else:  # its resource is the cluster's: checked there too (CampaignSpec.only)
-                check_options(PilotSpec, pilot_options)
+            check_options(PilotSpec, pilot_options)
     except InputError as exc:
         raise InputError(f"{where}: {exc}")
     return ResourceSpec(label, pilot_options, remote=remote,
@@ -446,10 +454,11 @@ def _resource(label, values) -> ResourceSpec:
 
 
 def _check_held(values, where):
-    """A resource that names a held pilot takes its pilot's options from it."""
+    """A resource that names a held pilot takes its pilot's options from it (cpus, if
+    given, is the cores its experiments need of it)."""
     from trajflow.workflows.run.held_registry import check_name
     check_name(values[HELD_KEY])
-    given = [k for k in values if k != HELD_KEY]
+    given = [k for k in values if k not in (HELD_KEY, "cpus")]
     if given:
         raise InputError(f"{where}: {', '.join(given)} beside {HELD_KEY} = "
                          f"\"{values[HELD_KEY]}\": the held pilot has its own (and is on this "

@@ -108,12 +108,20 @@ def early_task_manager(appman, poll_s=0.05):
                 return
             manager = TaskManager(sid=appman._sid, rmgr=rmgr, zmq_info=appman._zmq_info)
             manager.start_manager()
-            appman._task_manager = manager
-            appman._submit_rts_tmgr(rmgr.get_rts_info())
+            try:
+                appman._submit_rts_tmgr(rmgr.get_rts_info())
+            except BaseException:
+                manager.terminate_manager()
+                raise
+            appman._task_manager = manager  # only once it has the pilot
 
     def once_submitted(requested):
+        import radical.pilot as rp
+        launched = (rp.PMGR_ACTIVE_PENDING, rp.PMGR_ACTIVE)
         while not requested.wait(poll_s):
-            if rmgr.pilot is not None:
+            # once the pilot's job is launched: a submission refused at once (a bad queue)
+            # fails the pilot first, and the session is closed with no manager starting
+            if getattr(rmgr.pilot, "state", None) in launched:
                 try:
                     make_task_manager()
                 except Exception as exc:  # EnTK's run() makes it then, as before
@@ -456,14 +464,17 @@ def wake_bootstrapper(sandbox):
     """Once a local pilot's agent has gone, end the `sleep 3` its bootstrapper polls
     the agent with: bootstrap_0.sh looks for its agent every 3 s, so a cancel waited
     0-3 s more (2.6 s in three runs of one cold rmsd, seen) for nothing."""
+    if not os.path.exists(os.path.join(sandbox, "agent_0.out")):
+        return  # its agent never started: a sleep now is another wait of the bootstrapper's
     script = os.path.join(sandbox, "bootstrap_0.sh").encode()
-    boot = [p for p in procfs.processes() if _script_of(p.cmdline) == script]
+    every = procfs.processes()
+    boot = [p for p in every if _script_of(p.cmdline) == script]
     if len(boot) != 1:
         return
-    children = [p for p in procfs.processes() if p.parent == boot[0].pid and p.state != "Z"]
-    sleeps = [p for p in children if p.cmdline.split(b"\0")[0] == b"sleep"]
-    if sleeps and len(sleeps) == len(children):  # nothing but its sleep: the agent is gone
-        for p in sleeps:
+    children = [p for p in every if p.parent == boot[0].pid and p.state != "Z"]
+    polls = [p for p in children if p.cmdline.split(b"\0")[:2] == [b"sleep", b"3"]]
+    if polls and len(polls) == len(children):  # nothing but its poll: the agent is gone
+        for p in polls:
             with contextlib.suppress(OSError):
                 os.kill(p.pid, signal.SIGTERM)
 

@@ -4,6 +4,7 @@ Everything that can be wrong with the input is found here, on the workstation,
 in seconds: each problem raises `InputError` with what is wrong and how to fix
 it, and the CLI exits 2. Nothing is written until every check has passed.
 """
+import contextlib
 import dataclasses
 import difflib
 import hashlib
@@ -691,8 +692,9 @@ def write_plan(plan: RunPlan) -> str:
         write_analysis_code(plan)
         return plan.save(plan.path(PLAN))
     except BaseException:
-        for name in written:
-            remove_entry(plan.path(name))
+        for name in written:  # the write's own error is the one to raise
+            with contextlib.suppress(OSError):
+                remove_entry(plan.path(name))
         raise
 
 

@@ -332,10 +332,7 @@ class PilotSpec:
 
     def __post_init__(self):
         _check_fields(self)
-        try:
-            parse_limits(self.limits)
-        except ValueError as exc:
-            raise InputError(f"{spelled('limits', self.limits)}: {exc}")
+        self.check_anywhere(vars(self))
         try:
             object.__setattr__(self, "resource", resources.resolve_resource(self.resource))
             resources.check_resource(self.resource)
@@ -343,6 +340,15 @@ class PilotSpec:
                 resources.check_access_schema(self.resource, self.access_schema)
         except ValueError as exc:
             raise InputError(str(exc))
+
+    @staticmethod
+    def check_anywhere(values: dict):
+        """The checks of a pilot's options that need no resource config of this machine
+        (a campaign's resource for a cluster is checked so here, and there in whole)."""
+        try:
+            parse_limits(values.get("limits"))
+        except ValueError as exc:
+            raise InputError(f"{spelled('limits', values.get('limits'))}: {exc}")
 
     @property
     def local(self) -> bool:
@@ -460,11 +466,14 @@ def option_choices(name):
 
 
 def check_options(spec_class, options: dict):
-    """`options` (keywords of `spec_class`) checked as its fields are, where the spec
-    itself cannot be made here: a campaign's pilot options for a cluster whose resource
-    this machine does not know."""
-    _check_fields(spec_class, {f.name: f.default for f in dataclasses.fields(spec_class)}
-                  | options)
+    """`options` (keywords of `spec_class`) checked as its fields are, and by its
+    check_anywhere if it has one, where the spec itself cannot be made here: a
+    campaign's pilot options for a resource of another machine."""
+    values = {f.name: f.default for f in dataclasses.fields(spec_class)} | options
+    _check_fields(spec_class, values)
+    check = getattr(spec_class, "check_anywhere", None)
+    if check is not None:
+        check(values)
 
 
 def _check_fields(spec, values=None):
