@@ -111,7 +111,8 @@ def test_a_stopped_rank_fails_the_run_at_the_stall_bound_and_is_ended(tmp_path, 
     assert "for the analyze ranks to report frames done" in output, output
     assert f"stopped task processes here (state T, SIGSTOP): pid {victim}" in output, output
     assert took < STALL_S + 12 + SHUTDOWN_S, f"{took:.0f} s from the stop to the end"
-    assert process_state(victim) is None, "the stopped rank was left behind"
+    # ended: gone, or a zombie its new parent (this machine's init) has not reaped yet
+    assert process_state(victim) in (None, "Z"), "the stopped rank was left behind"
     outcome = json.load(open(out / "outcome.json"))
     assert "--limits stall=S" in outcome["error"], outcome
     assert_handled(code, output, out, session, reference_results, adk)

@@ -127,6 +127,7 @@ class PilotProcess:
         self._batch_t0 = time.time()  # since when the runs in flight have been sent
         self._batches = 0     # batches sent
         self._checked_at = 0.0  # when the watchdog was last asked (_receive)
+        self._reaper = None   # the pid of the child's reaper process (session.py)
         self._send_lock = threading.Lock()
 
     def __enter__(self):
@@ -260,6 +261,8 @@ class PilotProcess:
                 self.watchdog.pilot_event(payload)
             elif kind == "session":
                 self.session_dir = payload
+            elif kind == "reaper":
+                self._reaper = payload
             elif kind == "interrupted":
                 self._join()
                 raise Interrupted(payload)
@@ -347,9 +350,11 @@ class PilotProcess:
             try:
                 os.killpg(self._child.pid, sig)
             except (ProcessLookupError, PermissionError):
-                return
+                break
             if procfs.group_ended(self._child.pid, patience_s=1.0):
-                return
+                break
+        if self._reaper is not None:  # it ends once it has seen the child's end (~0.1 s)
+            procfs.group_ended(self._reaper, patience_s=5.0)
 
     def _kill_child(self):
         """The child did not end when asked: kill its group (RADICAL's client with it),

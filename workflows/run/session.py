@@ -75,7 +75,7 @@ def serve(conn, pilot, session_root, parent_end, client_pid, client_timeout, kee
         pin_to(split_cpus(kept, node_cpus())[0] or node_cpus())
     # RADICAL's client processes, and a local agent's, wake less often while idle
     set_timer_slack(RADICAL_TIMER_SLACK_NS)
-    _start_group_reaper()
+    _send(conn, ("reaper", _start_group_reaper()))  # the client waits for its end too
     resources.activate_venv()
     resources.activate_configs()
     os.environ.setdefault("RADICAL_PROFILE", "TRUE")
@@ -211,7 +211,7 @@ def _give_up(where, plans):
     os._exit(70)
 
 
-def _start_group_reaper(poll_s=1.0):
+def _start_group_reaper(poll_s=0.1):
     """Fork a small process that, when this one ends however it ends (SIGKILL
     included), ends what is left of its process group: RADICAL's client
     components (its session proxy, seen living on for good after a SIGKILL;
@@ -220,8 +220,9 @@ def _start_group_reaper(poll_s=1.0):
     its end, `trajflow run | tee`, waited 2 s more for this process), and runs no Python
     cleanup."""
     group = os.getpid()
-    if os.fork():
-        return
+    reaper = os.fork()
+    if reaper:
+        return reaper
     try:
         os.setpgid(0, 0)
         devnull = os.open(os.devnull, os.O_RDWR)
