@@ -33,6 +33,7 @@ design every resource runs every combination of the factors' levels; with
 Each experiment runs `repeats` times. The pilot of a resource is sized for
 its largest experiment unless `cpus` says otherwise.
 """
+import contextlib
 import dataclasses
 import itertools
 import math
@@ -45,8 +46,9 @@ from trajflow.tasks.mda_analyses import parse_spec
 from trajflow.tasks.modes import MODES
 from trajflow.workflows.errors import InputError
 from trajflow.workflows.run.planning import ANALYSIS_FORMS
-from trajflow.workflows.run.spec import (campaign_file, check_options, option_choices, option_default, PilotSpec, RemoteSpec,
-                                        RunSpec, value_type)
+from trajflow.workflows.run.spec import (campaign_file, check_options, option_choices,
+                                        option_default, PilotSpec, RemoteSpec, RunSpec,
+                                        value_type)
 
 DESIGNS = ("factorial", "list")
 DATASETS = ("adk",)
@@ -214,11 +216,8 @@ class CampaignSpec:
     def checked_pilot_spec(self, resource: str) -> PilotSpec:
         """pilot_spec(), its InputError said as the file's keys under the table's name
         (the resource checked against this machine's configs)."""
-        try:
-            with campaign_file():
-                return self.pilot_spec(resource)
-        except InputError as exc:
-            raise InputError(f"[resources.\"{resource}\"]: {exc}")
+        with in_table(f"[resources.\"{resource}\"]"):
+            return self.pilot_spec(resource)
 
     def pilot(self, resource: str) -> dict:
         """The pilot description of a resource (pilot_spec's); for a held pilot its name,
@@ -229,6 +228,17 @@ class CampaignSpec:
             where = {"held": spec.held_pilot} if spec.held_pilot else {"remote": spec.remote.remote}
             return {"resource": resource, **where, "cpus": self.cores(resource)}
         return self.pilot_spec(resource).description()
+
+
+@contextlib.contextmanager
+def in_table(where):
+    """The specs' own checks inside: their messages spell options as the file's keys,
+    under the table's name (`[resources."x"]: walltime = 0: give 1 or more`)."""
+    try:
+        with campaign_file():
+            yield
+    except InputError as exc:
+        raise InputError(f"{where}: {exc}") from None
 
 
 def _where(table, key):
@@ -318,11 +328,8 @@ def load_campaign(path, cls=None, yes=False) -> "CampaignSpec":
     if c.get("repeats", 1) < 1:
         raise InputError(f"[campaign] repeats = {c['repeats']} is too small")
     run_options = {f.name: c[key] for key, f in RUN_KEYS.items() if key in c}
-    try:
-        with campaign_file():
-            RunSpec(**run_options)  # RunSpec's own checks, with its messages
-    except InputError as exc:
-        raise InputError(f"[campaign]: {exc}")
+    with in_table("[campaign]"):
+        RunSpec(**run_options)  # RunSpec's own checks, with its messages
     inputs = _check_input(data["input"], base)
     resources = _check_resources(data["resources"])
     if "factors" not in data and design == "factorial":
@@ -431,24 +438,19 @@ def _resource(label, values) -> ResourceSpec:
     remote_options = {f.name: values[key] for key, f in REMOTE_KEYS.items() if key in values}
     if HELD_KEY in values:
         _check_held(values, where)
-        with campaign_file():
-            try:
-                check_options(PilotSpec, pilot_options)
-            except InputError as exc:
-                raise InputError(f"{where}: {exc}")
+        with in_table(where):
+            check_options(PilotSpec, pilot_options)
         return ResourceSpec(label, pilot_options, held_pilot=values[HELD_KEY])
     if "walltime" not in pilot_options:
         raise InputError(f"{where} walltime is required (minutes), unless the resource "
                          f"is a held pilot ({HELD_KEY} = \"NAME\")")
     if REMOTE_OUT_KEY in values and "remote" not in remote_options:
         raise InputError(f"{where}: {REMOTE_OUT_KEY} goes with remote = \"[user@]host[:port]\"")
-    try:  # as far as a file can be checked anywhere: the resource itself is checked where
-        # it runs (campaign/run.py check_resources; a remote one there, CampaignSpec.only)
-        with campaign_file():
-            remote = RemoteSpec(**remote_options) if remote_options else None
-            check_options(PilotSpec, pilot_options)
-    except InputError as exc:
-        raise InputError(f"{where}: {exc}")
+    # as far as a file can be checked anywhere: the resource itself is checked where it
+    # runs (campaign/run.py check_resources; a remote one there, CampaignSpec.only)
+    with in_table(where):
+        remote = RemoteSpec(**remote_options) if remote_options else None
+        check_options(PilotSpec, pilot_options)
     return ResourceSpec(label, pilot_options, remote=remote,
                         remote_out=values.get(REMOTE_OUT_KEY, ""))
 
