@@ -3,6 +3,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+from processes import hold_shared_pilot, SHARED_PILOTS_ENV, stop_shared_pilot  # noqa: E402
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 warnings.filterwarnings("ignore", module="MDAnalysis")
 
@@ -274,6 +276,21 @@ class _GroupsHonoured:
 def pytest_configure(config):
     if hasattr(config, "workerinput"):
         config.pluginmanager.register(_GroupsHonoured(), "trajflow-groups-honoured")
+    elif not os.environ.get(SHARED_PILOTS_ENV):
+        os.environ[SHARED_PILOTS_ENV] = tempfile.mkdtemp(prefix="trajflow-test-pilots-")
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):
+        stop_shared_pilot()
+
+
+@pytest.fixture(scope="session")
+def shared_pilot():
+    """A held pilot that every worker of the pilot layer shares, for runs that are not
+    about a pilot's own start, death or placement (fault tests' resumes): a cold
+    pilot costs ~17 core-seconds of this 2-core machine, a run on a held one ~1."""
+    return hold_shared_pilot()
 
 
 def _worker_group(item):

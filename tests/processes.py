@@ -121,14 +121,60 @@ def assert_nothing_left(session):
     assert processes_mentioning(session) == []
 
 
-def assert_resumed_equal(out, adk, reference, resume=True):
-    """`trajflow run --resume OUT` (if `resume`) succeeds and OUT's RMSD is MDAnalysis'."""
+def assert_resumed_equal(out, adk, reference, resume=True, pilot=None):
+    """`trajflow run --resume OUT` (if `resume`; on the held pilot `pilot`, as
+    shared_pilot gives it, if given) succeeds and OUT's RMSD is MDAnalysis'."""
     import h5py
     import numpy as np
     if resume:
-        again = subprocess.run([TRAJFLOW, "run", "--resume", str(out)], capture_output=True,
-                               text=True, timeout=600)
+        where = ["--pilot", pilot["name"]] if pilot else []
+        again = subprocess.run([TRAJFLOW, "run", "--resume", str(out), *where], capture_output=True,
+                               text=True, timeout=600, env=pilot["env"] if pilot else None)
         assert again.returncode == 0, again.stdout + again.stderr
     with h5py.File(os.path.join(str(out), "result.h5"), "r") as f:
         np.testing.assert_allclose(f["rmsd"][:], reference(adk[0], [adk[1]], "rmsd")["rmsd"],
                                    rtol=1e-5, atol=1e-4)
+
+
+# --- one held pilot for the whole layer ------------------------------------------------
+
+SHARED_PILOTS_ENV = "TRAJFLOW_TEST_SHARED_PILOTS"  # its folder: made by the controller, inherited
+SHARED_PILOT = "shared"
+
+
+def shared_pilot_folder():
+    """The held pilots' folder of this pytest run (tests/conftest.py's pytest_configure
+    makes it; xdist's workers inherit it from the controller's environment)."""
+    return os.path.join(os.environ[SHARED_PILOTS_ENV], "pilots")
+
+
+def _pilot_command(args, timeout):
+    return subprocess.run([TRAJFLOW, "pilot", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "TRAJFLOW_PILOTS": shared_pilot_folder()})
+
+
+def hold_shared_pilot():
+    """The layer's held pilot, started by the first test of any worker that asks for it
+    (a lock keeps the others waiting) and again if it ended meanwhile (its idle time)."""
+    import fcntl
+    with open(os.path.join(os.environ[SHARED_PILOTS_ENV], "lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _pilot_command(["status", SHARED_PILOT], 60).returncode != 0:
+            started = _pilot_command(["start", "--name", SHARED_PILOT, "--cpus", "2", "--walltime", "120",
+                                      "--idle-timeout", "600", "--limits", START_LIMIT], 400)
+            assert started.returncode == 0, started.stdout + started.stderr
+    return {"name": SHARED_PILOT, "env": {**os.environ, "TRAJFLOW_PILOTS": shared_pilot_folder()}}
+
+
+def stop_shared_pilot():
+    """At the pytest run's end (the controller's): stop the layer's held pilot if one
+    was started, and remove its folder."""
+    import shutil
+    folder = os.environ.get(SHARED_PILOTS_ENV)
+    if not folder:
+        return
+    if os.path.isdir(os.path.join(folder, "pilots", SHARED_PILOT)):
+        stopped = _pilot_command(["stop", SHARED_PILOT], 200)
+        if stopped.returncode != 0:
+            print(f"the shared held pilot did not stop: {stopped.stdout}{stopped.stderr}")
+    shutil.rmtree(folder, ignore_errors=True)

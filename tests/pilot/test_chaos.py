@@ -27,6 +27,9 @@ pytestmark = pytest.mark.entk
 STALL_S = 25          # the stall and first-task bounds of these runs
 SHUTDOWN_S = 60 + 30  # the child's own shutdown limit, and the parent's grace after it
 LIMITS = f"stall={STALL_S},task={STALL_S},{START_LIMIT}"
+# the one case of each fault class whose --resume starts a pilot of its own, as a user's
+# would; the others resume on the layer's held pilot (a stopped rank's, a killed process')
+COLD_RESUME = ("tasks", "rp.tmgr_scheduling.0000")
 
 
 def start(out, adk, mode="tasks", delay="0:compute:12,1:compute:12", limits=LIMITS, extra=()):
@@ -70,9 +73,10 @@ def ended(proc, patience_s):
     return code, proc.stdout.read()
 
 
-def assert_handled(code, output, out, session, reference, adk, recovered_ok=False):
+def assert_handled(code, output, out, session, reference, adk, recovered_ok=False, pilot=None):
     """Recovered with MDAnalysis' result, or failed with a cause named and nothing left;
-    either way --resume (or the run itself) ends equal to MDAnalysis."""
+    either way --resume (on the held pilot `pilot`, if given) or the run itself ends
+    equal to MDAnalysis."""
     outcome = json.load(open(out / "outcome.json"))
     if code == 0:
         assert recovered_ok, output
@@ -86,12 +90,12 @@ def assert_handled(code, output, out, session, reference, adk, recovered_ok=Fals
                  if "re.session" not in f]
     assert leftovers == []
     assert_nothing_left(session)
-    assert_resumed_equal(out, adk, reference, resume=code != 0)
+    assert_resumed_equal(out, adk, reference, resume=code != 0, pilot=pilot)
 
 
 @pytest.mark.parametrize("mode", ["tasks", "mpi"])
 def test_a_stopped_rank_fails_the_run_at_the_stall_bound_and_is_ended(tmp_path, adk, mode,
-                                                                      reference_results):
+                                                                      reference_results, request):
     """SIGSTOP of one analyze rank: before, the run said "50 %" and then nothing until an
     outside timeout, and the stopped rank outlived the pilot."""
     out = tmp_path / f"stopped-{mode}"
@@ -115,7 +119,8 @@ def test_a_stopped_rank_fails_the_run_at_the_stall_bound_and_is_ended(tmp_path, 
     assert process_state(victim) in (None, "Z"), "the stopped rank was left behind"
     outcome = json.load(open(out / "outcome.json"))
     assert "--limits stall=S" in outcome["error"], outcome
-    assert_handled(code, output, out, session, reference_results, adk)
+    assert_handled(code, output, out, session, reference_results, adk,
+                   pilot=None if mode == COLD_RESUME[0] else request.getfixturevalue("shared_pilot"))
 
 
 # each RADICAL process killed in turn: (client or agent, its process title, the exit code
@@ -130,8 +135,8 @@ COMPONENTS = [
 
 
 @pytest.mark.parametrize("side,name,expected,said", COMPONENTS, ids=[c[1] for c in COMPONENTS])
-def test_kill_9_of_a_radical_process_ends_as_the_readme_says(tmp_path, adk, side, name,
-                                                             expected, said, reference_results):
+def test_kill_9_of_a_radical_process_ends_as_the_readme_says(tmp_path, adk, side, name, expected,
+                                                             said, reference_results, request):
     out = tmp_path / "killed"
     proc = start(out, adk)
     try:
@@ -160,8 +165,8 @@ def test_kill_9_of_a_radical_process_ends_as_the_readme_says(tmp_path, adk, side
         # after rp.state_pubsub was killed, and both were named)
         _, found, died = output.partition("RADICAL processes that died during the run: ")
         assert found and f"{name} (pid {victim})" in died.splitlines()[0].split(";")[0], output
-    assert_handled(code, output, out, session, reference_results, adk,
-                   recovered_ok=expected == 0)
+    assert_handled(code, output, out, session, reference_results, adk, recovered_ok=expected == 0,
+                   pilot=None if name in COLD_RESUME or code == 0 else request.getfixturevalue("shared_pilot"))
 
 
 def test_a_client_stopped_longer_than_its_guard_allows_ends_named(tmp_path, adk,

@@ -96,7 +96,8 @@ def test_a_disk_filled_during_the_run_fails_it_clearly_and_resume_completes(smal
 
 
 def test_a_disk_filled_right_after_planning_fails_the_session_start_named(small_disk, adk,
-                                                                         reference_results):
+                                                                         reference_results,
+                                                                         shared_pilot):
     """The run folder's disk fills between planning and RADICAL's session: before, the
     run said "split submitted" and nothing for 10 minutes."""
     out = small_disk / "run"
@@ -126,7 +127,7 @@ def test_a_disk_filled_right_after_planning_fails_the_session_start_named(small_
     assert not (out / "result.h5").exists()
     assert processes_mentioning(str(out)) == []
     ballast.unlink()
-    assert_resumed_equal(out, adk, reference_results)
+    assert_resumed_equal(out, adk, reference_results, pilot=shared_pilot)  # the cold one: above
 
 
 def fill(disk, ballast):
@@ -143,7 +144,7 @@ def fill(disk, ballast):
 
 @pytest.mark.parametrize("moment", ["split", "reduce", "report"])
 def test_a_disk_filled_at_any_moment_fails_the_run_named_and_resume_completes(
-        small_disk, adk, moment, reference_results):
+        small_disk, adk, moment, reference_results, shared_pilot):
     """The disk fills as the split stage starts (the H5MD copy), as reduce starts, or as
     the result is published (the report, outcome.json): the run ends within its bounds,
     exit 1, the disk named, nothing half-written; --resume completes it."""
@@ -179,10 +180,13 @@ def test_a_disk_filled_at_any_moment_fails_the_run_named_and_resume_completes(
     else:
         assert code == 1, output
         assert "is full" in output and str(out) in output, output
+        # a watchdog that ended it did not wait out its bound (60 s) on the full disk
+        assert "(bound 60 s" not in output or "gave up before its bound, the disk being full" \
+            in output, output
     leftovers = [os.path.join(d, f) for d, _, files in os.walk(out) for f in files
                  if ".tmp" in f and "re.session" not in d]
     assert leftovers == []
     assert analyze_tasks(str(out)) == []
     if moment != "report":
         ballast.unlink()
-    assert_resumed_equal(out, adk, reference_results, resume=moment != "report")
+    assert_resumed_equal(out, adk, reference_results, resume=moment != "report", pilot=shared_pilot)

@@ -98,6 +98,29 @@ def test_a_stage_whose_first_task_never_starts_fails_unless_the_pilot_is_busy(tm
     assert dog.check(now=now + 10 ** 5) is None
 
 
+def test_a_full_session_disk_fails_a_bounded_wait_soon_and_says_why(tmp_path, monkeypatch):
+    """RADICAL fails its state transitions on a full disk and does not go on: the wait
+    ends FULL_DISK_GRACE_S after its start, not at its bound; a disk with room waits."""
+    import collections
+    import shutil
+    from trajflow.workflows.run import watchdog as module
+    free = {"bytes": 10 << 30}
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 40, 0, free["bytes"]))
+    plan = plan_in(tmp_path)
+    dog, _ = watchdog(tmp_path, "task=300")
+    dog.pilot_event("active", now=0)
+    now = time.time()
+    dog.run_event("r", plan, "reduce", "submitted", now=now)
+    assert dog.check(now=now + module.FULL_DISK_GRACE_S + 1) is None  # room: the bound holds
+    free["bytes"] = module.FULL_DISK_BYTES - 1
+    assert dog.check(now=now + module.FULL_DISK_GRACE_S - 1) is None  # not yet: a moment's fill
+    failure = dog.check(now=now + module.FULL_DISK_GRACE_S + 2)
+    assert failure.startswith("r's reduce stage waited 17 s for the first task of a stage to start "
+                              "and gave up before its bound, the disk being full (bound 300 s"), failure
+    assert f"the file system of {tmp_path} is full (16.8 MB free" in failure, failure
+
+
 def test_a_running_split_or_reduce_is_said_every_5_minutes_and_bounded_when_asked(tmp_path):
     for limits, stage in (("", "split"), ("stage=600", "reduce")):
         plan = plan_in(tmp_path / stage)

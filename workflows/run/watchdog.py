@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 
 STALL_FACTOR = 20  # a stall bound is at least this many times a rank's time per frame
 START_GRACE_S = 90.0  # the child's own cancel and replacement of a hung start go first
+# a bounded wait on a full session disk fails this soon, not at its bound (300 s by
+# default): RADICAL's components fail their state transitions there and do not go on
+FULL_DISK_GRACE_S = 15.0
+FULL_DISK_BYTES = 16 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,7 +277,7 @@ class Watchdog:
                 self.say(f"{clock.what}: waiting {_minutes(waited)} for {phase.waits_for} "
                          f"(no bound: --limits {phase.name}=S sets one)")
             return None
-        if waited >= bound:
+        if waited >= bound or (waited >= FULL_DISK_GRACE_S and self._disk_note()):
             return self.failure(clock, watch, waited, bound)
         quarter = int(4 * waited // bound)
         if quarter > clock.said:
@@ -285,7 +289,8 @@ class Watchdog:
     def failure(self, clock, watch, waited, bound):
         """What was waited for, on whom, what to do, and what was found wrong."""
         phase = PHASES[clock.phase]
-        text = (f"{clock.what} waited {waited:.0f} s for {phase.waits_for} (bound {bound:.0f} s, "
+        early = " and gave up before its bound, the disk being full" if waited < bound else ""
+        text = (f"{clock.what} waited {waited:.0f} s for {phase.waits_for}{early} (bound {bound:.0f} s, "
                 f"--limits {phase.name}=S; usually {phase.usual}); waiting on: {phase.layer}. "
                 f"{phase.advice}")
         notes = [self._stopped_note().lstrip("; "), self._disk_note(), self._dead_note()]
@@ -316,7 +321,7 @@ class Watchdog:
             free = shutil.disk_usage(self.session_root).free
         except OSError:
             return ""
-        if free < (16 << 20):
+        if free < FULL_DISK_BYTES:
             return (f"the file system of {self.session_root} is full ({free / 1e6:.1f} MB free; "
                     "RADICAL and the tasks write there): free space, then --resume")
         return ""
