@@ -167,6 +167,44 @@ def test_bad_input_on_the_cluster_side_exits_2_with_its_message(cluster):
     assert_workstation_side_gone()  # no SSH connection outlives a refusal
 
 
+def test_a_pilot_held_on_the_cluster_serves_remote_runs_then_stops(cluster, adk):
+    """`trajflow pilot start --remote`: the pilot is held on the cluster (its holder
+    outlives the SSH command); `run --remote --pilot` runs there on it, without a pilot of
+    its own, and comes back equal to MDAnalysis; a name not held there is refused, exit 2;
+    `pilot stop --remote` ends it, nothing left running."""
+    where = ["--remote", TARGET, "--remote-python", f"{VENV}/bin/python"]
+    started = workstation("pilot", "start", "--name", "far", "--cpus", "2", "--walltime", "20",
+                          "--idle-timeout", "10", *where)
+    assert started.returncode == 0, started.stderr
+    assert "pilot far held (2 cores" in started.stderr, started.stderr
+    assert f"trajflow run --remote {TARGET} --pilot far" in started.stderr, started.stderr
+    assert_workstation_side_gone()  # the SSH command has ended, the holder lives there
+    local = os.path.join(WORKSTATION, "onheld")
+    run = ["run", *where, "--topology", cluster["top"], "--trajectory", cluster["traj"],
+           "--analysis", "rmsd", "--blocks", "2", "--out", f"/home/{CLUSTER}/runs/onheld"]
+    try:
+        status = workstation("pilot", "status", "far", *where)
+        assert status.returncode == 0 and "far: active on local.localhost" in status.stdout, \
+            status.stdout + status.stderr
+        ran = workstation(*run, "--pilot", "far", "--local", local)
+        assert ran.returncode == 0, ran.stderr
+        assert_fetched_run(local, adk)
+        client_log = open(os.path.join(local, "client.log")).read()
+        assert "pilot requested" not in client_log, client_log  # none of its own
+        missing = workstation(*run, "--pilot", "nope", "--local", local + "-nope")
+        assert missing.returncode == 2, missing.stderr
+        assert f"on {TARGET}:" in missing.stderr and "no pilot named 'nope'" in missing.stderr, \
+            missing.stderr
+        assert not os.path.exists(local + "-nope")
+    finally:
+        stopped = workstation("pilot", "stop", "far", *where)
+    assert stopped.returncode == 0 and "pilot far stopped" in stopped.stdout, stopped.stderr
+    listed = workstation("pilot", "list", *where)
+    assert listed.returncode == 0 and "no held pilot" in listed.stdout, listed.stdout
+    assert_workstation_side_gone()
+    assert_nothing_left_of_the_run()
+
+
 def test_remote_run_on_slurm_fetched_then_one_cancelled(cluster, adk, slurm):
     """Through the cluster's SLURM: one run to its end, fetched and equal to
     MDAnalysis; a second cancelled while it runs leaves no process and no job."""

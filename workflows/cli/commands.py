@@ -132,6 +132,10 @@ def run_planned(plan, spec, pilot_spec, resume=False):
     return _run_and_report([plan], spec, pilot_spec, plan.workdir, resume=resume)
 
 
+def run_planned_on_held(plan, spec, held, resume=False):
+    return _run_and_report([plan], spec, None, plan.workdir, resume=resume, held=held)
+
+
 def cmd_run(args):
     where = spec_from_args(RemoteSpec, args)
     if args.pilot:
@@ -142,31 +146,46 @@ def cmd_run(args):
 
 
 def _run_on_held(args, where):
-    """`trajflow run --pilot NAME`: planned here for the held pilot's cores, run there."""
+    """`trajflow run --pilot NAME`: planned here for the held pilot's cores, run there
+    (with --remote: planned and run on the cluster, where the pilot is held)."""
     given = flags_said(args, PilotSpec)
     if given:
         raise InputError(f"{', '.join(given)}: options of a pilot, and --pilot {args.pilot} "
                          "is held with its own: drop them (or leave out --pilot)")
     if where.remote:
-        raise InputError("--pilot with --remote: a held pilot of this machine cannot take a "
-                         "remote run; leave out one of them")
+        if where.remote_batch:
+            raise InputError(f"--remote-batch with --pilot {args.pilot}: the held pilot's "
+                             "allocation is its own; leave out one of them")
+        return remote.cmd_run_remote(where, args.resume, spec_from_args(RunSpec, args), PilotSpec(),
+                                     held=args.pilot)
     asked_at = time.time()
     status = held_client.held_status(args.pilot)
     spec = spec_from_args(RunSpec, args)
     if not args.resume and held_client.can_plan_there(spec, status):  # no MDAnalysis here
         return _run_and_report([], spec, None, None, held=args.pilot, asked_at=asked_at)
     plan, spec, _ = plan_from_args(args, held_cpus=status["cpus"])
-    return _run_and_report([plan], spec, None, plan.workdir, resume=bool(args.resume),
-                           held=args.pilot)
+    return run_planned_on_held(plan, spec, args.pilot, resume=bool(args.resume))
+
+
+PILOT_COMMAND_ARGS = ("pilot_command", "name", "idle_timeout")  # and PilotSpec's fields
 
 
 def cmd_pilot(args):
-    """`trajflow pilot start|status|stop|list`."""
+    """`trajflow pilot start|status|stop|list` (with --remote: on that cluster)."""
+    where = spec_from_args(RemoteSpec, args)
+    if where.remote:
+        return remote.cmd_pilot_remote(where, pilot_request(args))
     try:
         return _pilot_command(args)
     except RuntimeError as exc:  # the pilot did not start, or its holder did not stop
         print(f"trajflow: {exc}", file=sys.stderr)
         return EXIT_FAILED
+
+
+def pilot_request(args):
+    """A `trajflow pilot` command's own arguments, as the cluster's side takes them."""
+    names = set(PILOT_COMMAND_ARGS) | {f.name for f in dataclasses.fields(PilotSpec)}
+    return {k: v for k, v in vars(args).items() if k in names}
 
 
 def _pilot_command(args):

@@ -220,7 +220,9 @@ def add_pilot_commands(sub):
                     "trajflow.Backend(pilot=NAME)): each run then starts in about a second, "
                     "without a pilot of its own. Only you can reach your held pilots (a "
                     "Unix socket in a private folder, $TRAJFLOW_PILOTS or "
-                    "~/.trajflow/pilots).")
+                    "~/.trajflow/pilots). With --remote HOST the command runs on that cluster "
+                    "over SSH and the pilot is held there, outliving the connection: "
+                    "`trajflow run --remote HOST --pilot NAME` runs on it.")
     commands = pilot.add_subparsers(dest="pilot_command", required=True)
     start = commands.add_parser("start", help="start a held pilot and wait until it is active",
                                 description="Start a pilot held by a background process of "
@@ -245,6 +247,9 @@ def add_pilot_commands(sub):
                                            "on), the pilot is cancelled, nothing is left "
                                            "running.")
     stop.add_argument("name", metavar="NAME", help="the held pilot")
-    commands.add_parser("list", help="the held pilots, a line each",
-                        description="Every held pilot of yours, a line each; the folders of "
-                                    "pilots whose holder has died are removed.")
+    listing = commands.add_parser("list", help="the held pilots, a line each",
+                                  description="Every held pilot of yours, a line each; the "
+                                              "folders of pilots whose holder has died are "
+                                              "removed.")
+    for command in (start, status, stop, listing):
+        add_spec_options(command, RemoteSpec, only=("remote", "remote_python"))

@@ -22,7 +22,9 @@ SLURM) that runs `job`: the run's client inside the job, its pilot started in
 that job's allocation through RADICAL's "batch" access schema. client.json
 then names the job, which `status` and `cancel` ask its batch system (batch.py) about.
 """
+import argparse
 import dataclasses
+import functools
 import json
 import os
 import shlex
@@ -39,12 +41,12 @@ from trajflow.tasks.rundir import (BATCH_SCRIPT, CLIENT, CLIENT_EXIT, CLIENT_LOG
                                    PLAN, read_outcome, read_record, write_record)
 from trajflow.workflows.campaign.folders import is_campaign_dir, resource_log_path, resource_runs
 from trajflow.workflows.campaign.run import Campaign
-from trajflow.workflows.cli.commands import run_planned
+from trajflow.workflows.cli.commands import run_planned, run_planned_on_held
 from trajflow.workflows.cli.main import run_guarded
 from trajflow.workflows.errors import EXIT_INPUT, InputError
 from trajflow.workflows.remote.client import REMOTE_SIDE
 from trajflow.workflows.run.batch import BATCH_SYSTEMS, BatchError
-from trajflow.workflows.run import resources
+from trajflow.workflows.run import held_client, resources
 from trajflow.workflows.run.api import plan_of
 from trajflow.workflows.run.planning import own_pilot, write_plan
 from trajflow.workflows.run.progress import frames_done
@@ -64,10 +66,14 @@ def version():
 
 
 def read_request(text):
-    """(RunSpec, PilotSpec, RUNDIR to resume or None) of a request (remote.client.run_request)."""
+    """(RunSpec, PilotSpec, RUNDIR to resume or None, the held pilot's name or None) of a
+    request (remote.client.run_request)."""
     request = json.loads(text)
+    held = request.get("held")
+    if held is not None and not isinstance(held, str):
+        raise InputError("a run request's held pilot is a name")
     return (RunSpec.from_json(request["run"]), PilotSpec.from_json(request["pilot"]),
-            request.get("resume"))
+            request.get("resume"), held)
 
 
 def start(request, batch=False):
@@ -75,11 +81,19 @@ def start(request, batch=False):
     (`batch`: submitted as a batch job of its own)."""
     try:
         with command_line():
-            spec, pilot_spec, resume = read_request(request)
-            system = batch_system(pilot_spec, resume) if batch else None
-            plan = plan_of(spec, pilot_spec, resume)
-            if system is not None:
-                return submit_client_job(plan, pilot_spec, request, system)
+            spec, pilot_spec, resume, held = read_request(request)
+            if held is not None:
+                if batch:
+                    raise InputError(f"--remote-batch with --pilot {held}: the held pilot's "
+                                     "allocation is its own; leave out one of them")
+                plan = plan_of(spec, None, resume, cpus=held_client.held_status(held)["cpus"])
+                client = functools.partial(run_planned_on_held, plan, spec, held, bool(resume))
+            else:
+                system = batch_system(pilot_spec, resume) if batch else None
+                plan = plan_of(spec, pilot_spec, resume)
+                if system is not None:
+                    return submit_client_job(plan, pilot_spec, request, system)
+                client = functools.partial(run_planned, plan, spec, pilot_spec, bool(resume))
     except InputError as exc:
         print(f"trajflow: error: {exc}", file=sys.stderr)
         return EXIT_INPUT
@@ -102,7 +116,7 @@ def start(request, batch=False):
     os.dup2(log, 2)
     sys.stdout = os.fdopen(1, "w", buffering=1)
     sys.stderr = os.fdopen(2, "w", buffering=1)
-    code = run_client(rundir, lambda: run_planned(plan, spec, pilot_spec, bool(resume)))
+    code = run_client(rundir, client)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -164,7 +178,7 @@ def submit_client_job(plan, pilot_spec, request, system):
 
 def job(rundir, request):
     """Inside the batch job: the run's client, its pilot on this job's allocation."""
-    spec, pilot_spec, _ = read_request(request)
+    spec, pilot_spec, _, _ = read_request(request)
     pilot_spec = dataclasses.replace(pilot_spec, access_schema="batch")
     print(f"trajflow: the run's client in batch job {os.environ.get('SLURM_JOB_ID')} on "
           f"{socket.gethostname()}", flush=True)
@@ -329,6 +343,24 @@ def campaign_cancel(out, wait_s=300):
     return 0
 
 
+def pilot(text):
+    """`trajflow pilot ...` as the workstation asked it (remote.client.cmd_pilot_remote):
+    the pilot is held here. The request is data: only a pilot command's own arguments."""
+    from trajflow.workflows.cli.commands import cmd_pilot, PILOT_COMMAND_ARGS
+    try:
+        request = json.loads(text)
+    except ValueError:
+        request = None
+    known = set(PILOT_COMMAND_ARGS) | {f.name for f in dataclasses.fields(PilotSpec)}
+    if not isinstance(request, dict) or set(request) - known \
+            or request.get("pilot_command") not in ("start", "status", "stop", "list") \
+            or not isinstance(request.get("name"), (str, type(None))) \
+            or not isinstance(request.get("idle_timeout", 0), (int, float)):
+        print("trajflow: error: not a pilot command of trajflow's", file=sys.stderr)
+        return EXIT_INPUT
+    return run_guarded(cmd_pilot, argparse.Namespace(**request))
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     command, rest = (argv[0], argv[1:]) if argv else ("", [])
@@ -337,6 +369,8 @@ def main(argv=None):
     if command == "start" and rest:
         batch = rest[0] == "--batch"
         return start(rest[-1], batch)
+    if command == "pilot" and len(rest) == 1:
+        return pilot(rest[0])
     if command == "job" and len(rest) == 2:
         return job(rest[0], rest[1])
     if command == "campaign-start" and len(rest) >= 3:

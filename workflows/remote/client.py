@@ -415,9 +415,11 @@ def local_folder(remote: RemoteSpec, out):
     return remote.local or os.path.basename(os.path.normpath(str(out)))
 
 
-def run_request(spec, pilot_spec, resume=None):
-    """What the cluster's side is sent to start a run: the specs as JSON."""
-    return json.dumps({"run": spec.to_json(), "pilot": pilot_spec.to_json(), "resume": resume})
+def run_request(spec, pilot_spec, resume=None, held=None):
+    """What the cluster's side is sent to start a run: the specs as JSON (`held`: the
+    name of the pilot held there that runs it, whose options are its own)."""
+    return json.dumps({"run": spec.to_json(), "pilot": pilot_spec.to_json(), "resume": resume,
+                       "held": held})
 
 
 # --- the command line ---------------------------------------------------------
@@ -437,12 +439,12 @@ def _hint(local):
             f"  trajflow status {local}  |  trajflow fetch {local}  |  trajflow cancel {local}")
 
 
-def cmd_run_remote(remote: RemoteSpec, resume, spec, pilot_spec):
-    """`trajflow run --remote HOST`: started there, then followed and fetched here
-    (unless --detach)."""
+def cmd_run_remote(remote: RemoteSpec, resume, spec, pilot_spec, held=None):
+    """`trajflow run --remote HOST`: started there (on its held pilot `held`, if
+    given), then followed and fetched here (unless --detach)."""
     if not (spec.out or resume):
         raise InputError("--remote needs --out, the run's folder on the cluster")
-    with RemoteRun.start(remote, pilot_spec.resource, run_request(spec, pilot_spec, resume),
+    with RemoteRun.start(remote, pilot_spec.resource, run_request(spec, pilot_spec, resume, held),
                          local_folder(remote, spec.out or resume)) as run:
         job = f", its client in batch job {run.where['batch_job']}" if run.where.get("batch_job") else ""
         print(f"trajflow: started on {run.target} ({run.where['host']}): {run.remote_dir}{job}; "
@@ -451,6 +453,29 @@ def cmd_run_remote(remote: RemoteSpec, resume, spec, pilot_spec):
             print(f"detached; the run goes on on {run.target}:\n  " + _hint(run.local))
             return 0
         return _follow(run)
+
+
+def cmd_pilot_remote(remote: RemoteSpec, request):
+    """`trajflow pilot ... --remote HOST`: the same command on the cluster, whose
+    holder outlives the SSH connection there; its output and exit code here."""
+    target = remote.remote
+    conn = connect(target, remote.remote_python or default_python(target, request.get("resource")))
+    try:
+        if request["pilot_command"] == "start":
+            print(f"trajflow: starting held pilot {request['name']} on {target} ...", file=sys.stderr)
+        proc = conn.remote_side("pilot", json.dumps(request))
+    except ConnectionLost as exc:
+        print(f"trajflow: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        conn.close()
+    sys.stdout.write(proc.stdout)
+    sys.stderr.write(proc.stderr)
+    if proc.returncode == 0 and request["pilot_command"] == "start":
+        print(f"trajflow: held on {target}: trajflow run --remote {target} --pilot "
+              f"{request['name']} ...; trajflow pilot stop {request['name']} --remote {target}",
+              file=sys.stderr)
+    return proc.returncode
 
 
 def _follow(run):
