@@ -196,6 +196,23 @@ def test_a_pilot_held_on_the_cluster_serves_remote_runs_then_stops(cluster, adk)
         assert f"on {TARGET}:" in missing.stderr and "no pilot named 'nope'" in missing.stderr, \
             missing.stderr
         assert not os.path.exists(local + "-nope")
+        # a campaign resource held there: the campaign on the cluster runs on it
+        path = os.path.join(WORKSTATION, "held-campaign.toml")
+        with open(path, "w") as fh:
+            fh.write(REMOTE_CAMPAIGN.format(top=cluster["top"], traj=cluster["traj"], target=TARGET,
+                                            python=f"{VENV}/bin/python", cluster=CLUSTER)
+                     .replace("walltime = 20", 'pilot = "far"\ncpus = 2')
+                     .replace("runs/campaign $HOME", "runs/held-campaign"))
+        shutil.chown(path, WORK)
+        cdir = os.path.join(WORKSTATION, "held-campaign")
+        campaign = workstation("campaign", path, "--out", cdir)
+        assert campaign.returncode == 0, campaign.stdout[-2000:] + campaign.stderr[-3000:]
+        for n in (1, 2):
+            with h5py.File(os.path.join(cdir, "runs", "local.localhost",
+                                        f"n{n}-shared-mpi-gatherv-k1-r1", "result.h5")) as f:
+                np.testing.assert_allclose(f["rmsd"][()], expected_rmsd(adk), atol=1e-4)
+        there = open(f"/home/{CLUSTER}/runs/held-campaign/logs/local.localhost.log").read()
+        assert "sent to held pilot far" in there and "pilot requested" not in there, there[-2000:]
     finally:
         stopped = workstation("pilot", "stop", "far", *where)
     assert stopped.returncode == 0 and "pilot far stopped" in stopped.stdout, stopped.stderr

@@ -158,6 +158,16 @@ def test_every_pilot_option_is_a_resource_key_and_remote_ones_are_remotespecs(tm
     (tmp_path / "held.toml").write_text(held.replace("cpus = 2", "walltime = 5"))
     with pytest.raises(InputError, match='walltime beside pilot = "mine"'):
         load_campaign(str(tmp_path / "held.toml"))
+    # ... held on a cluster over SSH: the campaign there runs on it
+    (tmp_path / "held.toml").write_text(held.replace("cpus = 2", 'remote = "me@hpc"\n'
+                                                     'remote_out = "/scratch/c"'))
+    campaign = load_campaign(str(tmp_path / "held.toml"))
+    resource = campaign.resources["local.localhost"]
+    assert (resource.held_pilot, resource.remote.remote, resource.remote_out) == \
+        ("mine", "me@hpc", "/scratch/c")
+    assert campaign.remote_labels() == ["local.localhost"]
+    there = campaign.only("local.localhost").resources["local.localhost"]
+    assert (there.held_pilot, there.remote) == ("mine", None)
 
 
 def test_remote_options_are_remotespecs_on_the_command_line_and_in_python():

@@ -225,7 +225,8 @@ class CampaignSpec:
         the cores either needs."""
         spec = self.resources[resource]
         if spec.held_pilot or spec.remote:
-            where = {"held": spec.held_pilot} if spec.held_pilot else {"remote": spec.remote.remote}
+            where = {**({"held": spec.held_pilot} if spec.held_pilot else {}),
+                     **({"remote": spec.remote.remote} if spec.remote else {})}
             return {"resource": resource, **where, "cpus": self.cores(resource)}
         return self.pilot_spec(resource).description()
 
@@ -436,35 +437,33 @@ def _resource(label, values) -> ResourceSpec:
     _check_table(values, "resource", where)
     pilot_options = {f.name: values[key] for key, f in PILOT_KEYS.items() if key in values}
     remote_options = {f.name: values[key] for key, f in REMOTE_KEYS.items() if key in values}
-    if HELD_KEY in values:
-        _check_held(values, where)
-        with in_table(where):
-            check_options(PilotSpec, pilot_options)
-        return ResourceSpec(label, pilot_options, held_pilot=values[HELD_KEY])
-    if "walltime" not in pilot_options:
-        raise InputError(f"{where} walltime is required (minutes), unless the resource "
-                         f"is a held pilot ({HELD_KEY} = \"NAME\")")
     if REMOTE_OUT_KEY in values and "remote" not in remote_options:
         raise InputError(f"{where}: {REMOTE_OUT_KEY} goes with remote = \"[user@]host[:port]\"")
+    if HELD_KEY in values:  # a pilot held here, or on `remote`'s machine
+        _check_held(values, where)
+    elif "walltime" not in pilot_options:
+        raise InputError(f"{where} walltime is required (minutes), unless the resource "
+                         f"is a held pilot ({HELD_KEY} = \"NAME\")")
     # as far as a file can be checked anywhere: the resource itself is checked where it
     # runs (campaign/run.py check_resources; a remote one there, CampaignSpec.only)
     with in_table(where):
         remote = RemoteSpec(**remote_options) if remote_options else None
         check_options(PilotSpec, pilot_options)
-    return ResourceSpec(label, pilot_options, remote=remote,
+    return ResourceSpec(label, pilot_options, held_pilot=values.get(HELD_KEY, ""), remote=remote,
                         remote_out=values.get(REMOTE_OUT_KEY, ""))
 
 
 def _check_held(values, where):
     """A resource that names a held pilot takes its pilot's options from it (cpus, if
-    given, is the cores its experiments need of it)."""
+    given, is the cores its experiments need of it); with `remote`, the pilot is held on
+    that machine (`trajflow pilot start --remote`) and the campaign there runs on it."""
     from trajflow.workflows.run.held_registry import check_name
     check_name(values[HELD_KEY])
-    given = [k for k in values if k not in (HELD_KEY, "cpus")]
+    given = [k for k in values if k not in (HELD_KEY, "cpus", REMOTE_OUT_KEY, *REMOTE_KEYS)]
     if given:
         raise InputError(f"{where}: {', '.join(given)} beside {HELD_KEY} = "
-                         f"\"{values[HELD_KEY]}\": the held pilot has its own (and is on this "
-                         "machine); drop them")
+                         f"\"{values[HELD_KEY]}\": the held pilot has its own (here, or on "
+                         "remote's machine); drop them")
 
 
 def _listed_points(listed, factors, resources):
