@@ -276,20 +276,23 @@ class _GroupsHonoured:
 def pytest_configure(config):
     if hasattr(config, "workerinput"):
         config.pluginmanager.register(_GroupsHonoured(), "trajflow-groups-honoured")
-    elif not os.environ.get(SHARED_PILOTS_ENV):
-        os.environ[SHARED_PILOTS_ENV] = tempfile.mkdtemp(prefix="trajflow-test-pilots-")
+    elif not os.environ.get(SHARED_PILOTS_ENV):  # the controller's (xdist's workers inherit it)
+        config._trajflow_shared_pilots = os.environ[SHARED_PILOTS_ENV] = tempfile.mkdtemp(
+            prefix="trajflow-test-pilots-")
 
 
 def pytest_unconfigure(config):
-    if not hasattr(config, "workerinput"):
-        stop_shared_pilot()
+    made_here = getattr(config, "_trajflow_shared_pilots", None)
+    if made_here:
+        stop_shared_pilot(made_here)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def shared_pilot():
     """A held pilot that every worker of the pilot layer shares, for runs that are not
     about a pilot's own start, death or placement (fault tests' resumes): a cold
-    pilot costs ~17 core-seconds of this 2-core machine, a run on a held one ~1."""
+    pilot costs ~17 core-seconds of this 2-core machine, a run on a held one ~1.
+    Looked for at each use (started again if it ended at its idle time)."""
     return hold_shared_pilot()
 
 

@@ -149,32 +149,40 @@ def shared_pilot_folder():
 
 
 def _pilot_command(args, timeout):
+    """`trajflow pilot ARGS` in the layer's folder (the held pilot's session goes there)."""
+    folder = os.environ[SHARED_PILOTS_ENV]
     return subprocess.run([TRAJFLOW, "pilot", *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "TRAJFLOW_PILOTS": shared_pilot_folder()})
+                          cwd=folder, env={**os.environ, "TRAJFLOW_PILOTS": shared_pilot_folder()})
 
 
 def hold_shared_pilot():
     """The layer's held pilot, started by the first test of any worker that asks for it
-    (a lock keeps the others waiting) and again if it ended meanwhile (its idle time)."""
+    (a lock keeps the others waiting). It ends itself after 10 idle minutes, or 120 of
+    walltime, should pytest be killed before stop_shared_pilot."""
     import fcntl
     with open(os.path.join(os.environ[SHARED_PILOTS_ENV], "lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _pilot_command(["status", SHARED_PILOT], 60).returncode != 0:
-            started = _pilot_command(["start", "--name", SHARED_PILOT, "--cpus", "2", "--walltime", "120",
-                                      "--idle-timeout", "600", "--limits", START_LIMIT], 400)
+            try:
+                started = _pilot_command(["start", "--name", SHARED_PILOT, "--cpus", "2", "--walltime",
+                                          "120", "--idle-timeout", "10", "--limits", START_LIMIT], 400)
+            except subprocess.TimeoutExpired:
+                _pilot_command(["stop", SHARED_PILOT], 200)  # a start still going on is ended
+                raise
             assert started.returncode == 0, started.stdout + started.stderr
     return {"name": SHARED_PILOT, "env": {**os.environ, "TRAJFLOW_PILOTS": shared_pilot_folder()}}
 
 
-def stop_shared_pilot():
+def stop_shared_pilot(folder):
     """At the pytest run's end (the controller's): stop the layer's held pilot if one
-    was started, and remove its folder."""
+    was started, and remove `folder`, the one this run made."""
     import shutil
-    folder = os.environ.get(SHARED_PILOTS_ENV)
-    if not folder:
-        return
-    if os.path.isdir(os.path.join(folder, "pilots", SHARED_PILOT)):
-        stopped = _pilot_command(["stop", SHARED_PILOT], 200)
-        if stopped.returncode != 0:
-            print(f"the shared held pilot did not stop: {stopped.stdout}{stopped.stderr}")
-    shutil.rmtree(folder, ignore_errors=True)
+    try:
+        if os.path.isdir(os.path.join(folder, "pilots", SHARED_PILOT)):
+            stopped = _pilot_command(["stop", SHARED_PILOT], 200)
+            if stopped.returncode != 0:
+                print(f"the shared held pilot did not stop: {stopped.stdout}{stopped.stderr}")
+    except subprocess.TimeoutExpired:
+        print("the shared held pilot did not stop within 200 s (it ends at its idle time)")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -81,20 +81,25 @@ def test_radical_listeners_poll_at_most_50_ms_and_the_patch_is_applied_once():
 
 
 APPMANAGER_CHECK = """
-import os, sys, time as real_time
-from radical.entk.appman import appmanager as module
-from trajflow.workflows.run import entk_client
-slept = []
-real_time.sleep = lambda s: slept.append(s)
-pilot = {"resource": "local.localhost", "walltime": 10, "cpus": 1}
-appman = entk_client.new_appmanager(pilot, autoterminate=False, base_path=os.getcwd())
-# EnTK's own sleep(1) did not run (other threads' short polls may show here)
-assert module.time is real_time and not [s for s in slept if s >= 0.5], slept
-assert appman._zmq_info["put"] and appman._zmq_info["get"]  # its queue is there
-# paced after the pilot description made EnTK's resource manager anew
-assert getattr(appman._rmgr.get_resource_allocation_state, "_trajflow_paced", False)
-print("checked", flush=True)
-os._exit(0)  # EnTK's bridge threads are never ended
+import os, sys, time as real_time, traceback
+try:
+    from radical.entk.appman import appmanager as module
+    from trajflow.workflows.run import entk_client
+    slept = []
+    real_time.sleep = lambda s: slept.append(s)
+    pilot = {"resource": "local.localhost", "walltime": 10, "cpus": 1}
+    appman = entk_client.new_appmanager(pilot, autoterminate=False, base_path=os.getcwd())
+    # EnTK's own sleep(1) did not run (other threads' short polls may show here)
+    assert module.time is real_time and not [s for s in slept if s >= 0.5], slept
+    assert appman._zmq_info["put"] and appman._zmq_info["get"]  # its queue is there
+    # paced after the pilot description made EnTK's resource manager anew
+    assert getattr(appman._rmgr.get_resource_allocation_state, "_trajflow_paced", False)
+    print("checked", flush=True)
+except BaseException:
+    traceback.print_exc()
+    sys.stderr.flush()
+    os._exit(1)
+os._exit(0)  # EnTK's bridge threads are never ended: no normal exit
 """
 
 

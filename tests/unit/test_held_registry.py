@@ -129,6 +129,28 @@ def test_a_dead_holder_is_stale_and_removed_by_the_next_command(pilots):
     assert not reg.holder_alive(os.getpid())
 
 
+def test_a_pilot_held_on_another_login_node_is_never_removed_from_here(pilots):
+    """A home folder shared by a cluster's login nodes: a holder on another host does
+    not answer this one's socket and is not in this /proc; its folder stays, and the
+    refusal names the host to ask."""
+    folder = reg.pilot_folder("there")
+    os.mkdir(folder, 0o700)
+    dead_here = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_here.wait()
+    reg.write_record(folder, {"name": "there", "pid": dead_here.pid, "state": "active",
+                              "started": 1.0, "resource": "local.localhost", "cpus": 1,
+                              "walltime": 5, "idle_timeout": 0, "session_dir": None,
+                              "error": None, "host": "login-7.other"})
+    reg.listen(folder).close()
+    assert not reg.is_stale(folder)
+    with pytest.raises(InputError, match="held on login-7.other, not on this host .*"
+                                         "--remote USER@login-7.other"):
+        held_client.held_status("there")
+    assert os.path.isdir(folder)
+    assert [s["name"] for s in held_client.list_held()] == ["there"]
+    assert os.path.isdir(folder)
+
+
 def test_the_client_asks_a_holder_and_refusals_say_what_to_do(pilots):
     """A fake holder answering status on the real socket: the client's side."""
     folder = reg.pilot_folder("fake")

@@ -165,8 +165,10 @@ def describe(campaign: CampaignSpec, cdir: str, kept=()) -> str:
         lm = cfg.get("launch_methods", {}).get("order", [])
         remote = campaign.resources[label].remote
         if remote:
+            held = campaign.resources[label].held_pilot
             lines.append(f"\n{label}: by a campaign on {remote.remote} over SSH (planned and checked "
-                         "there), fetched into runs/ here")
+                         "there" + (f", on its held pilot {held}" if held else "")
+                         + "), fetched into runs/ here")
             lines += [f"  {e.id:55s} to run there" for e in campaign.on(label)]
             continue
         if campaign.resources[label].held_pilot:

@@ -47,6 +47,7 @@ from trajflow.workflows.errors import EXIT_INPUT, InputError
 from trajflow.workflows.remote.client import REMOTE_SIDE
 from trajflow.workflows.run.batch import BATCH_SYSTEMS, BatchError
 from trajflow.workflows.run import held_client, resources
+from trajflow.workflows.run.held_client import DEFAULT_IDLE_MIN
 from trajflow.workflows.run.api import plan_of
 from trajflow.workflows.run.planning import own_pilot, write_plan
 from trajflow.workflows.run.progress import frames_done
@@ -358,7 +359,12 @@ def pilot(text):
             or not isinstance(request.get("idle_timeout", 0), (int, float)):
         print("trajflow: error: not a pilot command of trajflow's", file=sys.stderr)
         return EXIT_INPUT
-    return run_guarded(cmd_pilot, argparse.Namespace(**request))
+    if request["pilot_command"] == "stop" and not request.get("name"):
+        print("trajflow: error: `pilot stop` needs the held pilot's name", file=sys.stderr)
+        return EXIT_INPUT
+    defaults = {"name": "default" if request["pilot_command"] == "start" else None,
+                "idle_timeout": DEFAULT_IDLE_MIN}
+    return run_guarded(cmd_pilot, argparse.Namespace(**{**defaults, **request}))
 
 
 def main(argv=None):

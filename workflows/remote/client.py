@@ -304,7 +304,8 @@ class RemoteRun:
         os.makedirs(local_dir, exist_ok=True)
         where = {"target": target, "python": python or conn.python, "remote_dir": started["rundir"],
                  "host": started["host"], "client_pid": started["pid"],
-                 "batch_job": started.get("batch_job"), "started": time.time()}
+                 "batch_job": started.get("batch_job"), "held": json.loads(request).get("held"),
+                 "started": time.time()}
         write_text(os.path.join(local_dir, REMOTE), json.dumps(where, indent=1))
         return cls(local_dir, conn)
 
@@ -427,7 +428,8 @@ def add_remote_commands(sub):
     for name, text in (("status", "a remote run's state: queued, running (frames), done, failed"),
                        ("follow", "follow a remote run until it ends, then fetch it"),
                        ("fetch", "bring a remote run's result, profiles and report here"),
-                       ("cancel", "cancel a remote run (its pilot and batch job)")):
+                       ("cancel", "cancel a remote run (its pilot and batch job; on a held "
+                                  "pilot, its tasks only)")):
         p = sub.add_parser(name, help=text, description=text + ".")
         p.add_argument("rundir", metavar="LOCAL_RUNDIR",
                        help="the folder `trajflow run --remote` made here")
@@ -444,7 +446,8 @@ def cmd_run_remote(remote: RemoteSpec, resume, spec, pilot_spec, held=None):
     given), then followed and fetched here (unless --detach)."""
     if not (spec.out or resume):
         raise InputError("--remote needs --out, the run's folder on the cluster")
-    with RemoteRun.start(remote, pilot_spec.resource, run_request(spec, pilot_spec, resume, held),
+    resource = None if held else pilot_spec.resource  # a held pilot's python: the host's
+    with RemoteRun.start(remote, resource, run_request(spec, pilot_spec, resume, held),
                          local_folder(remote, spec.out or resume)) as run:
         job = f", its client in batch job {run.where['batch_job']}" if run.where.get("batch_job") else ""
         print(f"trajflow: started on {run.target} ({run.where['host']}): {run.remote_dir}{job}; "
@@ -458,15 +461,23 @@ def cmd_run_remote(remote: RemoteSpec, resume, spec, pilot_spec, held=None):
 def cmd_pilot_remote(remote: RemoteSpec, request):
     """`trajflow pilot ... --remote HOST`: the same command on the cluster, whose
     holder outlives the SSH connection there; its output and exit code here."""
-    target = remote.remote
+    target, starting = remote.remote, request["pilot_command"] == "start"
     conn = connect(target, remote.remote_python or default_python(target, request.get("resource")))
+    name = request.get("name")
+    may_be_starting = (f"trajflow: the pilot {name} may still be starting on {target}: `trajflow "
+                       f"pilot status {name} --remote {target}` says, `trajflow pilot stop {name} "
+                       f"--remote {target}` ends it")
     try:
-        if request["pilot_command"] == "start":
-            print(f"trajflow: starting held pilot {request['name']} on {target} ...", file=sys.stderr)
+        if starting:
+            print(f"trajflow: starting held pilot {name} on {target} ...", file=sys.stderr)
         proc = conn.remote_side("pilot", json.dumps(request))
     except ConnectionLost as exc:
-        print(f"trajflow: {exc}", file=sys.stderr)
+        print(f"trajflow: {exc}" + (f"\n{may_be_starting}" if starting else ""), file=sys.stderr)
         return EXIT_FAILED
+    except KeyboardInterrupt:
+        if starting:  # the cluster's side has no terminal: the interrupt does not reach it
+            print(may_be_starting, file=sys.stderr)
+        raise
     finally:
         conn.close()
     sys.stdout.write(proc.stdout)
@@ -535,8 +546,10 @@ def cmd_cancel(args):
     with RemoteRun(args.rundir) as run:
         answer = run.cancel()
     if answer.get("cancelled"):
-        print(f"{run.local}: cancelled on {run.target} (its pilot and batch job ended); "
-              f"state: {answer['state']}")
+        held = run.where.get("held")
+        ended = (f"its tasks ended; the held pilot {held} goes on" if isinstance(held, str)
+                 else "its pilot and batch job ended")
+        print(f"{run.local}: cancelled on {run.target} ({ended}); state: {answer['state']}")
         return 0
     print(f"{run.local}: not cancelled on {run.target}: {answer.get('why')} "
           f"(state: {answer.get('state')})")

@@ -32,7 +32,7 @@ from trajflow.tasks.plan import is_finite_number, RunPlan
 from trajflow.tasks.rundir import PLAN, record_handed_over, withdraw_handover, write_text
 from trajflow.workflows.errors import InputError, Interrupted, RunFailed
 from trajflow.workflows.run.held_holder import HeldRequest
-from trajflow.workflows.run.held_registry import (connect, held_names, HOLDER_MODULE, holder_alive,
+from trajflow.workflows.run.held_registry import (connect, held_elsewhere, held_names, HOLDER_MODULE, holder_alive,
                                                   is_refused, MAX_MESSAGE_BYTES,
                                                   plannable_there,
                                                   is_stale, LIST_HINT, LOG, Messages, pilot_folder,
@@ -74,6 +74,11 @@ def _connect(name, folder, timeout_s=10.0):
     try:
         return connect(folder, timeout_s)
     except OSError as exc:
+        host = held_elsewhere(read_record(folder))
+        if host:
+            raise InputError(f"the held pilot {name!r} is held on {host}, not on this host "
+                             f"({socket.gethostname()}), and only answers there: run the command "
+                             f"on {host} (from a workstation: --remote USER@{host})") from None
         if is_refused(exc) and is_stale(folder):
             remove_folder(folder)
             raise InputError(f"the held pilot {name!r} has ended (its holder is gone; its "
@@ -96,7 +101,7 @@ def list_held():
             found.append(held_status(name))
         except InputError as exc:
             record = read_record(pilot_folder(name))
-            if record is not None and holder_alive(record["pid"]):
+            if record is not None and (held_elsewhere(record) or holder_alive(record["pid"])):
                 found.append({**record, "error": str(exc)})  # starting, or busy answering
             else:
                 log.info("%s", exc)

@@ -188,7 +188,8 @@ class Holder:
             "name": self.request.name, "pid": os.getpid(), "state": self.state,
             "started": self.started, "resource": self.pilot.resource, "cpus": self.pilot.cpus,
             "walltime": self.pilot.walltime, "idle_timeout": self.request.idle_timeout_s,
-            "session_dir": self.pilot.session_dir, "error": self.error})
+            "session_dir": self.pilot.session_dir, "error": self.error,
+            "host": socket.gethostname()})
 
     # --- clients ---------------------------------------------------------------
     def _accept(self, server):

@@ -213,12 +213,20 @@ def holder_alive(pid):
     return state != b"Z" and HOLDER_MODULE.encode() in cmdline
 
 
+def held_elsewhere(record):
+    """The host whose holder wrote `record`, where that is not this one (a home folder
+    shared by a cluster's login nodes: a Unix socket answers on its own node only)."""
+    host = record.get("host") if record else None
+    return host if isinstance(host, str) and host != socket.gethostname() else None
+
+
 def is_stale(folder, grace_s=120.0):
     """True where nobody holds this name any more: its holder is gone (or never
-    wrote its record and the folder is older than `grace_s`)."""
+    wrote its record and the folder is older than `grace_s`). A holder on another
+    host is never judged from here."""
     record = read_record(folder)
     if record is not None:
-        return not holder_alive(record["pid"])
+        return not held_elsewhere(record) and not holder_alive(record["pid"])
     try:
         return time.time() - os.lstat(folder).st_mtime > grace_s
     except FileNotFoundError:

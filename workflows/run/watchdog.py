@@ -31,8 +31,9 @@ log = logging.getLogger(__name__)
 
 STALL_FACTOR = 20  # a stall bound is at least this many times a rank's time per frame
 START_GRACE_S = 90.0  # the child's own cancel and replacement of a hung start go first
-# a bounded wait on a full session disk fails this soon, not at its bound (300 s by
-# default): RADICAL's components fail their state transitions there and do not go on
+# a bounded wait fails once the session's disk has been full this long in it, not at its
+# bound (300 s by default): RADICAL's components fail their state transitions there and
+# do not go on
 FULL_DISK_GRACE_S = 15.0
 FULL_DISK_BYTES = 16 << 20
 
@@ -132,6 +133,7 @@ class _Clock:
     since: float
     said: int = 0
     what: str = ""  # whose phase it is (the pilot, run R's analyze stage)
+    full_since: float = 0.0  # since when the session's disk has been full in it (0: it is not)
 
 
 class Watchdog:
@@ -277,7 +279,7 @@ class Watchdog:
                 self.say(f"{clock.what}: waiting {_minutes(waited)} for {phase.waits_for} "
                          f"(no bound: --limits {phase.name}=S sets one)")
             return None
-        if waited >= bound or (waited >= FULL_DISK_GRACE_S and self._disk_note()):
+        if waited >= bound or self._full_for(clock, now) >= FULL_DISK_GRACE_S:
             return self.failure(clock, watch, waited, bound)
         quarter = int(4 * waited // bound)
         if quarter > clock.said:
@@ -301,6 +303,14 @@ class Watchdog:
                         f"stage's end for {waited:.0f} s (bound {bound:.0f} s, --limits "
                         f"{phase.name}=S); waiting on: RADICAL (client or agent)")
         return "; ".join(filter(None, [text] + notes))
+
+    def _full_for(self, clock, now):
+        """How long the session's disk has been full during this wait (0: it is not)."""
+        if not self._disk_note():
+            clock.full_since = 0.0
+            return 0.0
+        clock.full_since = clock.full_since or now
+        return now - clock.full_since
 
     def _stopped_note(self):
         if self.child_pid and procfs.state(self.child_pid) == "T":
