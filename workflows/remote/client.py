@@ -214,7 +214,7 @@ def _checked(conn, target, python):
 # remote.json: each key, what it holds, and whether it must be there
 REMOTE_FIELDS = {"target": (str, True), "python": (str, True), "remote_dir": (str, True),
                  "host": (str, False), "client_pid": (int, False), "batch_job": ((str, int), False),
-                 "started": (float, False)}
+                 "held": (str, False), "started": (float, False)}
 
 
 def read_remote_record(path):
@@ -547,7 +547,7 @@ def cmd_cancel(args):
         answer = run.cancel()
     if answer.get("cancelled"):
         held = run.where.get("held")
-        ended = (f"its tasks ended; the held pilot {held} goes on" if isinstance(held, str)
+        ended = (f"its tasks ended; the held pilot {held} goes on" if held
                  else "its pilot and batch job ended")
         print(f"{run.local}: cancelled on {run.target} ({ended}); state: {answer['state']}")
         return 0
