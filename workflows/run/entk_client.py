@@ -9,8 +9,6 @@ RADICAL-Pilot 1.103 that cost every run time, a core, or a clean folder:
                      active, so no task went before then
   pace_entk          three client loops spun a core or slept 10 s
   prompt_rp_listeners  RP's subscribers took up to 0.5 s each to stop
-  start_rp_processes_side_by_side  RP started its bridges and components one
-                     after another, polling for each set every 0.25 s
   LiveWorkflow       AppManager.run() took one fixed set of pipelines: a
                      run sent meanwhile waited for the whole set to end
   cancel_tasks       EnTK could not cancel one run's tasks: its stage never
@@ -23,7 +21,6 @@ Every patch is to the client process only, and is skipped, harmlessly, if
 the code it expects is not there.
 """
 import contextlib
-import functools
 import glob
 import logging
 import os
@@ -81,7 +78,6 @@ def new_appmanager(resource_desc, **kwargs):
     pace_entk(appman)
     early_task_manager(appman)
     prompt_rp_listeners()
-    start_rp_processes_side_by_side()
     cancellable_tasks()
     return appman
 
@@ -230,89 +226,6 @@ def prompt_rp_listeners(poll_ms=50):
         return get(sock, lock, poll_ms if timeout is None else min(timeout, poll_ms), log, prof)
     prompt_get._trajflow_prompt = True
     Subscriber._get_nowait = staticmethod(prompt_get)
-
-
-def start_rp_processes_side_by_side(poll_s=0.02):
-    """Start RADICAL's client-side bridges and components side by side.
-
-    RP's ComponentManager starts each bridge, then each component, with
-    sh_callout (a Python that imports RADICAL, daemonizes and exits: 0.2-0.3 s),
-    one after another, then polls for their startup messages every 0.25 s: the
-    session's and the pilot manager's took 2.0 s of a cold run before the pilot
-    was even submitted (RADICAL's profiles). Each command now starts at once; all
-    are waited for (and a failed one raises, as RP's own start did) before the
-    startup messages, polled every `poll_s`. Bridges are still all up before the
-    components start.
-    """
-    from radical.pilot.utils import component_manager as module
-    cls = module.ComponentManager
-    if getattr(cls._wait_startup, "_trajflow_side_by_side", False):
-        return
-    callouts = _CalloutsSideBySide(module.ru)
-    module.ru = callouts
-
-    def wait_startup(self, uids, timeout):
-        callouts.wait_started()
-        deadline = time.time() + timeout
-        while not all(uid in self._startups for uid in uids):
-            if time.time() > deadline:
-                raise RuntimeError(f"uids {[u for u in uids if u not in self._startups]} not found")
-            time.sleep(poll_s)
-    wait_startup._trajflow_side_by_side = True
-    cls._wait_startup = wait_startup
-    for name in ("start_bridges", "start_components"):  # an error half-way: none kept
-        setattr(cls, name, _forgetting(getattr(cls, name), callouts))
-
-
-def _forgetting(start, callouts):
-    @functools.wraps(start)
-    def start_then_forget(self, *args, **kwargs):
-        try:
-            return start(self, *args, **kwargs)
-        finally:
-            callouts.forget()
-    return start_then_forget
-
-
-class _CalloutsSideBySide:
-    """radical.utils as RP's component manager sees it, but sh_callout(cmd, cwd)
-    starts its command and returns at once; wait_started() waits for the commands
-    this thread started (a session's, a pilot manager's and a task manager's may
-    start at once, from two threads)."""
-
-    def __init__(self, ru):
-        self._ru, self._mine = ru, threading.local()
-
-    def __getattr__(self, name):
-        return getattr(self._ru, name)
-
-    def _started(self):
-        if not hasattr(self._mine, "started"):
-            self._mine.started = []
-        return self._mine.started
-
-    def sh_callout(self, cmd, cwd=None, **kwargs):
-        import shlex
-        import subprocess
-        if kwargs or not isinstance(cmd, str):  # not how the component manager calls it
-            return self._ru.sh_callout(cmd, cwd=cwd, **kwargs)
-        self._started().append((cmd, subprocess.Popen(shlex.split(cmd), cwd=cwd, stdout=subprocess.PIPE,
-                                                      stderr=subprocess.PIPE)))
-        return "", "", 0
-
-    def forget(self):
-        """What this thread started and did not wait for (RP raised before its wait)."""
-        self._mine.started = []
-
-    def wait_started(self):
-        started, self._mine.started = self._started(), []
-        failed = []
-        for cmd, proc in started:
-            _, err = proc.communicate()
-            if proc.returncode:
-                failed.append(f"{cmd}: exit {proc.returncode}: {err.decode(errors='replace')[-300:]}")
-        if failed:
-            raise RuntimeError("RADICAL's process start failed: " + "; ".join(failed))
 
 
 class LiveWorkflow:
