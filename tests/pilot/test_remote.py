@@ -392,7 +392,8 @@ def test_the_run_sent_to_the_cluster_is_its_specs_not_the_workstations_flags():
     spec, pilot = specs_from_args(build_parser().parse_args(argv))
     request = run_request(spec, pilot)
     assert "remote" not in request and "/opt/py" not in request and "here" not in request
-    assert read_request(request) == (spec, pilot, None)  # the cluster's side reads it back whole
+    assert read_request(request) == (spec, pilot, None, None)  # the cluster's side reads it back whole
+    assert read_request(run_request(spec, pilot, held="far"))[3] == "far"  # ... and a held pilot's name
     assert spec.out == "$HOME/x 'y'" and spec.io == "h5md" and pilot.cpus == 4
     conn = Connection("me@host:2200", "/opt/py")
     assert (conn.destination, conn.port) == ("me@host", "2200")
