@@ -167,7 +167,9 @@ def _run_on_held(args, where):
     return run_planned_on_held(plan, spec, args.pilot, resume=bool(args.resume))
 
 
-PILOT_COMMAND_ARGS = ("pilot_command", "name", "idle_timeout")  # and PilotSpec's fields
+# a `trajflow pilot` command's own arguments and PilotSpec's fields: what --remote sends
+PILOT_REQUEST_KEYS = frozenset(("pilot_command", "name", "idle_timeout",
+                                *(f.name for f in dataclasses.fields(PilotSpec))))
 
 
 def cmd_pilot(args):
@@ -184,8 +186,7 @@ def cmd_pilot(args):
 
 def pilot_request(args):
     """A `trajflow pilot` command's own arguments, as the cluster's side takes them."""
-    names = set(PILOT_COMMAND_ARGS) | {f.name for f in dataclasses.fields(PilotSpec)}
-    return {k: v for k, v in vars(args).items() if k in names}
+    return {k: v for k, v in vars(args).items() if k in PILOT_REQUEST_KEYS}
 
 
 def _pilot_command(args):

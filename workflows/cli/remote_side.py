@@ -47,7 +47,6 @@ from trajflow.workflows.errors import EXIT_INPUT, InputError
 from trajflow.workflows.remote.client import REMOTE_SIDE
 from trajflow.workflows.run.batch import BATCH_SYSTEMS, BatchError
 from trajflow.workflows.run import held_client, resources
-from trajflow.workflows.run.held_client import DEFAULT_IDLE_MIN
 from trajflow.workflows.run.api import plan_of
 from trajflow.workflows.run.planning import own_pilot, write_plan
 from trajflow.workflows.run.progress import frames_done
@@ -346,25 +345,22 @@ def campaign_cancel(out, wait_s=300):
 
 def pilot(text):
     """`trajflow pilot ...` as the workstation asked it (remote.client.cmd_pilot_remote):
-    the pilot is held here. The request is data: only a pilot command's own arguments."""
-    from trajflow.workflows.cli.commands import cmd_pilot, PILOT_COMMAND_ARGS
+    the pilot is held here. The request is data: a pilot command's own arguments only,
+    as the workstation's parser made them (start and stop with their name)."""
+    from trajflow.workflows.cli.commands import cmd_pilot, PILOT_REQUEST_KEYS
     try:
         request = json.loads(text)
     except ValueError:
         request = None
-    known = set(PILOT_COMMAND_ARGS) | {f.name for f in dataclasses.fields(PilotSpec)}
-    if not isinstance(request, dict) or set(request) - known \
+    if not isinstance(request, dict) or set(request) - PILOT_REQUEST_KEYS \
             or request.get("pilot_command") not in ("start", "status", "stop", "list") \
             or not isinstance(request.get("name"), (str, type(None))) \
-            or not isinstance(request.get("idle_timeout", 0), (int, float)):
+            or (request["pilot_command"] in ("start", "stop") and not request.get("name")) \
+            or (request["pilot_command"] == "start"
+                and not isinstance(request.get("idle_timeout"), (int, float))):
         print("trajflow: error: not a pilot command of trajflow's", file=sys.stderr)
         return EXIT_INPUT
-    if request["pilot_command"] == "stop" and not request.get("name"):
-        print("trajflow: error: `pilot stop` needs the held pilot's name", file=sys.stderr)
-        return EXIT_INPUT
-    defaults = {"name": "default" if request["pilot_command"] == "start" else None,
-                "idle_timeout": DEFAULT_IDLE_MIN}
-    return run_guarded(cmd_pilot, argparse.Namespace(**{**defaults, **request}))
+    return run_guarded(cmd_pilot, argparse.Namespace(**{"name": None, **request}))
 
 
 def main(argv=None):

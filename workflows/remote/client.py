@@ -482,10 +482,9 @@ def cmd_pilot_remote(remote: RemoteSpec, request):
         conn.close()
     sys.stdout.write(proc.stdout)
     sys.stderr.write(proc.stderr)
-    if proc.returncode == 0 and request["pilot_command"] == "start":
-        print(f"trajflow: held on {target}: trajflow run --remote {target} --pilot "
-              f"{request['name']} ...; trajflow pilot stop {request['name']} --remote {target}",
-              file=sys.stderr)
+    if proc.returncode == 0 and starting:
+        print(f"trajflow: held on {target}: trajflow run --remote {target} --pilot {name} ...; "
+              f"trajflow pilot stop {name} --remote {target}", file=sys.stderr)
     return proc.returncode
 
 

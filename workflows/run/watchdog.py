@@ -306,7 +306,7 @@ class Watchdog:
 
     def _full_for(self, clock, now):
         """How long the session's disk has been full during this wait (0: it is not)."""
-        if not self._disk_note():
+        if self._free_bytes() >= FULL_DISK_BYTES:
             clock.full_since = 0.0
             return 0.0
         clock.full_since = clock.full_since or now
@@ -326,11 +326,15 @@ class Watchdog:
         return ("RADICAL processes that died during the run: "
                 + ", ".join(f"{title} (pid {pid})" for title, pid in gone))
 
-    def _disk_note(self):
+    def _free_bytes(self):
+        """Free bytes on the session's file system (unknown: as if there were room)."""
         try:
-            free = shutil.disk_usage(self.session_root).free
+            return shutil.disk_usage(self.session_root).free
         except OSError:
-            return ""
+            return FULL_DISK_BYTES
+
+    def _disk_note(self):
+        free = self._free_bytes()
         if free < FULL_DISK_BYTES:
             return (f"the file system of {self.session_root} is full ({free / 1e6:.1f} MB free; "
                     "RADICAL and the tasks write there): free space, then --resume")
