@@ -3,7 +3,9 @@
 Each function here works around one thing measured in EnTK 1.103 /
 RADICAL-Pilot 1.103 that cost every run time, a core, or a clean folder:
   working_dir        RP put its session folder in the user's cwd ($PWD stale)
-  new_appmanager     AppManager() slept 1 s after starting its ZMQ queue
+  new_appmanager     AppManager() slept 1 s after starting its ZMQ queue;
+                     each RADICAL client process was a new Python importing
+                     RADICAL (component_starter forks them from one)
   early_task_manager run() started its task manager (a RADICAL session, its
                      bridges and components: 2.4 s) only once the pilot was
                      active, so no task went before then
@@ -35,6 +37,7 @@ import weakref
 
 from trajflow.tasks.client_guard import remove_task_tmp
 from trajflow.tasks import procfs
+from trajflow.workflows.run.component_starter import use_forked_starts
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +68,9 @@ def new_appmanager(resource_desc, **kwargs):
     sleep its constructor takes after starting its ZMQ queue bridge: the
     bridge's sockets are bound before start() returns (radical.utils binds them
     in its constructor), and ZMQ queues what is sent before the bridge thread
-    polls, so there is nothing to wait for."""
+    polls, so there is nothing to wait for. RADICAL's client processes start
+    by fork from then on (component_starter)."""
+    use_forked_starts()
     import radical.entk as re
     from radical.entk.appman import appmanager as module
     real_time = module.time

@@ -1,0 +1,139 @@
+"""RADICAL's client processes started by fork from one warm Python
+(workflows/run/component_starter.py): each start is the script RADICAL names, run
+as __main__ with its arguments, folder and the caller's environment; its output
+and exit code come back as ru.sh_callout gives them; the daemon it makes lives on;
+what the starter cannot start is started as RADICAL starts it."""
+import os
+import sys
+import time
+
+import pytest
+
+from trajflow.workflows.run import component_starter
+from trajflow.workflows.run.component_starter import ForkedStarts, _UtilsWithForkedStarts
+
+pytestmark = pytest.mark.timeout(60)
+
+# a launcher as RADICAL's are: it daemonizes its work with radical.utils, waits until
+# the daemon says it has started, and exits
+LAUNCHER = """#!{python}
+import os, sys, time
+import multiprocessing as mp
+import radical.utils as ru
+
+def main(path, evt):
+    import setproctitle
+    setproctitle.setproctitle("rp.starter_test")  # as RADICAL names its processes
+    evt.set()
+    time.sleep(0.5)
+    with open(path, "w") as fh:
+        name = open("/proc/self/comm").read().strip()
+        fh.write(f"{{os.getpid()}} {{os.getcwd()}} {{os.environ.get('STARTER_TEST', '')}} {{name}}")
+    time.sleep(3)  # alive while the test looks at it
+
+if __name__ == "__main__":
+    print("args", sys.argv[1:], "cwd", os.getcwd())
+    print("said on stderr", file=sys.stderr)
+    if sys.argv[1] == "fail":
+        raise ValueError("a launcher that fails")
+    if sys.argv[1] == "exit":
+        sys.exit(3)
+    evt = mp.Event()
+    ru.daemonize(main=main, args=[sys.argv[2], evt], stdout="daemon.out", stderr="daemon.err")
+    evt.wait(10)
+    sys.exit(0)
+"""
+
+
+@pytest.fixture
+def launcher(tmp_path):
+    path = tmp_path / "bin" / "radical-pilot-bridge"
+    path.parent.mkdir()
+    path.write_text(LAUNCHER.format(python=sys.executable))
+    path.chmod(0o755)
+    return path
+
+
+def _wait_for(path, timeout=10):
+    deadline = time.time() + timeout
+    while not path.exists() or not path.read_text():
+        assert time.time() < deadline, f"{path} was never written"
+        time.sleep(0.05)
+    return path.read_text()
+
+
+def test_a_start_is_the_script_in_the_callers_folder_and_environment(tmp_path, launcher,
+                                                                    monkeypatch):
+    work = tmp_path / "work"
+    work.mkdir()
+    starts = ForkedStarts()
+    try:
+        monkeypatch.setenv("STARTER_TEST", "first")
+        out, err, rc = starts.start(str(launcher), ["ok", str(tmp_path / "d1")], str(work))
+        assert rc == 0, err
+        assert out == f"args ['ok', '{tmp_path / 'd1'}'] cwd {work}\n"
+        assert err == "said on stderr\n"
+        pid, cwd, env, name = _wait_for(tmp_path / "d1").split()
+        assert (cwd, env, name) == (str(work), "first", "rp.starter_test")
+        assert open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[0] == b"rp.starter_test"
+        assert int(pid) != starts._process.pid  # the daemon is a process of its own
+        # the environment is the caller's at each start, not the starter's
+        monkeypatch.setenv("STARTER_TEST", "second")
+        out, err, rc = starts.start(str(launcher), ["ok", str(tmp_path / "d2")], str(work))
+        assert rc == 0 and _wait_for(tmp_path / "d2").split()[2] == "second"
+        # a launcher's exit code and its traceback come back as a new Python's would
+        out, err, rc = starts.start(str(launcher), ["exit"], str(work))
+        assert rc == 3
+        out, err, rc = starts.start(str(launcher), ["fail"], str(work))
+        assert rc == 1 and "ValueError: a launcher that fails" in err
+        # and the starter goes on serving after both
+        out, err, rc = starts.start(str(launcher), ["ok", str(tmp_path / "d3")], str(work))
+        assert rc == 0 and _wait_for(tmp_path / "d3")
+    finally:
+        starts.close()
+    assert starts._process.poll() is not None, "the starter outlived its input"
+
+
+class _FakeUtils:
+    """radical.utils as far as sh_callout goes: records what it was asked."""
+
+    def __init__(self):
+        self.asked = []
+        self.other = "ru's own"
+
+    def sh_callout(self, cmd, stdout=True, stderr=True, shell=False, env=None, cwd=None):
+        self.asked.append(cmd)
+        return "", "", 0
+
+
+def test_only_radicals_two_launchers_of_this_python_go_to_the_starter(tmp_path, launcher,
+                                                                      monkeypatch):
+    monkeypatch.setenv("PATH", f"{launcher.parent}{os.pathsep}{os.environ['PATH']}")
+    ru = _FakeUtils()
+    starts = ForkedStarts()
+    try:
+        utils = _UtilsWithForkedStarts(ru, starts)
+        assert utils.other == "ru's own"
+        out, err, rc = utils.sh_callout(f"radical-pilot-bridge exit", cwd=str(tmp_path))
+        assert rc == 3 and ru.asked == []  # the starter ran it
+        utils.sh_callout("echo radical-pilot-bridge", cwd=str(tmp_path))
+        assert ru.asked == ["echo radical-pilot-bridge"]
+        # another Python's script is not this one's to fork
+        launcher.write_text(LAUNCHER.format(python="/usr/bin/python3"))
+        utils.sh_callout("radical-pilot-bridge exit", cwd=str(tmp_path))
+        assert ru.asked[-1] == "radical-pilot-bridge exit"
+        # a starter that has gone: RADICAL's own start
+        launcher.write_text(LAUNCHER.format(python=sys.executable))
+        starts._process.kill()
+        starts._process.wait()
+        utils.sh_callout("radical-pilot-bridge exit", cwd=str(tmp_path))
+        assert len(ru.asked) == 3
+    finally:
+        starts.close()
+
+
+def test_forked_starts_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv(component_starter.DISABLE_ENV, "0")
+    monkeypatch.setattr(component_starter, "_ACTIVE", {})
+    component_starter.use_forked_starts()
+    assert component_starter._ACTIVE == {}

@@ -1,0 +1,204 @@
+"""RADICAL-Pilot's client processes started by fork from one Python that has
+imported RADICAL once, instead of each as a new Python.
+
+RADICAL-Pilot 1.103 starts every bridge and component of a client session
+(`radical-pilot-bridge` and `radical-pilot-component`, through ru.sh_callout)
+one after the other, each a new Python that imports radical.pilot first: a
+cold local run starts 11 of them, 0.25-0.5 s each (its RADICAL profiles),
+3 s before the pilot's job is even submitted. Here a starter process imports
+RADICAL once; each start is a fork of it that runs the very script RADICAL
+would have run (runpy, its arguments, its working folder and the caller's
+environment), so each process, its name (`rp.<uid>`), its files and its
+process group are what RADICAL makes. A start it cannot make (the script is
+another Python's, the starter has died) is made as RADICAL makes it.
+
+`use_forked_starts()` is called once in the process holding the pilot, before
+its RADICAL session exists; the starter ends with that process (its input
+closes) or with its process group.
+"""
+import json
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+
+log = logging.getLogger(__name__)
+
+SCRIPTS = ("radical-pilot-bridge", "radical-pilot-component")
+DISABLE_ENV = "TRAJFLOW_FORKED_STARTS"  # "0": every start a new Python, as RADICAL makes it
+
+
+# --- the starter (a process of its own) ------------------------------------------
+def serve(requests=None, replies=None):
+    """One request per line (JSON: script, args, cwd, env), one reply per line
+    (rc, out, err), until the input closes. Single-threaded: a fork is safe."""
+    requests = requests or sys.stdin.buffer
+    replies = replies or sys.stdout.buffer
+    import multiprocessing  # noqa: F401  what the scripts import, imported once
+    import setproctitle
+    # set up here, while this process' own environment is in place: it finds the
+    # memory of argv and environ then, and a fork whose environment has been
+    # replaced could not (its `rp.<uid>` name would silently not be set; seen)
+    setproctitle.setproctitle(setproctitle.getproctitle())
+    import radical.utils  # noqa: F401
+    import radical.pilot  # noqa: F401
+    import radical.pilot.messages  # noqa: F401
+    for line in requests:
+        request = json.loads(line)
+        out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        pid = os.fork()
+        if pid == 0:  # nothing of the starter's on the stack for its SystemExit to unwind
+            _run_script(request, out.fileno(), err.fileno())
+        try:
+            _, status = os.waitpid(pid, 0)
+            out.seek(0)
+            err.seek(0)
+            reply = {"rc": os.waitstatus_to_exitcode(status),
+                     "out": out.read().decode(errors="replace"),
+                     "err": err.read().decode(errors="replace")}
+        finally:
+            out.close()
+            err.close()
+        replies.write(json.dumps(reply).encode() + b"\n")
+        replies.flush()
+
+
+def _run_script(request, out_fd, err_fd):
+    """In the fork: become the script's process (its stdio, folder, environment,
+    argv) and run it as __main__; exit as it exits (its SystemExit goes up and out
+    of the starter's module, so the interpreter ends as a new one would: its
+    threads joined, its atexit handlers run, its output flushed)."""
+    try:
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
+        os.closerange(3, 1 << 16)  # the starter's own files are not the script's
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.argv = [request["script"], *request["args"]]
+        sys.path.insert(0, os.path.dirname(os.path.realpath(request["script"])))  # as python SCRIPT
+        import runpy
+        runpy.run_path(request["script"], run_name="__main__")
+    except SystemExit:
+        raise
+    except BaseException:  # noqa: said on its stderr, as a new Python would
+        import traceback
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    raise SystemExit(0)
+
+
+# --- the process holding the pilot -----------------------------------------------
+class ForkedStarts:
+    """The starter, seen from the process that asks it for starts."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._process = subprocess.Popen(
+            # -P: no folder of the caller's on its path (it imports for every start)
+            [sys.executable, "-P", "-m", "trajflow.workflows.run.component_starter"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
+
+    def start(self, script, args, cwd):
+        """(out, err, rc) as ru.sh_callout gives them; None where the starter is gone."""
+        request = {"script": script, "args": args, "cwd": cwd or os.getcwd(),
+                   "env": dict(os.environ)}
+        with self._lock:
+            try:
+                self._process.stdin.write(json.dumps(request).encode() + b"\n")
+                self._process.stdin.flush()
+                line = self._process.stdout.readline()
+            except (OSError, ValueError):
+                line = b""
+            if not line:
+                return None
+        reply = json.loads(line)
+        return reply["out"], reply["err"], reply["rc"]
+
+    def close(self):
+        """Its input closed, it ends (at once: it only waits for requests)."""
+        try:
+            self._process.stdin.close()
+        except OSError:
+            pass
+        try:
+            self._process.wait(5)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+
+
+class _UtilsWithForkedStarts:
+    """radical.utils as RADICAL's ComponentManager sees it: sh_callout of a
+    bridge or component start goes to the starter; everything else is ru's."""
+
+    def __init__(self, ru, starts):
+        self._ru = ru
+        self._starts = starts
+
+    def __getattr__(self, name):
+        return getattr(self._ru, name)
+
+    def sh_callout(self, cmd, stdout=True, stderr=True, shell=False, env=None, cwd=None):
+        words = shlex.split(cmd) if isinstance(cmd, str) and not shell else None
+        script = _same_python_script(words[0]) if words and words[0] in SCRIPTS \
+            and env is None and stdout and stderr else None
+        if script is not None:
+            said = self._starts.start(script, words[1:], cwd)
+            if said is not None:
+                return said
+            log.debug("the forked starter has gone; %s starts as a new Python", words[0])
+        return self._ru.sh_callout(cmd, stdout=stdout, stderr=stderr, shell=shell, env=env,
+                                   cwd=cwd)
+
+
+def _same_python_script(name):
+    """The script's path where it is a Python script of this very interpreter
+    (its first line names it), else None: a fork of this Python would not be it."""
+    path = shutil.which(name)
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            first = fh.readline(4096).decode(errors="replace")
+    except OSError:
+        return None
+    interpreter = first[2:].strip().split()[0] if first.startswith("#!") and first[2:].strip() \
+        else ""
+    if interpreter and os.path.realpath(interpreter) == os.path.realpath(sys.executable):
+        return path
+    return None
+
+
+_ACTIVE = {}  # pid -> its ForkedStarts (a forked process makes its own)
+
+
+def use_forked_starts():
+    """From now on, RADICAL's client bridges and components in this process start
+    by fork from one starter (once per process; not where TRAJFLOW_FORKED_STARTS=0
+    or where RADICAL's ComponentManager is not what this expects)."""
+    if os.getpid() in _ACTIVE or os.environ.get(DISABLE_ENV) == "0":
+        return
+    try:
+        from radical.pilot.utils import component_manager
+    except ImportError:
+        return
+    ru = component_manager.ru
+    if isinstance(ru, _UtilsWithForkedStarts):  # made by the process this one forked from
+        ru = ru._ru
+    if not callable(getattr(ru, "sh_callout", None)):
+        return
+    starts = ForkedStarts()
+    _ACTIVE[os.getpid()] = starts
+    component_manager.ru = _UtilsWithForkedStarts(ru, starts)
+
+
+if __name__ == "__main__":
+    serve()
