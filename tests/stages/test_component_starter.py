@@ -114,7 +114,7 @@ def test_only_radicals_two_launchers_of_this_python_go_to_the_starter(tmp_path, 
     try:
         utils = _UtilsWithForkedStarts(ru, starts)
         assert utils.other == "ru's own"
-        out, err, rc = utils.sh_callout(f"radical-pilot-bridge exit", cwd=str(tmp_path))
+        out, err, rc = utils.sh_callout("radical-pilot-bridge exit", cwd=str(tmp_path))
         assert rc == 3 and ru.asked == []  # the starter ran it
         utils.sh_callout("echo radical-pilot-bridge", cwd=str(tmp_path))
         assert ru.asked == ["echo radical-pilot-bridge"]

@@ -85,3 +85,21 @@ def test_a_config_keeping_cpus_for_the_agent_pins_it_and_tells_the_tasks(tmp_pat
 def base64_payload(entry):
     import base64
     return base64.b64decode(entry.split("echo ", 1)[1].split(" |", 1)[0]).decode()
+
+
+def test_a_pilot_in_this_virtualenv_has_its_bin_first_before_the_bootstrap_looks(tmp_path):
+    """The bootstrapper runs `python3` (and pip) before it activates the virtualenv: the
+    session's config puts this virtualenv's bin first on its PATH, the entry read by a
+    shell as the bootstrapper runs it (eval of its expansion)."""
+    import subprocess
+    import sys
+    folder = resources.session_configs(str(tmp_path / "s"), "local.localhost", 1)
+    cfg = ru.read_json(os.path.join(folder, ".radical", "pilot", "configs",
+                                    "resource_local.json"))["localhost"]
+    entries = [e for e in cfg["pre_bootstrap_0"] if "base64" in e
+               and base64_payload(e).startswith("export PATH=")]
+    assert len(entries) == 1, cfg["pre_bootstrap_0"]
+    said = subprocess.run(["bash", "-c", f'cmd={entries[0]}; eval "$cmd"; echo "$PATH"'],
+                          env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+                          timeout=30)
+    assert said.stdout.strip() == f"{os.path.dirname(sys.executable)}:/usr/bin:/bin", said

@@ -29,6 +29,9 @@ import threading
 log = logging.getLogger(__name__)
 
 SCRIPTS = ("radical-pilot-bridge", "radical-pilot-component")
+# what RADICAL's two launchers import, imported once by the starter
+PREIMPORTED = ("multiprocessing", "setproctitle", "radical.utils", "radical.pilot",
+               "radical.pilot.messages")
 DISABLE_ENV = "TRAJFLOW_FORKED_STARTS"  # "0": every start a new Python, as RADICAL makes it
 
 
@@ -38,15 +41,14 @@ def serve(requests=None, replies=None):
     (rc, out, err), until the input closes. Single-threaded: a fork is safe."""
     requests = requests or sys.stdin.buffer
     replies = replies or sys.stdout.buffer
-    import multiprocessing  # noqa: F401  what the scripts import, imported once
+    import importlib
+    for name in PREIMPORTED:
+        importlib.import_module(name)
     import setproctitle
     # set up here, while this process' own environment is in place: it finds the
     # memory of argv and environ then, and a fork whose environment has been
     # replaced could not (its `rp.<uid>` name would silently not be set; seen)
     setproctitle.setproctitle(setproctitle.getproctitle())
-    import radical.utils  # noqa: F401
-    import radical.pilot  # noqa: F401
-    import radical.pilot.messages  # noqa: F401
     for line in requests:
         request = json.loads(line)
         out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()

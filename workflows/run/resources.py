@@ -151,7 +151,9 @@ def session_configs(target, resource, cpus, pre_bootstrap=()) -> str:
     cfg = resource_config(resource).as_dict()
     kept = agent_cores(resource)
     pin = [agent_pin_entry(task_python(resource), kept)] if kept else []
-    cfg["pre_bootstrap_0"] = list(cfg.get("pre_bootstrap_0") or []) + pin + list(pre_bootstrap)
+    path = [venv_path_entry()] if task_python(resource) == sys.executable else []
+    cfg["pre_bootstrap_0"] = (list(cfg.get("pre_bootstrap_0") or []) + path + pin
+                              + list(pre_bootstrap))
     if str(cfg.get("resource_manager", "")).upper() == "FORK":
         cfg["cores_per_node"] = int(cpus) + len(kept)  # RADICAL takes the kept ones off
     facility, _, name = resource.partition(".")
@@ -175,6 +177,14 @@ def pre_bootstrap_entry(command: str) -> str:
     for the shell (`$$`: the bootstrapper's pid) is expanded by the second."""
     encoded = base64.b64encode(command.encode()).decode()
     return f'"$(echo {encoded} | base64 -d)"'
+
+
+def venv_path_entry() -> str:
+    """A `pre_bootstrap_0` entry putting this virtualenv's bin first on the PATH, where
+    the pilot runs in it: the bootstrapper looks for `python3` (and runs it, and pip)
+    before it activates the virtualenv, and found pyenv's shim here, 0.6 s of every
+    pilot's start (0.2 s with this one; RADICAL's bootstrap_0.prof, `rehash`)."""
+    return pre_bootstrap_entry(f"export PATH={shlex.quote(venv_bin())}:\"$PATH\"")
 
 
 def agent_cores(resource: str) -> tuple:
