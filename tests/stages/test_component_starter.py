@@ -1,5 +1,5 @@
 """RADICAL's client processes started by fork from one warm Python
-(workflows/run/component_starter.py): each start is the script RADICAL names, run
+(tasks/component_starter.py): each start is the script RADICAL names, run
 as __main__ with its arguments, folder and the caller's environment; its output
 and exit code come back as ru.sh_callout gives them; the daemon it makes lives on;
 what the starter cannot start is started as RADICAL starts it."""
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from trajflow.workflows.run import component_starter
-from trajflow.workflows.run.component_starter import ForkedStarts, _UtilsWithForkedStarts
+from trajflow.tasks import component_starter
+from trajflow.tasks.component_starter import ForkedStarts, _UtilsWithForkedStarts
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -137,3 +137,32 @@ def test_forked_starts_can_be_turned_off(monkeypatch):
     monkeypatch.setattr(component_starter, "_ACTIVE", {})
     component_starter.use_forked_starts()
     assert component_starter._ACTIVE == {}
+
+
+AGENT = """#!{python}
+import os, sys
+from radical.pilot.utils import component_manager
+print(os.getpid(), sys.argv[1], type(component_manager.ru).__name__)
+"""
+
+
+def test_the_agent_runs_in_the_launchers_process_with_forked_starts(tmp_path):
+    """trajflow.tasks.agent_start runs RADICAL's agent script found on the PATH in its
+    own process (the pid the bootstrapper watches), with its arguments and forked
+    starts on; any other command it is given is run as it is."""
+    import subprocess
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    agent = folder / "radical-pilot-agent_0"
+    agent.write_text(AGENT.format(python=sys.executable))
+    agent.chmod(0o755)
+    env = {**os.environ, "PATH": f"{folder}{os.pathsep}{os.environ['PATH']}"}
+    process = subprocess.Popen([sys.executable, "-P", "-m", "trajflow.tasks.agent_start",
+                                "radical-pilot-agent_0", "4242"], env=env, cwd=str(tmp_path),
+                               stdout=subprocess.PIPE, text=True)
+    out, _ = process.communicate(timeout=60)
+    pid, ppid, utils = out.split()
+    assert (int(pid), ppid, utils) == (process.pid, "4242", "_UtilsWithForkedStarts")
+    said = subprocess.run([sys.executable, "-m", "trajflow.tasks.agent_start", "echo", "as is"],
+                          capture_output=True, text=True, timeout=60)
+    assert said.stdout == "as is\n"

@@ -103,3 +103,28 @@ def test_a_pilot_in_this_virtualenv_has_its_bin_first_before_the_bootstrap_looks
                           env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
                           timeout=30)
     assert said.stdout.strip() == f"{os.path.dirname(sys.executable)}:/usr/bin:/bin", said
+
+
+def _launcher_after(entry, launcher=""):
+    import subprocess
+    said = subprocess.run(["bash", "-c", f'LAUNCHER="{launcher}"; cmd={entry}; eval "$cmd"; '
+                           'echo "$LAUNCHER"'], capture_output=True, text=True, timeout=30)
+    return said.stdout.strip()
+
+
+def test_the_agent_is_launched_through_trajflows_agent_start_unless_turned_off(tmp_path,
+                                                                              monkeypatch):
+    """The bootstrapper's LAUNCHER (empty, or Cray's ccmrun) gets trajflow's agent start
+    behind it, as a shell reads the entry; TRAJFLOW_FORKED_STARTS=0 adds none."""
+    import sys
+    folder = resources.session_configs(str(tmp_path / "s"), "local.localhost", 1)
+    cfg = ru.read_json(os.path.join(folder, ".radical", "pilot", "configs",
+                                    "resource_local.json"))["localhost"]
+    entries = [e for e in cfg["pre_bootstrap_0"] if "base64" in e
+               and base64_payload(e).startswith("LAUNCHER=")]
+    assert len(entries) == 1, cfg["pre_bootstrap_0"]
+    ours = f"{sys.executable} -P -m trajflow.tasks.agent_start"
+    assert _launcher_after(entries[0]) == ours
+    assert _launcher_after(entries[0], "ccmrun") == f"ccmrun {ours}"
+    monkeypatch.setenv("TRAJFLOW_FORKED_STARTS", "0")
+    assert resources.agent_start_entry() == []

@@ -37,7 +37,7 @@ import weakref
 
 from trajflow.tasks.client_guard import remove_task_tmp
 from trajflow.tasks import procfs
-from trajflow.workflows.run.component_starter import use_forked_starts
+from trajflow.tasks.component_starter import use_forked_starts
 
 log = logging.getLogger(__name__)
 

@@ -16,12 +16,14 @@ import difflib
 import glob
 import json
 import os
+import re
 import shlex
 import shutil
 import sys
 import tempfile
 from importlib import resources as importlib_resources
 
+from trajflow.tasks.component_starter import DISABLE_ENV as FORKED_STARTS_ENV
 from trajflow.tasks.placement import AGENT_CORES_ENV
 from trajflow.workflows.run.batch import BATCH_SYSTEMS
 
@@ -151,8 +153,9 @@ def session_configs(target, resource, cpus, pre_bootstrap=()) -> str:
     cfg = resource_config(resource).as_dict()
     kept = agent_cores(resource)
     pin = [agent_pin_entry(task_python(resource), kept)] if kept else []
-    path = [venv_path_entry()] if task_python(resource) == sys.executable else []
-    cfg["pre_bootstrap_0"] = (list(cfg.get("pre_bootstrap_0") or []) + path + pin
+    in_venv = [venv_path_entry(), *agent_start_entry()] \
+        if task_python(resource) == sys.executable else []
+    cfg["pre_bootstrap_0"] = (list(cfg.get("pre_bootstrap_0") or []) + in_venv + pin
                               + list(pre_bootstrap))
     if str(cfg.get("resource_manager", "")).upper() == "FORK":
         cfg["cores_per_node"] = int(cpus) + len(kept)  # RADICAL takes the kept ones off
@@ -185,6 +188,20 @@ def venv_path_entry() -> str:
     before it activates the virtualenv, and found pyenv's shim here, 0.6 s of every
     pilot's start (0.2 s with this one; RADICAL's bootstrap_0.prof, `rehash`)."""
     return pre_bootstrap_entry(f"export PATH={shlex.quote(venv_bin())}:\"$PATH\"")
+
+
+def agent_start_entry() -> list:
+    """A `pre_bootstrap_0` entry that has the bootstrapper start RADICAL's agent
+    through trajflow.tasks.agent_start (its LAUNCHER, a variable of the bootstrap
+    script that only Cray's ccmrun otherwise sets: kept in front where set), so
+    that the agent's bridges and components start by fork. None where this
+    Python's path would not survive the bootstrapper's word splitting, or where
+    TRAJFLOW_FORKED_STARTS=0 (the agent does not see the client's environment)."""
+    python = sys.executable
+    if not re.fullmatch(r"[\w./+-]+", python) or os.environ.get(FORKED_STARTS_ENV) == "0":
+        return []
+    return [pre_bootstrap_entry(
+        f'LAUNCHER="${{LAUNCHER:+$LAUNCHER }}{python} -P -m trajflow.tasks.agent_start"')]
 
 
 def agent_cores(resource: str) -> tuple:

@@ -1,20 +1,22 @@
-"""RADICAL-Pilot's client processes started by fork from one Python that has
-imported RADICAL once, instead of each as a new Python.
+"""RADICAL-Pilot's bridges and components started by fork from one Python that
+has imported RADICAL once, instead of each as a new Python.
 
-RADICAL-Pilot 1.103 starts every bridge and component of a client session
-(`radical-pilot-bridge` and `radical-pilot-component`, through ru.sh_callout)
-one after the other, each a new Python that imports radical.pilot first: a
-cold local run starts 11 of them, 0.25-0.5 s each (its RADICAL profiles),
-3 s before the pilot's job is even submitted. Here a starter process imports
-RADICAL once; each start is a fork of it that runs the very script RADICAL
-would have run (runpy, its arguments, its working folder and the caller's
-environment), so each process, its name (`rp.<uid>`), its files and its
-process group are what RADICAL makes. A start it cannot make (the script is
-another Python's, the starter has died) is made as RADICAL makes it.
+RADICAL-Pilot 1.103 starts every bridge and component of a session (its
+client's, and its agent's in the pilot) one after the other through
+ru.sh_callout of `radical-pilot-bridge` or `radical-pilot-component`, each a
+new Python that imports radical.pilot first: a cold local run starts 14 in
+the client and 16 in the agent, 0.25-0.5 s each (RADICAL's profiles), before
+the first task can go. Here a starter process imports RADICAL once; each start
+is a fork of it that runs the very script RADICAL would have run (runpy, its
+arguments, its working folder and the caller's environment), so each process,
+its name (`rp.<uid>`), its files and its process group are what RADICAL makes.
+A start it cannot make (the script is another Python's, the starter has died)
+is made as RADICAL makes it.
 
-`use_forked_starts()` is called once in the process holding the pilot, before
-its RADICAL session exists; the starter ends with that process (its input
-closes) or with its process group.
+`use_forked_starts()` is called once in the process holding the pilot (before
+its RADICAL session exists) and in the agent (tasks/agent_start.py); the
+starter ends with that process (its input closes) or with its process group.
+Where TRAJFLOW_FORKED_STARTS=0, every start is RADICAL's own.
 """
 import json
 import logging
@@ -105,7 +107,7 @@ class ForkedStarts:
         self._lock = threading.Lock()
         self._process = subprocess.Popen(
             # -P: no folder of the caller's on its path (it imports for every start)
-            [sys.executable, "-P", "-m", "trajflow.workflows.run.component_starter"],
+            [sys.executable, "-P", "-m", "trajflow.tasks.component_starter"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
 
     def start(self, script, args, cwd):
