@@ -11,17 +11,16 @@ The agent's 12 bridges and 4 components then start in ~0.1-0.3 s each instead of
 """
 import os
 import runpy
-import shutil
 import sys
 
-from trajflow.tasks.component_starter import use_forked_starts
+from trajflow.tasks.component_starter import same_python_script, use_forked_starts
 
 AGENT = "radical-pilot-agent_0"
 
 
 def main(argv):
-    script = shutil.which(AGENT) if argv[:1] == [AGENT] else None
-    if script is None:  # not RADICAL's agent (another launcher's command): as it is
+    script = same_python_script(AGENT) if argv[:1] == [AGENT] else None
+    if script is None:  # not RADICAL's agent, or another Python's: run as it is
         os.execvp(argv[0], argv)
     use_forked_starts()
     sys.argv = [script, *argv[1:]]

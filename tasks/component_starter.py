@@ -11,7 +11,11 @@ is a fork of it that runs the very script RADICAL would have run (runpy, its
 arguments, its working folder and the caller's environment), so each process,
 its name (`rp.<uid>`), its files and its process group are what RADICAL makes.
 A start it cannot make (the script is another Python's, the starter has died)
-is made as RADICAL makes it.
+is made as RADICAL makes it. What a Python reads only when it starts (PYTHON*
+variables, its options) or RADICAL reads when imported (RADICAL_* debug and
+ZMQ settings) is the starter's: the environment of the process that started it
+(the one holding the pilot, or the agent), the same as its RADICAL processes'
+save for what that process changed later.
 
 `use_forked_starts()` is called once in the process holding the pilot (before
 its RADICAL session exists) and in the agent (tasks/agent_start.py); the
@@ -22,6 +26,7 @@ import json
 import logging
 import os
 import shlex
+import select
 import shutil
 import subprocess
 import sys
@@ -34,6 +39,8 @@ SCRIPTS = ("radical-pilot-bridge", "radical-pilot-component")
 # what RADICAL's two launchers import, imported once by the starter
 PREIMPORTED = ("multiprocessing", "setproctitle", "radical.utils", "radical.pilot",
                "radical.pilot.messages")
+# a launcher waits 30 s for its daemon to say it started; past this the starter is hung
+START_TIMEOUT_S = 90.0
 DISABLE_ENV = "TRAJFLOW_FORKED_STARTS"  # "0": every start a new Python, as RADICAL makes it
 
 
@@ -53,49 +60,52 @@ def serve(requests=None, replies=None):
     setproctitle.setproctitle(setproctitle.getproctitle())
     for line in requests:
         request = json.loads(line)
-        out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        # plain descriptors: a file object here would be closed again by the forked
+        # child's exit (this frame is below its SystemExit), by then another file's
+        out_fd, err_fd = _scratch_file(), _scratch_file()
         pid = os.fork()
-        if pid == 0:  # nothing of the starter's on the stack for its SystemExit to unwind
-            _run_script(request, out.fileno(), err.fileno())
-        try:
-            _, status = os.waitpid(pid, 0)
-            out.seek(0)
-            err.seek(0)
-            reply = {"rc": os.waitstatus_to_exitcode(status),
-                     "out": out.read().decode(errors="replace"),
-                     "err": err.read().decode(errors="replace")}
-        finally:
-            out.close()
-            err.close()
+        if pid == 0:
+            _run_script(request, out_fd, err_fd)
+        _, status = os.waitpid(pid, 0)
+        reply = {"rc": os.waitstatus_to_exitcode(status), "out": _read_back(out_fd),
+                 "err": _read_back(err_fd)}
         replies.write(json.dumps(reply).encode() + b"\n")
         replies.flush()
 
 
+def _scratch_file():
+    fd, path = tempfile.mkstemp(prefix="trajflow-start-")
+    os.unlink(path)
+    return fd
+
+
+def _read_back(fd):
+    os.lseek(fd, 0, os.SEEK_SET)
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks).decode(errors="replace")
+
+
 def _run_script(request, out_fd, err_fd):
     """In the fork: become the script's process (its stdio, folder, environment,
-    argv) and run it as __main__; exit as it exits (its SystemExit goes up and out
-    of the starter's module, so the interpreter ends as a new one would: its
-    threads joined, its atexit handlers run, its output flushed)."""
-    try:
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(out_fd, 1)
-        os.dup2(err_fd, 2)
-        os.closerange(3, 1 << 16)  # the starter's own files are not the script's
-        os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"])
-        sys.argv = [request["script"], *request["args"]]
-        sys.path.insert(0, os.path.dirname(os.path.realpath(request["script"])))  # as python SCRIPT
-        import runpy
-        runpy.run_path(request["script"], run_name="__main__")
-    except SystemExit:
-        raise
-    except BaseException:  # noqa: said on its stderr, as a new Python would
-        import traceback
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
+    argv) and run it as __main__. Whatever ends it (its SystemExit, an exception)
+    goes up and out of the starter's module, which catches nothing: the
+    interpreter ends as a new one would (the traceback said on stderr, exit code
+    1; its threads joined, its atexit handlers run, its output flushed)."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(out_fd, 1)
+    os.dup2(err_fd, 2)
+    os.closerange(3, 1 << 16)  # the starter's own files are not the script's
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv = [request["script"], *request["args"]]
+    sys.path.insert(0, os.path.dirname(os.path.realpath(request["script"])))  # as python SCRIPT
+    import runpy
+    runpy.run_path(request["script"], run_name="__main__")
     raise SystemExit(0)
 
 
@@ -111,18 +121,28 @@ class ForkedStarts:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
 
     def start(self, script, args, cwd):
-        """(out, err, rc) as ru.sh_callout gives them; None where the starter is gone."""
+        """(out, err, rc) as ru.sh_callout gives them; None where the starter had gone
+        before it was asked (then RADICAL's own start). Once asked, never None: a
+        start it may have made is not made twice (two bridges of one name)."""
         request = {"script": script, "args": args, "cwd": cwd or os.getcwd(),
                    "env": dict(os.environ)}
         with self._lock:
+            if self._process.poll() is not None:
+                return None
             try:
                 self._process.stdin.write(json.dumps(request).encode() + b"\n")
                 self._process.stdin.flush()
-                line = self._process.stdout.readline()
             except (OSError, ValueError):
-                line = b""
-            if not line:
                 return None
+            ready, _, _ = select.select([self._process.stdout], [], [], START_TIMEOUT_S)
+            line = self._process.stdout.readline() if ready else b""
+            if not line:
+                self._process.kill()  # it hung or died: the next start is RADICAL's own
+                self._process.wait()
+                log.error("the forked start of %s %s did not answer within %.0f s",
+                          os.path.basename(script), " ".join(args), START_TIMEOUT_S)
+                return "", (f"trajflow's forked start of {os.path.basename(script)} did not "
+                            f"answer within {START_TIMEOUT_S:.0f} s"), 1
         reply = json.loads(line)
         return reply["out"], reply["err"], reply["rc"]
 
@@ -152,7 +172,7 @@ class _UtilsWithForkedStarts:
 
     def sh_callout(self, cmd, stdout=True, stderr=True, shell=False, env=None, cwd=None):
         words = shlex.split(cmd) if isinstance(cmd, str) and not shell else None
-        script = _same_python_script(words[0]) if words and words[0] in SCRIPTS \
+        script = same_python_script(words[0]) if words and words[0] in SCRIPTS \
             and env is None and stdout and stderr else None
         if script is not None:
             said = self._starts.start(script, words[1:], cwd)
@@ -163,7 +183,7 @@ class _UtilsWithForkedStarts:
                                    cwd=cwd)
 
 
-def _same_python_script(name):
+def same_python_script(name):
     """The script's path where it is a Python script of this very interpreter
     (its first line names it), else None: a fork of this Python would not be it."""
     path = shutil.which(name)
@@ -176,9 +196,13 @@ def _same_python_script(name):
         return None
     interpreter = first[2:].strip().split()[0] if first.startswith("#!") and first[2:].strip() \
         else ""
-    if interpreter and os.path.realpath(interpreter) == os.path.realpath(sys.executable):
-        return path
-    return None
+    # this very Python: the same binary in the same folder (a virtualenv's python links
+    # to its base Python, which another virtualenv's links to as well)
+    same = interpreter and all(
+        os.path.realpath(a) == os.path.realpath(b) for a, b in (
+            (interpreter, sys.executable),
+            (os.path.dirname(interpreter), os.path.dirname(sys.executable))))
+    return path if same else None
 
 
 _ACTIVE = {}  # pid -> its ForkedStarts (a forked process makes its own)

@@ -38,6 +38,8 @@ if __name__ == "__main__":
         raise ValueError("a launcher that fails")
     if sys.argv[1] == "exit":
         sys.exit(3)
+    if sys.argv[1] == "hang":
+        time.sleep(60)
     evt = mp.Event()
     ru.daemonize(main=main, args=[sys.argv[2], evt], stdout="daemon.out", stderr="daemon.err")
     evt.wait(10)
@@ -86,12 +88,27 @@ def test_a_start_is_the_script_in_the_callers_folder_and_environment(tmp_path, l
         assert rc == 3
         out, err, rc = starts.start(str(launcher), ["fail"], str(work))
         assert rc == 1 and "ValueError: a launcher that fails" in err
-        # and the starter goes on serving after both
-        out, err, rc = starts.start(str(launcher), ["ok", str(tmp_path / "d3")], str(work))
-        assert rc == 0 and _wait_for(tmp_path / "d3")
+        # and the starter goes on serving after both, start after start (each daemon's
+        # start is said back through a pipe the starter's own files once shadowed)
+        for n in range(10):
+            out, err, rc = starts.start(str(launcher), ["ok", str(tmp_path / f"e{n}")], str(work))
+            assert rc == 0, err
+        assert all(_wait_for(tmp_path / f"e{n}") for n in range(10))
     finally:
         starts.close()
-    assert starts._process.poll() is not None, "the starter outlived its input"
+    assert starts._process.returncode == 0, "the starter did not end with its input"
+
+
+def test_a_start_that_hangs_fails_and_the_next_is_radicals_own(tmp_path, launcher,
+                                                               monkeypatch):
+    monkeypatch.setattr(component_starter, "START_TIMEOUT_S", 2.0)
+    starts = ForkedStarts()
+    try:
+        out, err, rc = starts.start(str(launcher), ["hang"], str(tmp_path))
+        assert rc == 1 and "did not answer within 2 s" in err
+        assert starts.start(str(launcher), ["exit"], str(tmp_path)) is None  # not twice
+    finally:
+        starts.close()
 
 
 class _FakeUtils:

@@ -90,8 +90,7 @@ def base64_payload(entry):
 def test_a_pilot_in_this_virtualenv_has_its_bin_first_before_the_bootstrap_looks(tmp_path):
     """The bootstrapper runs `python3` (and pip) before it activates the virtualenv: the
     session's config puts this virtualenv's bin first on its PATH, the entry read by a
-    shell as the bootstrapper runs it (eval of its expansion)."""
-    import subprocess
+    shell as the bootstrapper runs it (its own pre_bootstrap_0 function)."""
     import sys
     folder = resources.session_configs(str(tmp_path / "s"), "local.localhost", 1)
     cfg = ru.read_json(os.path.join(folder, ".radical", "pilot", "configs",
@@ -99,16 +98,27 @@ def test_a_pilot_in_this_virtualenv_has_its_bin_first_before_the_bootstrap_looks
     entries = [e for e in cfg["pre_bootstrap_0"] if "base64" in e
                and base64_payload(e).startswith("export PATH=")]
     assert len(entries) == 1, cfg["pre_bootstrap_0"]
-    said = subprocess.run(["bash", "-c", f'cmd={entries[0]}; eval "$cmd"; echo "$PATH"'],
-                          env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
-                          timeout=30)
-    assert said.stdout.strip() == f"{os.path.dirname(sys.executable)}:/usr/bin:/bin", said
+    assert _bootstrap_shell(entries[0], "", "$PATH") == \
+        f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"
 
 
-def _launcher_after(entry, launcher=""):
+def _bootstrap_shell(entry, before, echo):
+    """What RADICAL's bootstrap_0.sh leaves after running `entry` as a pre_bootstrap_0
+    command (its own pre_bootstrap_0 and run_cmd functions, taken from the installed
+    script), `before` run first, `echo` said after."""
+    import re
     import subprocess
-    said = subprocess.run(["bash", "-c", f'LAUNCHER="{launcher}"; cmd={entry}; eval "$cmd"; '
-                           'echo "$LAUNCHER"'], capture_output=True, text=True, timeout=30)
+    import radical.pilot
+    script = os.path.join(os.path.dirname(radical.pilot.__file__), "agent", "bootstrap_0.sh")
+    with open(script, encoding="utf-8") as fh:
+        text = fh.read()
+    functions = [re.search(rf"^{name}\(\)\n\{{.*?^\}}$", text, re.M | re.S)
+                 for name in ("run_cmd", "pre_bootstrap_0")]
+    assert all(functions), "RADICAL's bootstrap_0.sh no longer has these functions"
+    program = "\n".join(["profile_event() { :; }", *(f.group(0) for f in functions), before,
+                          'pre_bootstrap_0 "$1" > /dev/null', f'echo "{echo}"'])
+    said = subprocess.run(["bash", "-c", program, "bash", entry], capture_output=True,
+                          text=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
     return said.stdout.strip()
 
 
@@ -124,7 +134,7 @@ def test_the_agent_is_launched_through_trajflows_agent_start_unless_turned_off(t
                and base64_payload(e).startswith("LAUNCHER=")]
     assert len(entries) == 1, cfg["pre_bootstrap_0"]
     ours = f"{sys.executable} -P -m trajflow.tasks.agent_start"
-    assert _launcher_after(entries[0]) == ours
-    assert _launcher_after(entries[0], "ccmrun") == f"ccmrun {ours}"
+    assert _bootstrap_shell(entries[0], "LAUNCHER=", "$LAUNCHER") == ours
+    assert _bootstrap_shell(entries[0], "LAUNCHER=ccmrun", "$LAUNCHER") == f"ccmrun {ours}"
     monkeypatch.setenv("TRAJFLOW_FORKED_STARTS", "0")
     assert resources.agent_start_entry() == []

@@ -154,7 +154,8 @@ def session_configs(target, resource, cpus, pre_bootstrap=()) -> str:
     kept = agent_cores(resource)
     pin = [agent_pin_entry(task_python(resource), kept)] if kept else []
     in_venv = [venv_path_entry(), *agent_start_entry()] \
-        if task_python(resource) == sys.executable else []
+        if cfg.get("virtenv_mode") == "local" and task_python(resource) == sys.executable \
+        else []
     cfg["pre_bootstrap_0"] = (list(cfg.get("pre_bootstrap_0") or []) + in_venv + pin
                               + list(pre_bootstrap))
     if str(cfg.get("resource_manager", "")).upper() == "FORK":
