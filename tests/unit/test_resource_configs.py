@@ -92,14 +92,21 @@ def test_a_pilot_in_this_virtualenv_has_its_bin_first_before_the_bootstrap_looks
     session's config puts this virtualenv's bin first on its PATH, the entry read by a
     shell as the bootstrapper runs it (its own pre_bootstrap_0 function)."""
     import sys
+    entries = _localhost_entries(tmp_path, "export PATH=")
+    assert _bootstrap_shell(entries[0], "", "$PATH") == \
+        f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"
+
+
+def _localhost_entries(tmp_path, beginning):
+    """local.localhost's pre_bootstrap_0 entries (in a session's config) whose command
+    begins with `beginning`: one, checked."""
     folder = resources.session_configs(str(tmp_path / "s"), "local.localhost", 1)
     cfg = ru.read_json(os.path.join(folder, ".radical", "pilot", "configs",
                                     "resource_local.json"))["localhost"]
     entries = [e for e in cfg["pre_bootstrap_0"] if "base64" in e
-               and base64_payload(e).startswith("export PATH=")]
+               and base64_payload(e).startswith(beginning)]
     assert len(entries) == 1, cfg["pre_bootstrap_0"]
-    assert _bootstrap_shell(entries[0], "", "$PATH") == \
-        f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"
+    return entries
 
 
 def _bootstrap_shell(entry, before, echo):
@@ -127,12 +134,7 @@ def test_the_agent_is_launched_through_trajflows_agent_start_unless_turned_off(t
     """The bootstrapper's LAUNCHER (empty, or Cray's ccmrun) gets trajflow's agent start
     behind it, as a shell reads the entry; TRAJFLOW_FORKED_STARTS=0 adds none."""
     import sys
-    folder = resources.session_configs(str(tmp_path / "s"), "local.localhost", 1)
-    cfg = ru.read_json(os.path.join(folder, ".radical", "pilot", "configs",
-                                    "resource_local.json"))["localhost"]
-    entries = [e for e in cfg["pre_bootstrap_0"] if "base64" in e
-               and base64_payload(e).startswith("LAUNCHER=")]
-    assert len(entries) == 1, cfg["pre_bootstrap_0"]
+    entries = _localhost_entries(tmp_path, "LAUNCHER=")
     ours = f"{sys.executable} -P -m trajflow.tasks.agent_start"
     assert _bootstrap_shell(entries[0], "LAUNCHER=", "$LAUNCHER") == ours
     assert _bootstrap_shell(entries[0], "LAUNCHER=ccmrun", "$LAUNCHER") == f"ccmrun {ours}"
