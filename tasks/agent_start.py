@@ -14,6 +14,7 @@ import runpy
 import sys
 
 from trajflow.tasks.component_starter import same_python_script, use_forked_starts
+from trajflow.tasks.placement import keep_inherited_placement
 
 AGENT = "radical-pilot-agent_0"
 
@@ -22,6 +23,7 @@ def main(argv):
     script = same_python_script(AGENT) if argv[:1] == [AGENT] else None
     if script is None:  # not RADICAL's agent, or another Python's: run as it is
         os.execvp(argv[0], argv)
+    keep_inherited_placement()  # the agent's timer slack and CPUs, not a task's
     use_forked_starts()
     sys.argv = [script, *argv[1:]]
     sys.path.insert(0, os.path.dirname(os.path.realpath(script)))  # as `python SCRIPT`

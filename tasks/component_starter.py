@@ -50,6 +50,8 @@ def serve(requests=None, replies=None):
     (rc, out, err), until the input closes. Single-threaded: a fork is safe."""
     requests = requests or sys.stdin.buffer
     replies = replies or sys.stdout.buffer
+    from trajflow.tasks.placement import keep_inherited_placement
+    keep_inherited_placement()  # RADICAL's processes, not tasks: their timer slack, CPUs
     import importlib
     for name in PREIMPORTED:
         importlib.import_module(name)

@@ -59,6 +59,11 @@ def split_cpus(positions, cpus):
     return (agent, others) if others else ([], list(cpus))
 
 
+# what the package's import changed for a task (its inherited CPUs, RADICAL's timer
+# slack), kept for keep_inherited_placement in a process that is RADICAL's, not a task
+_INHERITED = {}
+
+
 def leave_agent_cpus(environ=None):
     """Move this process to the node's CPUs that are not the agent's; returns the CPUs it
     may run on now."""
@@ -66,6 +71,7 @@ def leave_agent_cpus(environ=None):
     if not positions or not hasattr(os, "sched_setaffinity"):
         return current_cpus()
     _, others = split_cpus(positions, node_cpus(widen=True))
+    _INHERITED.setdefault("cpus", current_cpus())
     pin_to(others)
     return current_cpus()
 
@@ -106,7 +112,20 @@ def drop_radical_timer_slack():
     default, so that its own waits end on time. Called on the main thread (a package
     import): /proc/self is that thread's, the only one readable without CAP_SYS_NICE."""
     if timer_slack_ns() == RADICAL_TIMER_SLACK_NS:
+        _INHERITED.setdefault("timer_slack", RADICAL_TIMER_SLACK_NS)
         set_timer_slack(DEFAULT_TIMER_SLACK_NS)
+
+
+def keep_inherited_placement():
+    """For RADICAL's own processes that import trajflow.tasks (the component starter
+    and the agent, which fork or start RADICAL's others): back to the CPUs and the
+    timer slack they inherited, which the package's import gives back for a task.
+    Without it every RADICAL process forked from the starter woke on time again, 10 ms
+    apart (the slack that makes an idle pilot cost 0.16 of a core, not 0.5)."""
+    if "timer_slack" in _INHERITED:
+        set_timer_slack(_INHERITED.pop("timer_slack"))
+    if "cpus" in _INHERITED:
+        pin_to(_INHERITED.pop("cpus"))
 
 
 def current_cpus():

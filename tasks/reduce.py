@@ -96,50 +96,49 @@ def package_versions():
     return out
 
 
-def write_result(plan, arrays, analysis_attrs, results=None):
-    """result.h5: `frame`, `time`, then the kernels' arrays (rmsd, dihedrals) or,
-    for a user's analysis, its concluded `results` under /results."""
-    final = plan.result_path()
-    with replaced_whole(final) as tmp:
-        with h5py.File(tmp, "w") as f:
-            f.create_dataset("frame", data=arrays["frame"].astype(np.int64))
-            f.create_dataset("time", data=arrays["time"].astype(np.float64))
-            f["time"].attrs["unit"] = "ps"
-            if results is not None:
-                mda_analyses.write_results(f.create_group("results"), results)
-            else:
-                kind = ANALYSIS_CLASSES[plan.analysis]
-                for key, value in kind.datasets(arrays).items():
-                    f.create_dataset(key, data=np.asarray(value, dtype=np.float64))
-                    if key in kind.units:
-                        f[key].attrs["unit"] = kind.units[key]
-                    if key in kind.columns:
-                        f[key].attrs["columns"] = kind.columns[key]
-            if "resids" in analysis_attrs:
-                f.create_dataset("resid", data=np.asarray(analysis_attrs["resids"], dtype=np.int64))
-            root = {
-                "analysis": plan.analysis, "selection": plan.selection,
-                "topology": plan.topology, "trajectories": json.dumps(plan.trajectories),
-                "io": plan.io, "mode": plan.mode, "gather": plan.gather, "schedule": plan.schedule,
-                "n_blocks": plan.n_blocks, "blocks": json.dumps(plan.blocks),
-                "ranks": plan.execution.ranks_per_task(plan),
-                "tasks": len(plan.execution.analyze_tasks(plan, [])),
-                "repeat": plan.repeat, "n_frames": plan.n_frames,
-                "input_checksum": plan.input_checksum, "compression": plan.compression or "none",
-                "versions": json.dumps(package_versions()),
-            }
-            if plan.frame_selection:  # MDAnalysis' run(start, stop, step) or run(frames=)
-                root["frame_selection"] = json.dumps(plan.frame_selection)
-            if plan.universe:  # the MDAnalysis Universe keywords the files were read with
-                root["universe"] = json.dumps(plan.universe)
-            if plan.truncated:  # say so wherever the result goes
-                root["truncated_input"] = json.dumps(plan.truncated)
-            if not plan.builtin:
-                root.update(analysis_args=json.dumps(plan.analysis_args),
-                            analysis_class=analysis_attrs.get("analysis_class", ""),
-                            factory=json.dumps(plan.factory))
-            for key, value in root.items():
-                f.attrs[key] = value
+def write_result(tmp, plan, arrays, analysis_attrs, results=None):
+    """result.h5's content, into `tmp` (published by the caller): `frame`, `time`,
+    then the kernels' arrays (rmsd, dihedrals) or, for a user's analysis, its
+    concluded `results` under /results."""
+    with h5py.File(tmp, "w") as f:
+        f.create_dataset("frame", data=arrays["frame"].astype(np.int64))
+        f.create_dataset("time", data=arrays["time"].astype(np.float64))
+        f["time"].attrs["unit"] = "ps"
+        if results is not None:
+            mda_analyses.write_results(f.create_group("results"), results)
+        else:
+            kind = ANALYSIS_CLASSES[plan.analysis]
+            for key, value in kind.datasets(arrays).items():
+                f.create_dataset(key, data=np.asarray(value, dtype=np.float64))
+                if key in kind.units:
+                    f[key].attrs["unit"] = kind.units[key]
+                if key in kind.columns:
+                    f[key].attrs["columns"] = kind.columns[key]
+        if "resids" in analysis_attrs:
+            f.create_dataset("resid", data=np.asarray(analysis_attrs["resids"], dtype=np.int64))
+        root = {
+            "analysis": plan.analysis, "selection": plan.selection,
+            "topology": plan.topology, "trajectories": json.dumps(plan.trajectories),
+            "io": plan.io, "mode": plan.mode, "gather": plan.gather, "schedule": plan.schedule,
+            "n_blocks": plan.n_blocks, "blocks": json.dumps(plan.blocks),
+            "ranks": plan.execution.ranks_per_task(plan),
+            "tasks": len(plan.execution.analyze_tasks(plan, [])),
+            "repeat": plan.repeat, "n_frames": plan.n_frames,
+            "input_checksum": plan.input_checksum, "compression": plan.compression or "none",
+            "versions": json.dumps(package_versions()),
+        }
+        if plan.frame_selection:  # MDAnalysis' run(start, stop, step) or run(frames=)
+            root["frame_selection"] = json.dumps(plan.frame_selection)
+        if plan.universe:  # the MDAnalysis Universe keywords the files were read with
+            root["universe"] = json.dumps(plan.universe)
+        if plan.truncated:  # say so wherever the result goes
+            root["truncated_input"] = json.dumps(plan.truncated)
+        if not plan.builtin:
+            root.update(analysis_args=json.dumps(plan.analysis_args),
+                        analysis_class=analysis_attrs.get("analysis_class", ""),
+                        factory=json.dumps(plan.factory))
+        for key, value in root.items():
+            f.attrs[key] = value
 
 
 def main(argv=None):
@@ -164,10 +163,15 @@ def main(argv=None):
             except mda_analyses.AnalysisRaised as exc:
                 mda_analyses.print_users_traceback(exc)
                 return ANALYSIS_RAISED
-    with timer.phase("write"):
-        write_result(plan, arrays, attrs, results)
-        remove_parts(plan)
-    timer.finish(plan.profile_path("reduce"))
+    with replaced_whole(plan.result_path()) as tmp:
+        with timer.phase("write"):
+            write_result(tmp, plan, arrays, attrs, results)
+        # its timing record before its result is published: once result.h5 is there the
+        # run is complete, and a disk that fills then must not fail it (CI: the record's
+        # write failed just after the publish, and the run failed with its result whole
+        # and its parts removed); a record not written leaves no result
+        timer.finish(plan.profile_path("reduce"))
+    remove_parts(plan)
     faults.linger_after_publish()
     return 0
 

@@ -28,7 +28,9 @@ def main(path, evt):
     time.sleep(0.5)
     with open(path, "w") as fh:
         name = open("/proc/self/comm").read().strip()
-        fh.write(f"{{os.getpid()}} {{os.getcwd()}} {{os.environ.get('STARTER_TEST', '')}} {{name}}")
+        slack = open("/proc/self/timerslack_ns").read().strip()
+        fh.write(f"{{os.getpid()}} {{os.getcwd()}} {{os.environ.get('STARTER_TEST', '-')}} {{name}} "
+                 f"{{slack}}")
     time.sleep(3)  # alive while the test looks at it
 
 if __name__ == "__main__":
@@ -75,7 +77,7 @@ def test_a_start_is_the_script_in_the_callers_folder_and_environment(tmp_path, l
         assert rc == 0, err
         assert out == f"args ['ok', '{tmp_path / 'd1'}'] cwd {work}\n"
         assert err == "said on stderr\n"
-        pid, cwd, env, name = _wait_for(tmp_path / "d1").split()
+        pid, cwd, env, name, _ = _wait_for(tmp_path / "d1").split()
         assert (cwd, env, name) == (str(work), "first", "rp.starter_test")
         assert open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[0] == b"rp.starter_test"
         assert int(pid) != starts._process.pid  # the daemon is a process of its own
@@ -183,3 +185,26 @@ def test_the_agent_runs_in_the_launchers_process_with_forked_starts(tmp_path):
     said = subprocess.run([sys.executable, "-m", "trajflow.tasks.agent_start", "echo", "as is"],
                           capture_output=True, text=True, timeout=60)
     assert said.stdout == "as is\n"
+
+
+SLACKED = """
+import sys
+from trajflow.tasks.placement import RADICAL_TIMER_SLACK_NS, set_timer_slack
+from trajflow.tasks.component_starter import ForkedStarts
+set_timer_slack(RADICAL_TIMER_SLACK_NS)  # as the process holding a pilot does
+starts = ForkedStarts()
+print(starts.start(sys.argv[1], ["ok", sys.argv[2]], sys.argv[3])[2])
+starts.close()
+"""
+
+
+def test_radicals_processes_keep_the_timer_slack_of_the_process_holding_the_pilot(
+        tmp_path, launcher):
+    """The starter imports trajflow.tasks, whose import gives a task back the default
+    timer slack: RADICAL's processes it forks keep the 10 ms they inherit (an idle pilot's
+    wake-ups, 0.16 of a core with it, 0.5 without)."""
+    import subprocess
+    said = subprocess.run([sys.executable, "-c", SLACKED, str(launcher), str(tmp_path / "s"),
+                           str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert said.stdout.strip() == "0", said
+    assert _wait_for(tmp_path / "s").split()[4] == "10000000"
