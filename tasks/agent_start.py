@@ -10,10 +10,9 @@ The agent's 12 bridges and 4 components then start in ~0.1-0.3 s each instead of
 0.25-0.5 s. Anything else it is asked to launch is exec'd as it is.
 """
 import os
-import runpy
 import sys
 
-from trajflow.tasks.component_starter import same_python_script, use_forked_starts
+from trajflow.tasks.component_starter import run_as_main, same_python_script, use_forked_starts
 from trajflow.tasks.placement import keep_inherited_placement
 
 AGENT = "radical-pilot-agent_0"
@@ -25,9 +24,7 @@ def main(argv):
         os.execvp(argv[0], argv)
     keep_inherited_placement()  # the agent's timer slack and CPUs, not a task's
     use_forked_starts()
-    sys.argv = [script, *argv[1:]]
-    sys.path.insert(0, os.path.dirname(os.path.realpath(script)))  # as `python SCRIPT`
-    runpy.run_path(script, run_name="__main__")
+    run_as_main(script, argv[1:])
 
 
 if __name__ == "__main__":

@@ -104,11 +104,17 @@ def _run_script(request, out_fd, err_fd):
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    sys.argv = [request["script"], *request["args"]]
-    sys.path.insert(0, os.path.dirname(os.path.realpath(request["script"])))  # as python SCRIPT
-    import runpy
-    runpy.run_path(request["script"], run_name="__main__")
+    run_as_main(request["script"], request["args"])
     raise SystemExit(0)
+
+
+def run_as_main(script, args):
+    """Run `script` in this process as `python SCRIPT ARGS` would: its argv, its
+    folder first on sys.path, as __main__."""
+    import runpy
+    sys.argv = [script, *args]
+    sys.path.insert(0, os.path.dirname(os.path.realpath(script)))
+    runpy.run_path(script, run_name="__main__")
 
 
 # --- the process holding the pilot -----------------------------------------------
@@ -211,9 +217,10 @@ _ACTIVE = {}  # pid -> its ForkedStarts (a forked process makes its own)
 
 
 def use_forked_starts():
-    """From now on, RADICAL's client bridges and components in this process start
-    by fork from one starter (once per process; not where TRAJFLOW_FORKED_STARTS=0
-    or where RADICAL's ComponentManager is not what this expects)."""
+    """From now on, RADICAL's bridges and components started by this process (its
+    client's, or the agent's) start by fork from one starter (once per process;
+    not where TRAJFLOW_FORKED_STARTS=0 or where RADICAL's ComponentManager is not
+    what this expects)."""
     if os.getpid() in _ACTIVE or os.environ.get(DISABLE_ENV) == "0":
         return
     try:
