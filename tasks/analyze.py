@@ -6,7 +6,8 @@
               dynamic one); the rows reach the rank that analysed the most frames by
               Gatherv or by one-sided puts into an MPI window (Khoshlessan et al.
               2019's Global Arrays), are put back in chunk order there, and it writes
-              one part file.
+              one part file, then publishes result.h5 from it as the reduce task would
+              (reduce.publish: no reduce stage follows an MPI analyze).
   tasks mode: python -m trajflow.tasks.analyze --plan PLAN --block B
               writes that block's part file (on a dynamic schedule, first claiming
               it and, when idle, copying a late block: block_claims.py); the reduce
@@ -23,7 +24,7 @@ import traceback
 
 import numpy as np
 
-from . import faults, kernels, mda_analyses, parts
+from . import faults, kernels, mda_analyses, parts, reduce
 from .exit_codes import ANALYSIS_RAISED, COLLECTIVE_TIMEOUT
 from .modes import MpiMode, TasksMode
 from .analyses import ANALYSIS_CLASSES
@@ -350,7 +351,9 @@ def publish_block_copy(plan, work, block, claims, timer, backup):
 
 
 def run_mpi_mode(plan, setup_marks=None):
-    """`setup_marks`: [(what, when it began)] of the rank's set-up in main()."""
+    """`setup_marks`: [(what, when it began)] of the rank's set-up in main(). This
+    rank's number where it is the gather's root (it has written the gathered part), else
+    None."""
     setup_marks = list(setup_marks or [])
     schedule = plan.schedule_strategy
     early = claims_before_mpi_init(plan)
@@ -410,6 +413,7 @@ def run_mpi_mode(plan, setup_marks=None):
                              part_attrs(plan, work.attrs(), list(range(size))),
                              row_order=chunk_order(rows_by_rank))
     timer.finish(plan.profile_path(f"analyze.block_{rank:05d}"))
+    return rank if rank == root else None
 
 
 # where this rank claims before MPI_Init: what main() needs to end a failed one as the
@@ -632,7 +636,7 @@ def main(argv=None):
             return ANALYSIS_RAISED
         return 0
     try:
-        run_mpi_mode(plan, marks)
+        root = run_mpi_mode(plan, marks)
     except BaseException as exc:
         # One failed rank must not leave the others waiting at a collective.
         code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1
@@ -652,7 +656,11 @@ def main(argv=None):
         time.sleep(0.2)
         from mpi4py import MPI
         MPI.COMM_WORLD.Abort(code)
-    return 0
+    # the collective is over (no rank waits for this one): the root publishes result.h5
+    # as the reduce task would, and fails the task as it would where it cannot
+    if root is None or not plan.execution.publishes:
+        return 0
+    return reduce.publish(plan, within_task="analyze", rank=root)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ class ExecutionMode:
     help = ""
     collective = False  # one MPI task whose ranks share the frames and gather the result
     selectable = True   # a `--mode` choice (an MDAnalysis run() is chosen by Backend)
+    publishes = False   # its analyze stage publishes result.h5 (no reduce stage after it)
 
     def workers(self, plan) -> int:
         """The analyze stage's N as scaling counts it: its MPI ranks, or its tasks."""
@@ -54,8 +55,13 @@ class ExecutionMode:
         split = [TaskSpec(name, "trajflow.tasks.split", plan_args + args, ranks=max(ranks, 1),
                           mpi=ranks > 0)
                  for name, args, ranks in plan.io_strategy.split_tasks(plan)]
-        return {"split": split, "analyze": self.analyze_tasks(plan, plan_args),
-                "reduce": [TaskSpec("reduce", "trajflow.tasks.reduce", plan_args)]}
+        analyze = self.analyze_tasks(plan, plan_args)
+        return {"split": split, "analyze": analyze,
+                "reduce": self.reduce_tasks(plan, plan_args, analyze)}
+
+    def reduce_tasks(self, plan, plan_args, analyze: List[TaskSpec]) -> List[TaskSpec]:
+        """The reduce stage's tasks, after `analyze` (the analyze tasks that run)."""
+        return [TaskSpec("reduce", "trajflow.tasks.reduce", plan_args)]
 
     def analyze_tasks(self, plan, plan_args) -> List[TaskSpec]:
         return [TaskSpec(f"analyze.b{b:05d}", "trajflow.tasks.analyze",
@@ -80,6 +86,7 @@ class MpiMode(ExecutionMode):
     name = "mpi"
     help = "one analyze task with one rank per block"
     collective = True
+    publishes = True  # its analyze task publishes result.h5 (tasks/reduce.py's publish)
 
     def workers(self, plan) -> int:
         return plan.analyze_ranks
@@ -96,6 +103,12 @@ class MpiMode(ExecutionMode):
     def analyze_tasks(self, plan, plan_args) -> List[TaskSpec]:
         return [TaskSpec("analyze", "trajflow.tasks.analyze", plan_args,
                          ranks=plan.analyze_ranks, mpi=True)]
+
+    def reduce_tasks(self, plan, plan_args, analyze):
+        """None after an analyze task: its gather's root publishes result.h5 itself (no
+        reduce process, no stage hand-off); the reduce task where only that is left (a
+        resumed run whose gathered part is whole)."""
+        return [] if analyze else super().reduce_tasks(plan, plan_args, analyze)
 
     def split_tasks_per_block(self, plan):
         return [("split", ["--mpi"], plan.analyze_ranks)]  # ranks stride over the blocks

@@ -141,14 +141,18 @@ def write_result(tmp, plan, arrays, analysis_attrs, results=None):
             f.attrs[key] = value
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m trajflow.tasks.reduce",
-                                description="Join the analyze parts into result.h5 (runs inside the pilot).")
-    p.add_argument("--plan", required=True, help="the run's plan.json")
-    args = p.parse_args(argv)
-    plan = RunPlan.load(decode_path_arg(args.plan))
+def publish(plan, within_task=None, rank=0):
+    """Join the parts, publish result.h5, remove the parts; the task's exit code.
+
+    The reduce task's whole work, and the MPI analyze task's last (its gather's root
+    publishes what it has just written: no reduce process, no stage hand-off, 0.3 s
+    of a small run). `within_task`: the task it runs in, whose RADICAL launch it is
+    not (its record says so, and has no launch of its own), `rank` that task's rank."""
     mark_started(plan.workdir, "reduce")
-    timer = RankTimer("reduce")
+    timer = RankTimer("reduce", rank=rank,
+                      **({"within_task": within_task} if within_task else {}))
+    if within_task:
+        timer.radical_task = None
     try:
         with timer.phase("io"):
             arrays, attrs = join_parts(plan)
@@ -174,6 +178,14 @@ def main(argv=None):
     remove_parts(plan)
     faults.linger_after_publish()
     return 0
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m trajflow.tasks.reduce",
+                                description="Join the analyze parts into result.h5 (runs inside the pilot).")
+    p.add_argument("--plan", required=True, help="the run's plan.json")
+    args = p.parse_args(argv)
+    return publish(RunPlan.load(decode_path_arg(args.plan)))
 
 
 if __name__ == "__main__":

@@ -107,6 +107,9 @@ class RankTimer:
         self._frames_written = 0
         self._runqueue_wait0 = runqueue_wait_s()
         self.neighbours = neighbours
+        # the RADICAL task this record is of (None: a part of another task's process,
+        # e.g. the reduce an MPI analyze's root does, with no launch of its own)
+        self.radical_task = os.environ.get("RP_TASK_ID")
         if setup_marks:  # [(what was done, when)] from the task's main(): its set-up so far
             now = time.time()
             self.intervals.append(("setup", self.t_start, now))
@@ -178,7 +181,7 @@ class RankTimer:
     def record(self) -> dict:
         return {"task": self.task, "rank": self.rank, "size": self.size,
                 "host": socket.gethostname(), "pid": os.getpid(),
-                "rp_task_id": os.environ.get("RP_TASK_ID"),
+                "rp_task_id": self.radical_task,
                 "rp_session": os.environ.get("RP_SESSION_ID"),
                 "t_start": self.t_start, "t_stop": self.t_stop, "read_bytes": read_bytes(),
                 "cpus": current_cpus(),

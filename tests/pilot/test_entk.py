@@ -213,7 +213,9 @@ def test_cli_run_exits_zero_and_says_where_things_are(tmp_path, adk, reference_r
     assert pasted.returncode == 0 and "analyze" in pasted.stdout, pasted.stderr
     # progress lines went to stderr: the pilot, every stage, the run's end
     for line in ("pilot requested on local.localhost", "pilot: active",
-                 "analyze submitted: 1 task(s), 2 MPI ranks", "reduce done", "cli run: done"):
+                 "analyze submitted: 1 task(s), 2 MPI ranks",
+                 "analyze done (and reduce: its gather's root published result.h5)",
+                 "cli run: done"):
         assert line in proc.stderr, proc.stderr
     assert "split submitted" not in proc.stderr  # shared io: nothing to prepare
     # a script reopens the CLI's run: the same numbers, the same summary
@@ -237,7 +239,8 @@ def test_a_users_analysis_runs_on_the_pilot_and_equals_serial_mdanalysis(session
     import MDAnalysis as mda
     from trajflow.tasks.results import open_result
     report, plans = session
-    [o] = [o for o in report.outcomes if o.pipeline == "user_rdf" and o.stage == "reduce"]
+    # an MPI run: its analyze task's root concluded the analysis and published result.h5
+    [o] = [o for o in report.outcomes if o.pipeline == "user_rdf" and o.stage == "analyze"]
     assert o.state == "DONE", o.describe()
     sys.path.insert(0, os.path.dirname(FACTORIES))
     import factories

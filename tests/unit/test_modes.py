@@ -30,11 +30,12 @@ def test_a_plan_finds_its_mode_and_the_cli_offers_only_the_selectable_ones(tmp_p
 
 
 @pytest.mark.parametrize("mode,io,expected", [
+    # an MPI analyze's root publishes result.h5 itself: no reduce stage after it
     ("mpi", "shared", {"split": [], "analyze": [("analyze", "analyze", [], 3, True)],
-                       "reduce": [("reduce", "reduce", [], 1, False)]}),
+                       "reduce": []}),
     ("mpi", "split", {"split": [("split", "split", ["--mpi"], 3, True)],
                       "analyze": [("analyze", "analyze", [], 3, True)],
-                      "reduce": [("reduce", "reduce", [], 1, False)]}),
+                      "reduce": []}),
     ("tasks", "split", {"split": [(f"split.b{b:05d}", "split", ["--block", str(b)], 1, False)
                                   for b in range(3)],
                         "analyze": [(f"analyze.b{b:05d}", "analyze", ["--block", str(b)], 1, False)
@@ -72,10 +73,13 @@ def test_a_resume_runs_again_only_the_parts_not_whole(tmp_path):
         fh.write(b"half a part")  # damaged: analysed again
     assert [s.name for s in remaining_specs(t, "x")["analyze"]] == ["analyze.b00000",
                                                                     "analyze.b00002"]
+    assert [s.name for s in remaining_specs(t, "x")["reduce"]] == ["reduce"]
     m = plan(tmp_path / "m", "mpi")
-    assert len(remaining_specs(m, "x")["analyze"]) == 1
+    left = remaining_specs(m, "x")
+    assert len(left["analyze"]) == 1 and left["reduce"] == []  # the analyze task publishes
     parts.write_part(m.gathered_part_path(), arrays, attrs)
-    assert remaining_specs(m, "x")["analyze"] == []
+    left = remaining_specs(m, "x")  # the gathered part whole: only the reduce task is left
+    assert left["analyze"] == [] and [s.module for s in left["reduce"]] == ["trajflow.tasks.reduce"]
     assert m.execution.part_paths(m) == [m.gathered_part_path()]
     assert t.execution.part_paths(t) == [t.block_part_path(b) for b in range(3)]
 

@@ -32,6 +32,19 @@ def test_a_run_behind_others_on_a_held_pilot_has_every_second_named():
                                      "2.0 s hand-over, 3.0 s split")
 
 
+def test_the_reduce_an_mpi_analyze_task_does_at_its_end_is_reduce_time():
+    """The gather's root publishes the result in the analyze task (no RADICAL task of its
+    own): its record's span, inside the analyze task's, is reduce's."""
+    records = [task("t.1", "analyze", 10.0, 10.0, 14.0),
+               {"run": "r", "task": "reduce", "rp_task_id": None, "t_start": 12.5,
+                "t_stop": 13.5, "within_task": "analyze", "radical": {}}]
+    wall = wall_time(records, 9.0, {"handed_at": 9.5, "dispatched_at": 9.5}, ended=14.5)
+    assert wall["parts"] == pytest.approx({
+        "planning": 0.5, "in the pilot's queue": 0.0, "hand-over": 0.5, "analyze": 3.0,
+        "reduce": 1.0, "in the agent's scheduler": 0.0, "between stages": 0.0,
+        COLLECTING: 0.5})
+
+
 def test_a_pilot_started_for_the_run_is_its_own_part():
     records = [task("t.0", "analyze", 80.0, 80.0, 90.0)]
     wall = wall_time(records, 50.0, {"handed_at": 52.0, "dispatched_at": 52.5},

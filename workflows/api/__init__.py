@@ -22,17 +22,11 @@ RADICAL-Pilot) at start-up. (This file is installed as trajflow/__init__.py.)
 """
 import importlib
 import logging
-from importlib.metadata import PackageNotFoundError, version
 
 # a library says nothing unless asked: a script configures logging, or Progress shows
 # trajflow's own lines on stderr where nobody did (trajflow.workflows.run.progress)
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
-
-try:
-    __version__ = version("trajflow")
-except PackageNotFoundError:  # run from a source tree that is not installed
-    __version__ = "unknown"
 
 # public name -> the module that defines it
 _WHERE = {
@@ -57,7 +51,20 @@ _WHERE = {
 __all__ = ["__version__"] + list(_WHERE)
 
 
+def _installed_version():
+    """The installed distribution's version, looked up when first asked: importlib.metadata
+    costs ~30 ms, which every task process (they import trajflow.tasks) paid for nothing."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("trajflow")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown"
+
+
 def __getattr__(name):
+    if name == "__version__":
+        globals()[name] = _installed_version()
+        return globals()[name]
     if name in _WHERE:
         value = getattr(importlib.import_module(_WHERE[name]), name)
         globals()[name] = value

@@ -285,7 +285,8 @@ def bench_user_analysis(workdir, copies=20, rounds=2):
         t0 = time.perf_counter()
         subprocess.run([mpiexec, "-n", "2"] + specs["analyze"][0].argv(sys.executable), check=True,
                        env=env)
-        subprocess.run(specs["reduce"][0].argv(sys.executable), check=True, env=env)
+        for spec in specs["reduce"]:  # none: the MPI analyze's root published result.h5
+            subprocess.run(spec.argv(sys.executable), check=True, env=env)
         wall.append(time.perf_counter() - t0)
         totals = []
         for b in range(2):

@@ -60,7 +60,8 @@ def task_spans(records):
 
 def over_tasks(spans):
     """{part: seconds} from the first task's arrival to the last one's end: a stage's
-    name while a task of it ran (the first stage to start, where two overlap),
+    name while a task of it ran (the last stage to start, where two overlap: the reduce
+    an MPI analyze task's root does at its end is reduce's time, not analyze's),
     in the agent's scheduler while some waited there and none ran, between stages
     otherwise."""
     spans = [(stage if stage not in FIXED_PARTS else f"{stage} (tasks)", a, s, e)
@@ -85,7 +86,7 @@ def over_tasks(spans):
         if length <= 0:
             continue
         busy = [s for s in order if running[s] > 0]
-        part = (min(busy, key=order.get) if busy else
+        part = (max(busy, key=order.get) if busy else
                 WAITING_FOR_CORES if queued > 0 else BETWEEN_STAGES)
         parts[part] += length
     return parts

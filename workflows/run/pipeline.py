@@ -1,4 +1,5 @@
-"""The EnTK pipeline of one run: split -> analyze -> reduce.
+"""The EnTK pipeline of one run: split -> analyze -> reduce (an MPI analyze task's
+gather root reduces itself: no reduce stage follows it).
 
 `stage_specs` (tasks/stages.py) says, in plain data, which task programs run
 with how many ranks; RunPipeline turns that into EnTK objects. Tests run the
@@ -139,7 +140,9 @@ class RunPipeline:
                           f"{stage_name}: {len(failed)} of {len(stage.tasks)} task(s) failed; "
                           + ("running them again" if again else "the run stops here"))
         else:
-            self.on_event(stage_name, "done", f"{stage_name} done")
+            self.on_event(stage_name, "done", f"{stage_name} done" + (
+                " (and reduce: its gather's root published result.h5)"
+                if stage_name == "analyze" and self.plan.execution.publishes else ""))
         if again:
             self._add_stage(stage_name, [by_task_name[t.name] for t in failed])
         elif failed:

@@ -17,6 +17,7 @@ fail with the phase, the layer and what to do, and `--resume` goes on.
     task     a stage submitted -> its first task started  RADICAL agent
     stall    analyze running -> its frames advance        the tasks
     stage    split/reduce running -> ended (unbounded)    the tasks
+             (an MPI analyze task's own reduce too, from its start marker)
 """
 import dataclasses
 import glob
@@ -120,6 +121,7 @@ class _RunWatch:
     stage: str
     clock: object
     marker: object = None  # the stage's start marker's mtime when it was submitted
+    reduce_marker: object = None  # reduce's, for an analyze task that publishes the result
     base: int = 0          # frames done before this attempt (a resumed run's)
     frames: int = 0
     changed: float = 0.0
@@ -185,7 +187,8 @@ class Watchdog:
         if kind == "submitted" and stage:
             self.runs[run] = _RunWatch(plan, stage, _Clock("task", now, what=f"{run}'s {stage} "
                                                                            "stage"),
-                                       marker=_marker_time(plan, stage))
+                                       marker=_marker_time(plan, stage),
+                                       reduce_marker=_marker_time(plan, "reduce"))
         elif stage and run in self.runs and self.runs[run].stage == stage:
             self.runs[run].clock = None  # the stage ended
 
@@ -251,6 +254,10 @@ class Watchdog:
                     watch.base = watch.frames = frames_done(watch.plan)
                     watch.changed = watch.first = now
             elif clock.phase == "stall":
+                if watch.stage == "analyze" and _marker_time(watch.plan, "reduce") != watch.reduce_marker:
+                    # an MPI analyze's root publishes the result: its frames are all done
+                    watch.clock = _Clock("stage", now, what=f"{name}'s reduce (in its analyze task)")
+                    continue
                 done = frames_done(watch.plan)
                 if done != watch.frames:
                     watch.frames, watch.changed = done, now
