@@ -23,7 +23,7 @@ def main(argv):
     if script is None:  # not RADICAL's agent, or another Python's: run as it is
         os.execvp(argv[0], argv)
     keep_inherited_placement()  # the agent's timer slack and CPUs, not a task's
-    use_forked_starts()
+    use_forked_starts(agent=True)
     run_as_main(script, argv[1:])
 
 

@@ -42,12 +42,15 @@ PREIMPORTED = ("multiprocessing", "setproctitle", "radical.utils", "radical.pilo
 # a launcher waits 30 s for its daemon to say it started; past this the starter is hung
 START_TIMEOUT_S = 90.0
 DISABLE_ENV = "TRAJFLOW_FORKED_STARTS"  # "0": every start a new Python, as RADICAL makes it
+AGENT_FLAG = "--agent"  # the starter of a pilot's agent (agent_waits.py)
 
 
 # --- the starter (a process of its own) ------------------------------------------
-def serve(requests=None, replies=None):
+def serve(requests=None, replies=None, agent=False):
     """One request per line (JSON: script, args, cwd, env), one reply per line
-    (rc, out, err), until the input closes. Single-threaded: a fork is safe."""
+    (rc, out, err), until the input closes. Single-threaded: a fork is safe.
+    `agent`: the starter of a pilot's agent, whose components look for work sooner
+    (agent_waits.py)."""
     requests = requests or sys.stdin.buffer
     replies = replies or sys.stdout.buffer
     from trajflow.tasks.placement import keep_inherited_placement
@@ -55,6 +58,9 @@ def serve(requests=None, replies=None):
     import importlib
     for name in PREIMPORTED:
         importlib.import_module(name)
+    if agent:
+        from trajflow.tasks.agent_waits import shorten_agent_waits
+        shorten_agent_waits()
     import setproctitle
     # set up here, while this process' own environment is in place: it finds the
     # memory of argv and environ then, and a fork whose environment has been
@@ -121,11 +127,12 @@ def run_as_main(script, args):
 class ForkedStarts:
     """The starter, seen from the process that asks it for starts."""
 
-    def __init__(self):
+    def __init__(self, agent=False):
         self._lock = threading.Lock()
         self._process = subprocess.Popen(
             # -P: no folder of the caller's on its path (it imports for every start)
-            [sys.executable, "-P", "-m", "trajflow.tasks.component_starter"],
+            [sys.executable, "-P", "-m", "trajflow.tasks.component_starter"]
+            + ([AGENT_FLAG] if agent else []),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
 
     def start(self, script, args, cwd):
@@ -216,9 +223,9 @@ def same_python_script(name):
 _ACTIVE = {}  # pid -> its ForkedStarts (a forked process makes its own)
 
 
-def use_forked_starts():
+def use_forked_starts(agent=False):
     """From now on, RADICAL's bridges and components started by this process (its
-    client's, or the agent's) start by fork from one starter (once per process;
+    client's, or the agent's: `agent`) start by fork from one starter (once per process;
     not where TRAJFLOW_FORKED_STARTS=0 or where RADICAL's ComponentManager is not
     what this expects)."""
     if os.getpid() in _ACTIVE or os.environ.get(DISABLE_ENV) == "0":
@@ -232,10 +239,10 @@ def use_forked_starts():
         ru = ru._ru
     if not callable(getattr(ru, "sh_callout", None)):
         return
-    starts = ForkedStarts()
+    starts = ForkedStarts(agent)
     _ACTIVE[os.getpid()] = starts
     component_manager.ru = _UtilsWithForkedStarts(ru, starts)
 
 
 if __name__ == "__main__":
-    serve()
+    serve(agent=sys.argv[1:] == [AGENT_FLAG])

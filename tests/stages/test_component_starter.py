@@ -208,3 +208,26 @@ def test_radicals_processes_keep_the_timer_slack_of_the_process_holding_the_pilo
                            str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert said.stdout.strip() == "0", said
     assert _wait_for(tmp_path / "s").split()[4] == "10000000"
+
+
+WAITS = """#!{python}
+import radical.pilot.agent.scheduler.base as scheduler
+import radical.pilot.agent.executing.popen as popen
+print(type(scheduler.time).__name__, type(popen.time).__name__)
+"""
+
+
+@pytest.mark.parametrize("agent,expected", [(True, "CappedSleeps CappedSleeps"),
+                                            (False, "module module")])
+def test_only_the_agents_components_look_for_work_sooner(tmp_path, agent, expected):
+    """The agent's starter caps its scheduler's and executor's idle sleeps (agent_waits.py)
+    before it forks them; the client's starter leaves RADICAL's as they are."""
+    script = tmp_path / "radical-pilot-component"
+    script.write_text(WAITS.format(python=sys.executable))
+    script.chmod(0o755)
+    starts = ForkedStarts(agent=agent)
+    try:
+        out, err, rc = starts.start(str(script), [], str(tmp_path))
+    finally:
+        starts.close()
+    assert (rc, out.strip()) == (0, expected), err
