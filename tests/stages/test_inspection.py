@@ -153,6 +153,9 @@ def test_scaling_over_rank_counts(tmp_path, adk):
     report = inspect_runs(runs)
     rows = report["scaling"]
     assert [r["N"] for r in rows] == [1, 2, 3]
+    from trajflow.workflows.profile.report_html import render_body
+    page = render_body(report)  # 6 ranks in all: their phases' distributions are drawn
+    assert 'alt="distributions"' in page and 'alt="scaling"' in page
     one = inspect_runs([runs[1], runs[1]])  # one rank count: no S = N, E = 1 shown
     assert one["scaling"] == [] and "E(N)" not in summary_text(one)
     for row in rows:  # S(N) = t(1) / t(N) of the slowest rank, E(N) = S(N) / N (no speed asserted)
@@ -174,6 +177,8 @@ def test_csv_and_html_are_written(tmp_path, adk):
     assert rows[0].startswith("kind,") and sum(r.startswith("record,") for r in rows) == 4
     page = (tmp_path / "r.html").read_text()
     assert "<img" in page and "Bokeh.embed.embed_items" in page  # static figures, the timeline
+    # 3 tasks: their phases per task, but no box plot of 3 values (it shows no distribution)
+    assert 'alt="phases"' in page and 'alt="distributions"' not in page
     # the wall time, where it went, in the text and the page alike (no outcome: to the
     # last task's end)
     [said] = re.findall(r"wall time of run: ([0-9.]+) s \(", proc.stdout)
