@@ -3,7 +3,8 @@ on a pilot of its own, side by side with MDAnalysis' 2-worker run of the same an
 
 Each number is a median of `repeats`, measured in this one bench run:
   warm_rmsd_s     rmsd of AdK (PSF/DCD, 98 frames) on a held local pilot, from the call
-                  (HeldPilot.submit) to its result;
+                  (HeldPilot.submit) to its result, each sent once the one before had
+                  ended (its report written);
   warm_backend_s  InterRDF of 1,000 of the solvated AdK's water oxygens through
                   MDAnalysis' run(backend=trajflow.Backend(pilot=NAME)), the call;
   mda_workers_s   the same InterRDF with MDAnalysis' backend="multiprocessing",
@@ -112,8 +113,13 @@ def _warm(name, folder, top, dcd, gro, xtc, rmsd_ref, rmsd_args, repeats, equal,
     with held_client.HeldPilot(name, progress=False) as pilot:
         for i in range(repeats):
             t0 = time.time()
-            run = pilot.submit(top, dcd, "rmsd", out=os.path.join(folder, f"warm{i}")).result()
+            future = pilot.submit(top, dcd, "rmsd", out=os.path.join(folder, f"warm{i}"))
+            run = future.result()
             got = time.time()
+            # each on a quiet pilot: the holder draws a run's report.html after its result
+            # (0.2-0.3 s of CPU), which the next run's tasks would otherwise share the
+            # cores with (ten_runs_s measures runs that overlap)
+            future.followed.join(120)
             warm.append(got - t0)
             breakdowns.append(breakdown(run.path, t0, got))
             equal[f"warm_rmsd_{i}"] = bool(np.allclose(run.results.rmsd, rmsd_ref, rtol=1e-5,
