@@ -1,24 +1,29 @@
-"""A pilot's agent looks for work sooner: its scheduler and executor wait at most
-AGENT_IDLE_S between looks when idle, instead of RADICAL-Pilot's fixed 0.1 s and 0.05 s.
+"""A pilot's agent looks for work sooner: its scheduler waits at most AGENT_IDLE_S
+between looks when idle, instead of RADICAL-Pilot's fixed 0.1 s.
 
 RADICAL-Pilot 1.103's agent scheduler sleeps 0.1 s whenever a pass of its loop found
-nothing to do (`radical/pilot/agent/scheduler/base.py`, "FIXME: configurable"), and its
-Popen executor's watcher 0.05 s: a task sent to an idle pilot waited 0.05-0.1 s to be
-given cores, and its end was seen up to 0.05 s late, in a warm run of 0.7-0.8 s. Both
-modules call `time.sleep`; each is given a `time` whose sleep is capped, and nothing
-else of theirs changes. Applied in the agent's component starter
-(component_starter.py, started by agent_start.py) before any component is forked, so
-only the agent's own processes look sooner: the client's, and any other Python's, are
-as RADICAL makes them.
+nothing to do (`radical/pilot/agent/scheduler/base.py`, "FIXME: configurable"): a task
+sent to an idle pilot waited 0.02-0.13 s to be given cores, in a warm run of 0.7-0.8 s.
+The module calls `time.sleep`; it is given a `time` whose sleep is capped, and nothing
+else of it changes. Applied in the agent's component starter (component_starter.py,
+started by agent_start.py) before any component is forked, so only the agent's own
+processes look sooner: the client's, and any other Python's, are as RADICAL makes them.
+
+Only modules the starter has imported already are capped, never one imported for this:
+the Popen executor's watcher also sleeps (0.05 s), but importing its module installs
+RADICAL's SIGTERM and SIGINT handlers (they end the executor's tasks and not the
+process), which every bridge and component forked from the starter would inherit.
 """
 import logging
+import sys
 import time
 
 log = logging.getLogger(__name__)
 
 AGENT_IDLE_S = 0.01
-# the modules whose idle sleeps are capped (their only sleeps in 1.103)
-IDLE_WAITS = ("radical.pilot.agent.scheduler.base", "radical.pilot.agent.executing.popen")
+# the modules whose idle sleeps are capped (in 1.103 the scheduler's only sleep; imported
+# with radical.pilot, as the starter imports it)
+IDLE_WAITS = ("radical.pilot.agent.scheduler.base",)
 
 
 class CappedSleeps:
@@ -36,15 +41,14 @@ class CappedSleeps:
 
 def shorten_agent_waits(longest=AGENT_IDLE_S, modules=IDLE_WAITS):
     """Cap the sleeps of `modules` (their names) that use the `time` module; the names
-    of those capped (one missing, or whose `time` is something else, is left alone)."""
-    import importlib
+    of those capped (one not imported, or whose `time` is something else, is left
+    alone and said in the log)."""
     capped = []
     for name in modules:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        if getattr(module, "time", None) is time:
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "time", None) is time:
             module.time = CappedSleeps(longest)
             capped.append(name)
+        else:
+            log.debug("%s is not imported or has no time module of its own: not capped", name)
     return capped

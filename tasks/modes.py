@@ -129,11 +129,15 @@ class BackendMode(ExecutionMode):
         from .backend_part import part_path
         return [part_path(plan, b) for b in range(plan.n_blocks)]
 
+    module = "trajflow.tasks.backend_part"
+
     def stage_specs(self, plan, plan_args):
-        module = "trajflow.tasks.backend_part"
-        return {"analyze": [TaskSpec(f"analyze.b{b:05d}", module, plan_args + ["--part", str(b)])
-                            for b in range(plan.n_blocks)],
-                "reduce": [TaskSpec("reduce", module, plan_args + ["--collect"])]}
+        analyze = [TaskSpec(f"analyze.b{b:05d}", self.module, plan_args + ["--part", str(b)])
+                   for b in range(plan.n_blocks)]
+        return {"analyze": analyze, "reduce": self.reduce_tasks(plan, plan_args, analyze)}
+
+    def reduce_tasks(self, plan, plan_args, analyze):
+        return [TaskSpec("reduce", self.module, plan_args + ["--collect"])]
 
     def remaining_analyze(self, plan, tasks):
         return tasks  # pickled parts are not checked on a resume: computed again

@@ -109,3 +109,35 @@ def test_a_damaged_part_is_named_by_reduce_and_analysed_again_on_resume(tmp_path
     from MDAnalysis.analysis import rms
     ref = rms.RMSD(mda.Universe(*adk), select="name CA").run().results.rmsd
     np.testing.assert_allclose(open_result(plan.workdir)["rmsd"], ref, atol=1e-4)
+
+
+def test_an_mpi_analyze_publishes_its_result_and_a_resume_after_its_publish_reduces_alone(
+        tmp_path, adk):
+    """An MPI run has no reduce task: its analyze task's gather root publishes result.h5.
+    Where that publish failed, the gathered part is kept whole, and a resume runs the
+    reduce task alone; the analyze task launched again (EnTK's retry, a benchmark's next
+    launch) analyses again and publishes the same result."""
+    import MDAnalysis as mda
+    from MDAnalysis.analysis import rms
+    from trajflow.tasks.results import open_result
+    reference = rms.RMSD(mda.Universe(*adk), select="name CA").run().results.rmsd
+    plan = make_plan(adk[0], [adk[1]], "rmsd", str(tmp_path / "run"), mode="mpi", blocks=2,
+                     cpus=2)
+    path = write_plan(plan)
+    specs = stage_specs(plan, path)
+    assert specs["reduce"] == [] and len(specs["analyze"]) == 1
+    os.makedirs(plan.result_path())  # the publish cannot rename onto a folder: it fails
+    failed = run_spec(specs["analyze"][0])
+    assert failed.returncode != 0 and os.path.isdir(plan.result_path())
+    assert os.path.exists(plan.gathered_part_path())  # whole, kept for the resume
+    os.rmdir(plan.result_path())
+    plan.lock.release()
+    todo = remaining_specs(plan_for_resume(plan.workdir), path)
+    assert todo["analyze"] == [] and [s.module for s in todo["reduce"]] == ["trajflow.tasks.reduce"]
+    assert run_spec(todo["reduce"][0]).returncode == 0
+    np.testing.assert_allclose(open_result(plan.workdir)["rmsd"], reference, atol=1e-4)
+    assert not os.path.exists(plan.gathered_part_path())  # the result is its one copy
+    again = run_spec(specs["analyze"][0])
+    assert again.returncode == 0, again.stdout[-1500:] + again.stderr[-3000:]
+    np.testing.assert_allclose(open_result(plan.workdir)["rmsd"], reference, atol=1e-4)
+    assert not os.path.exists(plan.gathered_part_path())

@@ -166,22 +166,24 @@ def test_analyze_fails_when_its_frames_stop_advancing_and_names_the_quiet_block(
     assert "waiting on: the tasks" in failure
 
 
-def test_an_analyze_task_publishing_the_result_is_not_a_stall(tmp_path):
-    """An MPI analyze's root reduces at its end, reporting no frames: from reduce's
-    marker on, its stage is watched as a running reduce (unbounded unless asked)."""
+def test_an_analyze_task_publishing_the_result_restarts_its_stall_bound(tmp_path):
+    """An MPI analyze's root reduces at its end, reporting no frames: reduce's start
+    marker is a sign of life that restarts the stall bound, which still ends a stage
+    whose end is never reported."""
     plan, dog, t0 = analyze_started(tmp_path)
     dog.check(now=t0)
     write_progress(plan.progress_path(0), 100)  # every frame done: the frames stop here
     assert dog.check(now=t0 + 1) is None
-    mark_started(plan.workdir, "reduce")  # the root begins to publish
-    assert dog.check(now=t0 + 2) is None
-    assert dog.check(now=t0 + 700) is None  # past the stall bound (100 s): not failed
-    assert dog.check(now=t0 + 2 + 10 ** 4) is None
-    # without the reduce's start the same silence is a stall
+    mark_started(plan.workdir, "reduce")  # the root begins to publish, 80 s later
+    assert dog.check(now=t0 + 80) is None
+    assert dog.check(now=t0 + 150) is None  # past the stall bound (100 s) from the frames
+    failure = dog.check(now=t0 + 181)  # ... not from the reduce's start
+    assert failure and "not reported the stage's end for 101 s" in failure, failure
+    # without the reduce's start the same silence fails at the bound from the frames
     other, dog2, t1 = analyze_started(tmp_path / "other")
     dog2.check(now=t1)
     write_progress(other.progress_path(0), 100)
-    assert dog2.check(now=t1 + 1) is None and dog2.check(now=t1 + 700) is not None
+    assert dog2.check(now=t1 + 1) is None and dog2.check(now=t1 + 150) is not None
 
 
 def test_a_slow_analysis_gets_a_stall_bound_from_its_own_time_per_frame(tmp_path):

@@ -17,7 +17,7 @@ fail with the phase, the layer and what to do, and `--resume` goes on.
     task     a stage submitted -> its first task started  RADICAL agent
     stall    analyze running -> its frames advance        the tasks
     stage    split/reduce running -> ended (unbounded)    the tasks
-             (an MPI analyze task's own reduce too, from its start marker)
+    (an MPI analyze task's own reduce restarts its stall clock: reduce's start marker)
 """
 import dataclasses
 import glob
@@ -254,9 +254,15 @@ class Watchdog:
                     watch.base = watch.frames = frames_done(watch.plan)
                     watch.changed = watch.first = now
             elif clock.phase == "stall":
-                if watch.stage == "analyze" and _marker_time(watch.plan, "reduce") != watch.reduce_marker:
-                    # an MPI analyze's root publishes the result: its frames are all done
-                    watch.clock = _Clock("stage", now, what=f"{name}'s reduce (in its analyze task)")
+                reduce_marker = _marker_time(watch.plan, "reduce")
+                if watch.stage == "analyze" and reduce_marker != watch.reduce_marker:
+                    # an MPI analyze's root has begun to publish the result, its frames
+                    # all done: a sign of life, as frames are (the stall bound runs
+                    # again from here: a reduce is as quick as the gather before it, and
+                    # a stage whose end RADICAL never reports still fails at it)
+                    watch.reduce_marker = reduce_marker
+                    clock.since, clock.said = now, 0
+                    self.activity(now)
                     continue
                 done = frames_done(watch.plan)
                 if done != watch.frames:
