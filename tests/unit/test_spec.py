@@ -210,3 +210,20 @@ def test_a_lambda_is_named_by_where_it_is_written():
     analysis = lambda u: factory(u)  # noqa: E731  a script's usual one-liner
     assert callable_name(analysis) == f"lambda at test_spec.py:{here + 3}"
     assert callable_name(factory).endswith("<locals>.factory")
+
+
+def test_only_a_run_sent_to_a_held_pilot_here_leaves_radical_unloaded():
+    """`trajflow run --pilot NAME` talks to the holder only: RADICAL's utilities are not
+    imported for it (0.1 s); every other command imports them before logging is set up."""
+    from trajflow.workflows.cli.main import runs_radical_here
+    parser = build_parser()
+    run = ["run", "--topology", "a.psf", "--trajectory", "a.dcd", "--analysis", "rmsd"]
+    assert not runs_radical_here(parser.parse_args(run + ["--pilot", "held"]))
+    assert runs_radical_here(parser.parse_args(run))
+    assert runs_radical_here(parser.parse_args(run + ["--pilot", "held", "--remote", "host"]))
+    assert runs_radical_here(parser.parse_args(["pilot", "list"]))
+    probe = ("import sys; from trajflow.workflows.cli.main import main; "
+             "main(sys.argv[1:]); print('radical.utils' in sys.modules)")
+    said = subprocess.run([sys.executable, "-c", probe, "resources"], capture_output=True,
+                          text=True, timeout=120)
+    assert said.stdout.strip().splitlines()[-1] == "True", said.stderr
