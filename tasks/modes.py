@@ -31,7 +31,8 @@ class ExecutionMode:
     help = ""
     collective = False  # one MPI task whose ranks share the frames and gather the result
     selectable = True   # a `--mode` choice (an MDAnalysis run() is chosen by Backend)
-    publishes = False   # its analyze stage publishes result.h5 (no reduce stage after it)
+    publishes = False   # its analyze stage publishes the result (no reduce stage after it)
+    published_by = ""   # who does, as the run's progress says it
 
     def workers(self, plan) -> int:
         """The analyze stage's N as scaling counts it: its MPI ranks, or its tasks."""
@@ -87,6 +88,7 @@ class MpiMode(ExecutionMode):
     help = "one analyze task with one rank per block"
     collective = True
     publishes = True  # its analyze task publishes result.h5 (tasks/reduce.py's publish)
+    published_by = "its gather's root published result.h5"
 
     def workers(self, plan) -> int:
         return plan.analyze_ranks
@@ -120,10 +122,13 @@ class MpiMode(ExecutionMode):
 
 class BackendMode(ExecutionMode):
     """An MDAnalysis run() through trajflow.Backend: its parts are MDAnalysis' own
-    computation groups (tasks/backend_part.py), pickled, then collected in order."""
+    computation groups (tasks/backend_part.py), pickled, then collected in order by
+    the part task that finds every part written (no reduce stage after them)."""
     name = "backend"
     help = "MDAnalysis' computation groups, one task each (trajflow.Backend)"
     selectable = False
+    publishes = True
+    published_by = "the part task that found every part written collected them"
 
     def part_paths(self, plan) -> List[str]:
         from .backend_part import part_path
@@ -137,7 +142,9 @@ class BackendMode(ExecutionMode):
         return {"analyze": analyze, "reduce": self.reduce_tasks(plan, plan_args, analyze)}
 
     def reduce_tasks(self, plan, plan_args, analyze):
-        return [TaskSpec("reduce", self.module, plan_args + ["--collect"])]
+        """None after part tasks (the last to end collects); the collect task alone where
+        only that is left."""
+        return [] if analyze else [TaskSpec("reduce", self.module, plan_args + ["--collect"])]
 
     def remaining_analyze(self, plan, tasks):
         return tasks  # pickled parts are not checked on a resume: computed again

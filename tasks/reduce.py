@@ -149,10 +149,7 @@ def publish(plan, within_task=None, rank=0):
     of a small run). `within_task`: the task it runs in, whose RADICAL launch it is
     not (its record says so, and has no launch of its own), `rank` that task's rank."""
     mark_started(plan.workdir, "reduce")
-    timer = RankTimer("reduce", rank=rank,
-                      **({"within_task": within_task} if within_task else {}))
-    if within_task:
-        timer.radical_task = None
+    timer = RankTimer("reduce", rank=rank, within_task=within_task)
     try:
         with timer.phase("io"):
             arrays, attrs = join_parts(plan)

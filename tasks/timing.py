@@ -89,9 +89,11 @@ class RankTimer:
     """
 
     def __init__(self, task: str, rank: int = 0, size: int = 1, progress_path=None,
-                 setup_marks=None, neighbours=None, **info):
+                 setup_marks=None, neighbours=None, within_task=None, **info):
         """`neighbours`: a CpuNeighbours started with the record (the node's first rank's):
-        what the node's other processes used meanwhile goes in the record."""
+        what the node's other processes used meanwhile goes in the record. `within_task`:
+        the task whose process this part of the run is done in (e.g. the reduce an MPI
+        analyze's root does): not that RADICAL task's record, and no launch of its own."""
         self.task = task
         self.rank = rank
         self.size = size
@@ -107,9 +109,10 @@ class RankTimer:
         self._frames_written = 0
         self._runqueue_wait0 = runqueue_wait_s()
         self.neighbours = neighbours
-        # the RADICAL task this record is of (None: a part of another task's process,
-        # e.g. the reduce an MPI analyze's root does, with no launch of its own)
-        self.radical_task = os.environ.get("RP_TASK_ID")
+        # the RADICAL task this record is of (None: a part of another task's process)
+        self.radical_task = None if within_task else os.environ.get("RP_TASK_ID")
+        if within_task:
+            self.info["within_task"] = within_task
         if setup_marks:  # [(what was done, when)] from the task's main(): its set-up so far
             now = time.time()
             self.intervals.append(("setup", self.t_start, now))

@@ -140,9 +140,10 @@ class RunPipeline:
                           f"{stage_name}: {len(failed)} of {len(stage.tasks)} task(s) failed; "
                           + ("running them again" if again else "the run stops here"))
         else:
+            execution = self.plan.execution
             self.on_event(stage_name, "done", f"{stage_name} done" + (
-                " (and reduce: its gather's root published result.h5)"
-                if stage_name == "analyze" and self.plan.execution.publishes else ""))
+                f" (and reduce: {execution.published_by})"
+                if stage_name == "analyze" and execution.publishes else ""))
         if again:
             self._add_stage(stage_name, [by_task_name[t.name] for t in failed])
         elif failed:
