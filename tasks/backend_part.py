@@ -105,9 +105,17 @@ def _whole_pickle(data):
 
 def read_pieces(path):
     """The parts a collect put in results.pickle, in order (each unpickled: only for a
-    run whose writer is trusted)."""
+    run whose writer is trusted; a folder of trajflow before 0.19 holds them unpickled
+    already). Each part's bytes are let go once it is unpickled: the peak stays near one
+    copy of the results."""
     with open(path, "rb") as fh:
-        return [pickle.loads(piece) for piece in pickle.load(fh)]
+        raw = pickle.load(fh)
+    raw.reverse()
+    pieces = []
+    while raw:
+        piece = raw.pop()
+        pieces.append(pickle.loads(piece) if isinstance(piece, bytes) else piece)
+    return pieces
 
 
 def concluded(plan):

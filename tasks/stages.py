@@ -17,6 +17,12 @@ def stage_specs(plan: RunPlan, plan_path: str) -> Dict[str, List[TaskSpec]]:
     return plan.execution.stage_specs(plan, _plan_args(plan_path))
 
 
+def publish_specs(plan: RunPlan, plan_path: str) -> List[TaskSpec]:
+    """The task that publishes the result where an analyze stage that should have (an
+    MPI root's, a Backend part's) ended whole without it: the reduce (collect) task."""
+    return plan.execution.reduce_tasks(plan, _plan_args(plan_path), [])
+
+
 def remaining_specs(plan: RunPlan, plan_path: str) -> Dict[str, List[TaskSpec]]:
     """The task specs of an interrupted run that still have work to do: split
     tasks whose output is missing, analyze tasks whose part is missing or damaged, and

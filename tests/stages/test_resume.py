@@ -141,3 +141,38 @@ def test_an_mpi_analyze_publishes_its_result_and_a_resume_after_its_publish_redu
     assert again.returncode == 0, again.stdout[-1500:] + again.stderr[-3000:]
     np.testing.assert_allclose(open_result(plan.workdir)["rmsd"], reference, atol=1e-4)
     assert not os.path.exists(plan.gathered_part_path())
+
+
+def test_an_analyze_stage_that_should_have_published_and_did_not_is_followed_by_reduce(
+        tmp_path, adk):
+    """An MPI root and a Backend's last part publish the result in the analyze stage;
+    where that stage ended whole without it (a part seen late through a file server's
+    cache), the reduce task publishes it; where it is there, nothing follows; a cancelled
+    run adds nothing."""
+    import types
+    from trajflow.workflows.run.pipeline import RunPipeline
+    plan = make_plan(adk[0], [adk[1]], "rmsd", str(tmp_path / "run"), mode="mpi", blocks=2,
+                     cpus=2)
+    path = write_plan(plan)
+    whole = types.SimpleNamespace(tasks=[types.SimpleNamespace(state="DONE", name="analyze")])
+
+    def after_analyze(cancelled=None):
+        events = []
+        run = RunPipeline(plan, path, sys.executable, "r",
+                          on_event=lambda stage, kind, text: events.append(text))
+        run.cancelled = cancelled
+        run._after("analyze", whole, {})
+        return [stage.name for stage in run.pipeline.stages], run, events
+
+    stages, run, events = after_analyze()
+    assert stages == ["analyze.attempt1", "reduce.attempt1"], stages
+    [task] = run.pipeline.stages[-1].tasks
+    assert task.arguments[:2] == ["-m", "trajflow.tasks.reduce"]
+    assert events[-2:] == ["analyze done", "reduce submitted: 1 task(s)"]
+    assert after_analyze("stopped by the user")[0] == ["analyze.attempt1"]
+    with open(plan.result_path(), "wb"):
+        pass  # published
+    stages, _, events = after_analyze()
+    assert stages == ["analyze.attempt1"]
+    assert events[-1] == "analyze done (and reduce: its gather's root published result.h5)"
+    plan.lock.release()

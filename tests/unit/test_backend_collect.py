@@ -56,3 +56,12 @@ def test_a_part_that_is_not_a_whole_pickle_fails_the_collect(tmp_path):
         backend_part.collect(plan)
     assert not os.path.exists(plan.result_path())
     assert not backend_part._whole_pickle(b"") and backend_part._whole_pickle(b"N.")
+
+
+def test_a_result_collected_before_0_19_still_reads(tmp_path):
+    """Before 0.19 results.pickle held the parts unpickled: read as they are."""
+    path = tmp_path / "results.pickle"
+    old = [types.SimpleNamespace(frames=np.arange(2)), types.SimpleNamespace(frames=np.arange(2, 4))]
+    backend_part._write_pickle(str(path), old)
+    pieces = backend_part.read_pieces(str(path))
+    np.testing.assert_array_equal(np.hstack([p.frames for p in pieces]), np.arange(4))

@@ -22,6 +22,7 @@ SLURM) that runs `job`: the run's client inside the job, its pilot started in
 that job's allocation through RADICAL's "batch" access schema. client.json
 then names the job, which `status` and `cancel` ask its batch system (batch.py) about.
 """
+import radical.utils  # noqa: F401  radical before logging, or fork() may deadlock (its own warning)
 import argparse
 import dataclasses
 import functools

@@ -12,8 +12,8 @@ backend its own `_compute` to apply to each. trajflow writes that function
 (cloudpickle: the analysis and its Universe, which re-opens its files by
 name, so they must be where the pilot's tasks can read them) and the groups
 into a new RUNDIR, runs one single-core task per group on the pilot (each
-timed per rank like every trajflow analyze task) and a collect task, and
-gives MDAnalysis back the groups' frames, times and results; MDAnalysis
+timed per rank like every trajflow analyze task; the one that finds every part
+written collects them), and gives MDAnalysis back the groups' frames, times and results; MDAnalysis
 merges them with the class' aggregator and concludes. The RUNDIR stays:
 `backend.last_run.profile` (or `trajflow inspect RUNDIR`) shows each part's
 io and compute and the stragglers.

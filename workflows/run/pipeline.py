@@ -1,5 +1,6 @@
 """The EnTK pipeline of one run: split -> analyze -> reduce (an MPI analyze task's
-gather root reduces itself: no reduce stage follows it).
+gather root reduces itself, and a Backend run's last part task collects: no reduce
+stage follows them unless their analyze stage ended whole without the result).
 
 `stage_specs` (tasks/stages.py) says, in plain data, which task programs run
 with how many ranks; RunPipeline turns that into EnTK objects. Tests run the
@@ -15,7 +16,7 @@ from trajflow.tasks.exit_codes import NOT_RETRIED
 from trajflow.tasks.launch_env import MPI_INIT_FIRST
 from trajflow.tasks.plan import RunPlan
 from trajflow.tasks.rundir import CLAIMS
-from trajflow.tasks.stages import stage_specs, TaskSpec
+from trajflow.tasks.stages import publish_specs, stage_specs, TaskSpec
 from trajflow.workflows.run.outcomes import exit_code_of
 
 
@@ -62,6 +63,7 @@ class RunPipeline:
         self.name = name
         self.python = python
         self.retries = retries
+        self.plan_path = plan_path
         self.specs = specs if specs is not None else stage_specs(plan, plan_path)
         self.env = {**task_environment(), **(env or {})}
         self.attempts = {}       # stage name -> attempts so far
@@ -140,13 +142,26 @@ class RunPipeline:
                           f"{stage_name}: {len(failed)} of {len(stage.tasks)} task(s) failed; "
                           + ("running them again" if again else "the run stops here"))
         else:
-            execution = self.plan.execution
             self.on_event(stage_name, "done", f"{stage_name} done" + (
-                f" (and reduce: {execution.published_by})"
-                if stage_name == "analyze" and execution.publishes else ""))
+                f" (and reduce: {self.plan.execution.published_by})"
+                if self._published_in(stage_name) else ""))
         if again:
             self._add_stage(stage_name, [by_task_name[t.name] for t in failed])
         elif failed:
             self.stopped_at = stage_name
+        elif self._left_unpublished(stage_name) and not self.cancelled:
+            # its tasks ended whole and none published (a Backend part that saw another's
+            # part late: a file server's cached lookup): the reduce task publishes
+            self._add_stage("reduce", publish_specs(self.plan, self.plan_path))
         else:
             self._add_next(stage_name)
+
+    def _published_in(self, stage_name):
+        """Whether this stage's tasks have published the run's result (MPI's gather root,
+        Backend's last part)."""
+        return (stage_name == "analyze" and self.plan.execution.publishes
+                and os.path.isfile(self.plan.result_path()))
+
+    def _left_unpublished(self, stage_name):
+        return (stage_name == "analyze" and self.plan.execution.publishes
+                and not self._published_in(stage_name))
