@@ -72,6 +72,7 @@ def run_part(plan, part):
 def collect(plan, within_task=None):
     """results.pickle from the parts (see the module's docstring); `within_task`: done
     by a part task, which found every part written."""
+    mark_started(plan.workdir, "reduce")
     timer = RankTimer("reduce", within_task=within_task)
     with timer.phase("io"):
         missing = [p for p in range(plan.n_blocks) if not os.path.exists(part_path(plan, p))]
@@ -145,10 +146,10 @@ def main(argv=None):
     group.add_argument("--collect", action="store_true", help="gather the parts, in order")
     args = p.parse_args(argv)
     plan = RunPlan.load(decode_path_arg(args.plan))
-    mark_started(plan.workdir, "reduce" if args.collect else "analyze")
     if args.collect:
         collect(plan)
         return 0
+    mark_started(plan.workdir, "analyze")
     try:
         run_part(plan, args.part)
     except mda_analyses.AnalysisRaised as exc:  # not retried: it would raise again
@@ -158,7 +159,6 @@ def main(argv=None):
         # every part is there (this one written last, or at the same time as another,
         # which collects too: the same bytes, published by rename): collect them here,
         # with no reduce task to start and no stage hand-off (0.3-0.5 s of a small run)
-        mark_started(plan.workdir, "reduce")
         collect(plan, within_task="analyze")
     return 0
 

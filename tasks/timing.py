@@ -208,8 +208,8 @@ class RankTimer:
     def _to_radical_profile(self):
         """Append `app_<phase>_start/stop` events, rank in the message, to $RP_PROF_TGT."""
         target = os.environ.get("RP_PROF_TGT")
-        if not target or self.radical_task is None:  # (a part of another task's process:
-            return  # its events are not that task's)
+        if not target or "within_task" in self.info:  # (a part of another task's
+            return  # process: its events are not that task's)
         uid = os.environ.get("RP_TASK_ID", self.task)
         lines = [f"{self.t_start:.6f},app_start,trajflow,MainThread,{uid},AGENT_EXECUTING,rank={self.rank}\n"]
         for name, t0, t1 in self.intervals:
