@@ -7,23 +7,31 @@ where the pilot runs in this virtualenv) sets LAUNCHER to this module, which
 turns forked starts on and runs the agent's own script in this process (runpy:
 the agent's pid is the one the bootstrapper watches, its name is `rp.agent.0`).
 The agent's 12 bridges and 4 components then start in ~0.1-0.3 s each instead of
-0.25-0.5 s. Anything else it is asked to launch is exec'd as it is.
+0.25-0.5 s. Beside it runs the server of the pilot's single-core tasks
+(tasks/task_server.py), unless `--no-task-server` comes first. Anything else it is
+asked to launch is exec'd as it is.
 """
 import os
 import sys
 
 from trajflow.tasks.component_starter import run_as_main, same_python_script, use_forked_starts
 from trajflow.tasks.placement import keep_inherited_placement
+from trajflow.tasks.task_server import start_beside_agent
 
 AGENT = "radical-pilot-agent_0"
+NO_TASK_SERVER = "--no-task-server"
 
 
 def main(argv):
+    task_server = argv[:1] != [NO_TASK_SERVER]
+    argv = argv if task_server else argv[1:]
     script = same_python_script(AGENT) if argv[:1] == [AGENT] else None
     if script is None:  # not RADICAL's agent, or another Python's: run as it is
         os.execvp(argv[0], argv)
     keep_inherited_placement()  # the agent's timer slack and CPUs, not a task's
     use_forked_starts(agent=True)
+    if task_server:
+        start_beside_agent()
     run_as_main(script, argv[1:])
 
 

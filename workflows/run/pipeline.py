@@ -17,6 +17,9 @@ from trajflow.tasks.launch_env import MPI_INIT_FIRST
 from trajflow.tasks.plan import RunPlan
 from trajflow.tasks.rundir import CLAIMS
 from trajflow.tasks.stages import publish_specs, stage_specs, TaskSpec
+from trajflow.tasks.task_server import SERVED
+
+TASK_SERVER_MODULE = "trajflow.tasks.task_server"
 from trajflow.workflows.run.outcomes import exit_code_of
 
 
@@ -37,6 +40,27 @@ def entk_name(text: str) -> str:
     return "".join(c if c.isascii() and (c.isalnum() or c == ".") else "." for c in text) or "run"
 
 
+class TaskCommand:
+    """How the pilot starts a task program: a new Python of its own."""
+
+    def __init__(self, python: str):
+        self.python = python
+
+    def arguments(self, spec: TaskSpec):
+        return ["-m", spec.module] + spec.args
+
+
+class ServedTaskCommand(TaskCommand):
+    """Single-core task programs through the task server beside the pilot's agent
+    (tasks/task_server.py: a fork of a Python that has their libraries imported; the
+    task is its own Python where no server serves it); MPI ranks each a new Python."""
+
+    def arguments(self, spec: TaskSpec):
+        if spec.mpi or spec.module not in SERVED:
+            return super().arguments(spec)
+        return ["-m", TASK_SERVER_MODULE, "run", spec.module] + spec.args
+
+
 class RunPipeline:
     """One run's EnTK Pipeline, grown a stage at a time.
 
@@ -50,9 +74,10 @@ class RunPipeline:
 
     ORDER = ("split", "analyze", "reduce")
 
-    def __init__(self, plan: RunPlan, plan_path: str, python: str, name: str, retries: int = 0,
+    def __init__(self, plan: RunPlan, plan_path: str, command, name: str, retries: int = 0,
                  specs=None, env=None, on_event=None):
-        """`specs`: the stages' task specs (default: all of them; a resumed run
+        """`command`: how tasks start (a TaskCommand, or the Python to run them with);
+        `specs`: the stages' task specs (default: all of them; a resumed run
         passes only what is missing); `env`: extra variables for its tasks;
         `on_event(stage, kind, text)`: told when a stage is handed to EnTK
         (kind "submitted") and when it ends ("done" or "failed")."""
@@ -61,7 +86,7 @@ class RunPipeline:
         import radical.entk as re
         self.re = re
         self.name = name
-        self.python = python
+        self.command = command if isinstance(command, TaskCommand) else TaskCommand(command)
         self.retries = retries
         self.plan_path = plan_path
         self.specs = specs if specs is not None else stage_specs(plan, plan_path)
@@ -112,8 +137,8 @@ class RunPipeline:
     def _task(self, spec: TaskSpec):
         task = self.re.Task()
         task.name = entk_name(spec.name)
-        task.executable = self.python
-        task.arguments = ["-m", spec.module] + spec.args
+        task.executable = self.command.python
+        task.arguments = self.command.arguments(spec)
         task.environment = dict(self.env)
         task.cpu_reqs = {"cpu_processes": spec.ranks,
                          "cpu_process_type": "MPI" if spec.mpi else None,

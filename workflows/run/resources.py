@@ -23,7 +23,9 @@ import sys
 import tempfile
 from importlib import resources as importlib_resources
 
+from trajflow.tasks.agent_start import NO_TASK_SERVER
 from trajflow.tasks.component_starter import DISABLE_ENV as FORKED_STARTS_ENV
+from trajflow.tasks.task_server import DISABLE_ENV as TASK_SERVER_ENV
 from trajflow.tasks.placement import AGENT_CORES_ENV
 from trajflow.workflows.run.batch import BATCH_SYSTEMS
 
@@ -153,9 +155,7 @@ def session_configs(target, resource, cpus, pre_bootstrap=()) -> str:
     cfg = resource_config(resource).as_dict()
     kept = agent_cores(resource)
     pin = [agent_pin_entry(task_python(resource), kept)] if kept else []
-    in_venv = [venv_path_entry(), *agent_start_entry()] \
-        if cfg.get("virtenv_mode") == "local" and task_python(resource) == sys.executable \
-        else []
+    in_venv = [venv_path_entry(), *agent_start_entry()] if _in_this_venv(cfg, resource) else []
     cfg["pre_bootstrap_0"] = (list(cfg.get("pre_bootstrap_0") or []) + in_venv + pin
                               + list(pre_bootstrap))
     if str(cfg.get("resource_manager", "")).upper() == "FORK":
@@ -170,6 +170,17 @@ def session_configs(target, resource, cpus, pre_bootstrap=()) -> str:
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(platforms, fh, indent=2)
     return target
+
+
+def _in_this_venv(cfg, resource) -> bool:
+    return cfg.get("virtenv_mode") == "local" and task_python(resource) == sys.executable
+
+
+def agent_serves_tasks(resource: str) -> bool:
+    """Whether the pilot's agent starts through trajflow.tasks.agent_start with its task
+    server (tasks/task_server.py) beside it."""
+    return bool(_in_this_venv(resource_config(resource).as_dict(), resource)
+                and agent_start_entry()) and os.environ.get(TASK_SERVER_ENV) != "0"
 
 
 def pre_bootstrap_entry(command: str) -> str:
@@ -197,12 +208,14 @@ def agent_start_entry() -> list:
     script that only Cray's ccmrun otherwise sets: kept in front where set), so
     that the agent's bridges and components start by fork. None where this
     Python's path would not survive the bootstrapper's word splitting, or where
-    TRAJFLOW_FORKED_STARTS=0 (the agent does not see the client's environment)."""
+    TRAJFLOW_FORKED_STARTS=0 (the agent does not see the client's environment; nor
+    TRAJFLOW_TASK_SERVER=0, passed on as the starter's `--no-task-server`)."""
     python = sys.executable
     if not re.fullmatch(r"[\w./+-]+", python) or os.environ.get(FORKED_STARTS_ENV) == "0":
         return []
+    flag = f" {NO_TASK_SERVER}" if os.environ.get(TASK_SERVER_ENV) == "0" else ""
     return [pre_bootstrap_entry(
-        f'LAUNCHER="${{LAUNCHER:+$LAUNCHER }}{python} -P -m trajflow.tasks.agent_start"')]
+        f'LAUNCHER="${{LAUNCHER:+$LAUNCHER }}{python} -P -m trajflow.tasks.agent_start{flag}"')]
 
 
 def agent_cores(resource: str) -> tuple:

@@ -35,7 +35,7 @@ from trajflow.workflows.run.outcomes import (collect, failed_for_good, remove_pa
                                              RunReport, write_outcome)
 from trajflow.workflows.run.pilot_start import StartWatch
 from trajflow.tasks.stages import remaining_specs
-from trajflow.workflows.run.pipeline import RunPipeline
+from trajflow.workflows.run.pipeline import RunPipeline, ServedTaskCommand, TaskCommand
 from trajflow.workflows.run.planning import full_disk_note
 from trajflow.workflows.run.rundir_lock import close_inherited
 
@@ -422,7 +422,10 @@ class _Runs:
         self.failed = None     # what ended the receiver thread, if something did
         self.cancels = {}      # run name -> why, of a cancel that came before its run
         self.closing = threading.Event()
-        self.python = resources.task_python(session.pilot["resource"])
+        resource = session.pilot["resource"]
+        python = resources.task_python(resource)
+        self.command = (ServedTaskCommand if resources.agent_serves_tasks(resource)
+                        else TaskCommand)(python)
         self.agent_env = resources.agent_environment(session.pilot["resource"])
 
     # --- the receiver thread -------------------------------------------------
@@ -502,7 +505,7 @@ class _Runs:
             self._finish(batch, r, f"cancelled before it began: {self.cancels.pop(r.name)}")
             self._report_if_done(batch)
             return
-        run = RunPipeline(r.plan, r.plan_path, self.python, r.name, r.retries,
+        run = RunPipeline(r.plan, r.plan_path, self.command, r.name, r.retries,
                           remaining_specs(r.plan, r.plan_path) if r.resume else None,
                           {**self.agent_env, **(r.env or {})}, on_event=self._event(r.name))
         batch.pipelines[r.name] = run
