@@ -119,7 +119,8 @@ class CpuNeighbours:
             return "other"
         if pid in chain:
             return "this run"
-        words = p.cmdline.split(b"\0")
+        words = p.cmdline.replace(b"\0", b" ").split()  # (a task served by the pilot's
+        # task server has its command line as one retitled string)
         if self.ours(p):  # a launcher's words name the rank's module too: not a rank
             return "rank" if RANK_MODULE in words and p.name not in LAUNCHERS else "this run"
         if any(w.startswith(TASK_MODULE) for w in words):

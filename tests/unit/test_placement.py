@@ -124,7 +124,7 @@ def test_a_wait_for_a_cpu_is_answered_by_who_was_measured_to_hold_it():
     assert "not measured" in cpu_wait_note(planted)
 
 
-def spinner(cpu_s, *words, title=None):
+def spinner(cpu_s, *words, title=None, retitled=False):
     """A command: Python spins `cpu_s` of CPU, says so, then sleeps; `words` follow on its
     command line (as a task's: trajflow.tasks.analyze --plan RUNDIR/plan.json); `title`:
     its process name (PR_SET_NAME, as RADICAL's components rename themselves)."""
@@ -133,6 +133,9 @@ def spinner(cpu_s, *words, title=None):
             "print(1, flush=True)\ntime.sleep(30)")
     if title:
         code = f"import ctypes\nctypes.CDLL(None).prctl(15, {title!r}.encode(), 0, 0, 0)\n" + code
+    if retitled:  # as a task forked by the pilot's task server shows its command line
+        code = ("import setproctitle\nsetproctitle.setproctitle("
+                f"{' '.join(['python', '-m', *words])!r})\n") + code
     return [sys.executable, "-c", code, *words]
 
 
@@ -164,18 +167,21 @@ def test_the_first_rank_of_a_node_measures_who_else_ran(tmp_path):
     assert seen["by_kind"]["other"] >= mine[3] and seen["node_cpus"] == os.cpu_count()
 
 
-def test_radicals_renamed_components_and_other_runs_are_named_so(tmp_path):
+@pytest.mark.parametrize("retitled", [False, True])
+def test_radicals_renamed_components_and_other_runs_are_named_so(tmp_path, retitled):
     """RADICAL's components title themselves rp.<uid> (their command line replaced):
     they are RADICAL's; another trajflow run's task is another run's; this run's other
-    rank is counted apart where it has a CPU of its own, its other tasks are this run's."""
+    rank is counted apart where it has a CPU of its own, its other tasks are this run's
+    (also where its command line is one retitled string: a task forked by the pilot's
+    task server)."""
     from trajflow.tasks.cpu_neighbours import CpuNeighbours
     mine = tmp_path / "mine"
     # command lines as a task's (python -m trajflow.tasks.analyze --plan RUNDIR/plan.json)
     as_task = ["trajflow.tasks.analyze", "--plan"]
     seen, procs = measured_beside(CpuNeighbours(str(mine)), [
         spinner(0.2, title="rp.agent_schedu"),
-        spinner(0.2, *as_task, str(tmp_path / "other" / "plan.json")),
-        spinner(0.2, *as_task, str(mine / "plan.json")),
+        spinner(0.2, *as_task, str(tmp_path / "other" / "plan.json"), retitled=retitled),
+        spinner(0.2, *as_task, str(mine / "plan.json"), retitled=retitled),
         spinner(0.2, "trajflow.tasks.reduce", "--plan", str(mine / "plan.json"))])
     kinds = {pid: kind for _, pid, kind, _ in seen["top"]}
     assert kinds[procs[0].pid] == "RADICAL" and kinds[procs[1].pid] == "other runs", seen

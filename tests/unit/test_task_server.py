@@ -8,6 +8,7 @@ import json
 import os
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,16 +17,16 @@ import pytest
 
 from trajflow.tasks import task_server
 from trajflow.tasks.modes import TaskSpec
+from trajflow.workflows.run.entk_client import is_task_of_session
 from trajflow.workflows.run.pipeline import ServedTaskCommand, TaskCommand
 
 pytestmark = pytest.mark.timeout(120)
 SERVER = "trajflow.tasks.task_server"
 
 
-@pytest.fixture
-def server(tmp_path):
-    """A server whose record is in tmp_path (the pilot's sandbox of its clients)."""
-    record = tmp_path / task_server.SERVER_RECORD
+def start_server(sandbox):
+    """A server whose record is in `sandbox` (the pilot's sandbox of its clients)."""
+    record = sandbox / task_server.SERVER_RECORD
     proc = subprocess.Popen([sys.executable, "-P", "-m", SERVER, "serve", str(record)],
                             stdin=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 60
@@ -34,6 +35,12 @@ def server(tmp_path):
         time.sleep(0.05)
     assert record.exists(), "the server never wrote its record"
     proc.record = record
+    return proc
+
+
+@pytest.fixture
+def server(tmp_path):
+    proc = start_server(tmp_path)
     yield proc
     if proc.poll() is None:
         proc.stdin.close()
@@ -152,7 +159,7 @@ def test_a_client_with_another_resource_limit_runs_the_task_itself(server, tmp_p
 
 
 def test_a_server_whose_socket_others_may_reach_is_not_used(server, tmp_path):
-    folder = os.path.dirname(json.loads(server.record.read_text())["socket"])
+    folder = json.loads(server.record.read_text())["folder"]
     os.chmod(folder, 0o755)
     done = run_client(["probe"], tmp_path, input="")
     assert json.loads(done.stdout)["ppid"] == os.getpid()
@@ -165,12 +172,64 @@ def test_without_a_server_the_client_runs_the_task_itself(tmp_path):
 
 def test_the_server_ends_with_its_input_and_leaves_nothing(server, tmp_path):
     client, task = _started(tmp_path)
-    folder = os.path.dirname(json.loads(server.record.read_text())["socket"])
+    folder = json.loads(server.record.read_text())["folder"]
     server.stdin.close()
     assert server.wait(30) == 0
     assert _gone(task)
     assert client.wait(30) == 1  # told that its task ended with the server
     assert not server.record.exists() and not os.path.exists(folder)
+
+
+def test_a_signal_ignored_by_the_client_is_ignored_by_its_task(server, tmp_path):
+    """RADICAL starts a task in the background of a shell: SIGINT and SIGQUIT ignored."""
+    def ignore():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    served_run = run_client(["signals"], tmp_path, preexec_fn=ignore)
+    own = subprocess.run([sys.executable, "-m", SERVER, "signals"], capture_output=True,
+                         text=True, timeout=60, preexec_fn=ignore)
+    assert json.loads(served_run.stdout) == json.loads(own.stdout)
+    assert json.loads(own.stdout)[str(int(signal.SIGINT))] == "ignored"
+    assert json.loads(own.stdout)[str(int(signal.SIGTERM))] == "default"
+
+
+def test_a_client_that_sends_nothing_or_nonsense_leaves_the_server_serving(server, tmp_path):
+    folder = json.loads(server.record.read_text())["folder"]
+    for payload in (b"", b"\x00\x00\x00\x02[]", b"\xff\xff\xff\xff"):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(os.path.join(folder, task_server.SOCKET))
+        sock.sendall(payload)
+        sock.close()
+    done = run_client(["probe"], tmp_path, input="")
+    assert json.loads(done.stdout)["ppid"] == server.pid
+
+
+def test_a_served_task_is_known_as_a_task_of_its_pilots_session(tmp_path):
+    """A fork's environment, as /proc shows it, is the server's: it is known by its
+    server, whose command line names the pilot's sandbox."""
+    sandbox = tmp_path / "re.session.served" / "pilot.0000"
+    sandbox.mkdir(parents=True)
+    proc = start_server(sandbox)
+    try:
+        client, task = _started(sandbox)
+        assert is_task_of_session(task, "re.session.served")
+        assert not is_task_of_session(task, "re.session.other")
+        assert not is_task_of_session(proc.pid, "re.session.served")
+        client.kill()
+        client.wait(30)
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+
+
+def test_two_messages_that_arrive_together_are_read_one_by_one():
+    a, b = socket.socketpair()
+    task_server._send(a, {"pid": 1})
+    task_server._send(a, {"status": 0})
+    time.sleep(0.1)
+    messages = task_server._Messages(b)
+    assert messages.receive()[0] == {"pid": 1} and messages.receive()[0] == {"status": 0}
+    a.close()
+    assert messages.receive() == (None, [])
 
 
 def test_only_this_users_task_programs_are_served():
@@ -180,6 +239,7 @@ def test_only_this_users_task_programs_are_served():
     assert task_server.refusal(mine, settings, os.getuid() + 1) == "another user's"
     assert "not a task program" in task_server.refusal({**mine, "module": "os"}, settings,
                                                        os.getuid())
+    assert task_server.refusal([], settings, os.getuid()) == "not a request"
     other = {**settings, "read_at_start": {**settings["read_at_start"], "PYTHONPATH": "/x"}}
     assert task_server.refusal({**mine, "settings": other}, settings, os.getuid()) \
         == "its process differs: read_at_start"

@@ -38,6 +38,7 @@ import weakref
 from trajflow.tasks.client_guard import remove_task_tmp
 from trajflow.tasks import procfs
 from trajflow.tasks.component_starter import use_forked_starts
+from trajflow.tasks.task_server import SERVER_COMMAND as TASK_SERVER_TITLE
 
 log = logging.getLogger(__name__)
 
@@ -546,9 +547,16 @@ def _last_event(prof_path):
 
 
 def is_task_of_session(pid, sid):
-    """Whether `pid` runs a task of session `sid` (RP's task environment says so)."""
+    """Whether `pid` runs a task of session `sid`: RP's task environment says so, or it
+    is a fork of the session's task server (tasks/task_server.py: a fork's environment
+    as /proc shows it is the server's, and the server's command line names the pilot's
+    sandbox)."""
     env = procfs.environment(pid)
-    return b"RP_TASK_ID" in env and env.get(b"RP_SESSION_ID") == sid.encode()
+    if b"RP_TASK_ID" in env and env.get(b"RP_SESSION_ID") == sid.encode():
+        return True
+    me = procfs.process(pid)
+    server = procfs.process(me.parent) if me is not None else None
+    return server is not None and TASK_SERVER_TITLE in server.title and sid in server.title
 
 
 def reap_local_tasks(sid, grace_s=5.0):
