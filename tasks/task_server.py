@@ -34,12 +34,13 @@ import socket
 import struct
 import sys
 
+MODULE = "trajflow.tasks.task_server"  # `python -m` this (its own __name__ is __main__ then)
 SERVER_RECORD = "trajflow-task-server.json"  # in the pilot's sandbox: where its socket is
 SOCKET = "socket"
-SERVER_COMMAND = "-m trajflow.tasks.task_server serve "  # in the server's process title
+SERVER_COMMAND = f"-m {MODULE} serve "  # in the server's process title
 # what a task's command line runs; only these modules are served
 SERVED = ("trajflow.tasks.split", "trajflow.tasks.analyze", "trajflow.tasks.reduce",
-          "trajflow.tasks.backend_part", "trajflow.tasks.task_server")
+          "trajflow.tasks.backend_part", MODULE)
 # imported once by the server (each where it can be: a missing one is the task's to import)
 PREIMPORTED = ("ctypes", "fcntl", "setproctitle", "numpy", "h5py", "cloudpickle",
                "MDAnalysis", "MDAnalysis.analysis.base", "trajflow.tasks.split",
@@ -200,14 +201,8 @@ class _SignalsPassedOn:
             self._pass_on(signum)
 
     def _pass_on(self, signum):
-        for kill in (os.killpg, os.kill):  # the group, or the fork before it made it
-            try:
-                kill(self.pid, signum)
-                if signum in ENDING:  # a stopped task would not end
-                    kill(self.pid, signal.SIGCONT)
-                return
-            except OSError:
-                continue
+        if _signal_fork(self.pid, signum) and signum in ENDING:  # a stopped task
+            _signal_fork(self.pid, signal.SIGCONT)                # would not end
 
     def follow(self, pid):
         self.pid = pid
@@ -315,7 +310,7 @@ def start_beside_agent():
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "ab") as log:
         _SERVER.append(subprocess.Popen(
-            [sys.executable, "-P", "-m", "trajflow.tasks.task_server", "serve",
+            [sys.executable, "-P", "-m", MODULE, "serve",
              os.path.join(os.getcwd(), SERVER_RECORD)],
             stdin=subprocess.PIPE, stdout=log, stderr=log, close_fds=True))
 
@@ -344,8 +339,8 @@ def serve(record_path):
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(os.path.join(folder, SOCKET))
     listener.listen(64)
-    _write_record(record_path, {"folder": folder, "host": socket.gethostname(),
-                                "pid": os.getpid()})
+    from trajflow.tasks.rundir import write_record
+    write_record(record_path, folder=folder, host=socket.gethostname(), pid=os.getpid())
     parent = os.getppid()
     forks = _Forks()
     try:
@@ -447,21 +442,20 @@ def _preimport():
     gc.freeze()  # the forks share these pages instead of touching them
 
 
-def _write_record(path, record):
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(record, fh)
-    os.replace(tmp, path)
-
-
 def _kill(pid):
-    """SIGKILL to the fork's group, and to the fork (before it made its group)."""
+    _signal_fork(pid, signal.SIGKILL)
+
+
+def _signal_fork(pid, signum):
+    """`signum` to the fork's process group, or to the fork before it has made its
+    group; False where neither is there."""
     for kill in (os.killpg, os.kill):
         try:
-            kill(pid, signal.SIGKILL)
+            kill(pid, signum)
+            return True
         except OSError:
-            pass
+            continue
+    return False
 
 
 def refusal(request, settings, peer_uid):

@@ -17,9 +17,7 @@ from trajflow.tasks.launch_env import MPI_INIT_FIRST
 from trajflow.tasks.plan import RunPlan
 from trajflow.tasks.rundir import CLAIMS
 from trajflow.tasks.stages import publish_specs, stage_specs, TaskSpec
-from trajflow.tasks.task_server import SERVED
-
-TASK_SERVER_MODULE = "trajflow.tasks.task_server"
+from trajflow.tasks.task_server import MODULE as TASK_SERVER_MODULE, SERVED
 from trajflow.workflows.run.outcomes import exit_code_of
 
 
