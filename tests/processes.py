@@ -117,8 +117,15 @@ def tasks_of_session(session):
 def assert_nothing_left(session):
     """No task and no process of the pilot's session runs a few seconds later."""
     time.sleep(3)
-    assert tasks_of_session(session) == []
-    assert processes_mentioning(session) == []
+    assert tasks_of_session(session) == [], _described(tasks_of_session(session))
+    left = processes_mentioning(session)
+    assert left == [], _described(left)
+
+
+def _described(pids):
+    """Each pid's command line, for a failure's message."""
+    from trajflow.tasks.procfs import process
+    return [(pid, getattr(process(pid), "title", None)) for pid in pids]
 
 
 def assert_resumed_equal(out, adk, reference, resume=True, pilot=None):
