@@ -217,3 +217,29 @@ def test_reaping_ends_a_bootstrapper_left_running_and_what_it_started(tmp_path):
                 os.kill(int(pid), 9)
             except ProcessLookupError:
                 pass
+
+
+def test_a_paced_loop_wakes_at_news_and_otherwise_after_its_poll():
+    """A pipeline joining the workflow (or a task ending) ends EnTK's paced pauses at once;
+    with no news a pause lasts its poll (the loop's idle rate is unchanged)."""
+    wakes = entk_client._Wakes
+    wakes.enqueue.clear()
+    t0 = time.monotonic()
+    wakes.pause(wakes.enqueue, 0.2)
+    assert 0.19 <= time.monotonic() - t0 < 2.0  # no news: the whole poll
+
+    paused = []
+
+    def loop(event):
+        t = time.monotonic()
+        wakes.pause(event, 30.0)
+        paused.append(time.monotonic() - t)
+    threads = [threading.Thread(target=loop, args=(e,)) for e in (wakes.enqueue, wakes.run_loop)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    entk_client.LiveWorkflow().add(types.SimpleNamespace(_validate=lambda: None))
+    for t in threads:
+        t.join(10)
+    assert len(paused) == 2 and all(0.25 < p < 5.0 for p in paused), paused  # both woke
+    assert not wakes.enqueue.is_set() and not wakes.run_loop.is_set()  # each took its news

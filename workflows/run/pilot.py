@@ -42,7 +42,9 @@ from trajflow.workflows.run.signals import stop_on_signals
 from trajflow.workflows.run.spec import PilotSpec, RunSpec, spelled, split_options, takes_options
 
 COALESCE_S = 0.3  # runs submitted this close together go to the pilot as one batch
-DISPATCH_POLL_S = 0.05  # while runs are on the pilot, how soon a new submit is handed over
+# while runs are on the pilot, how soon a new submit is handed over (a poll of the pilot
+# process' pipe: ~100 cheap wake-ups a second, only while runs are in flight)
+DISPATCH_POLL_S = 0.01
 
 
 class RunFuture(concurrent.futures.Future):
