@@ -47,6 +47,16 @@ def processes():
     return [p for p in found if p is not None]
 
 
+def die_with_parent(parent):
+    """SIGKILL this process when its parent dies (prctl PR_SET_PDEATHSIG; it follows the
+    parent's thread that started it), and end now if `parent` is gone already."""
+    import ctypes
+    import signal
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
 def group_ended(group, patience_s=0.0, poll_s=0.05) -> bool:
     """Whether process group `group` has no live member within `patience_s` (a zombie
     not yet reaped by its new parent has ended already). Polled: a fixed wait after a

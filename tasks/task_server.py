@@ -45,7 +45,7 @@ SERVED = ("trajflow.tasks.split", "trajflow.tasks.analyze", "trajflow.tasks.redu
 PREIMPORTED = ("ctypes", "fcntl", "setproctitle", "numpy", "h5py", "cloudpickle",
                "MDAnalysis", "MDAnalysis.analysis.base", "trajflow.tasks.split",
                "trajflow.tasks.analyze", "trajflow.tasks.reduce", "trajflow.tasks.backend_part",
-               "trajflow.tasks.mda_analyses")
+               "trajflow.tasks.mda_analyses", "trajflow.tasks.procfs")
 # variables read when Python, a preimported library or trajflow's test hooks
 # (tasks/faults.py) start: a client whose values differ from the server's is not
 # served (its fork would run with the server's)
@@ -523,6 +523,7 @@ def _become_task(request, fds, sockets, pidfds, mask):
     run it, and end as the interpreter would. Never returns."""
     code = 1
     try:
+        from trajflow.tasks.procfs import die_with_parent  # preimported: no import's work here
         parent = os.getppid()
         for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
             signal.signal(signum, signal.SIG_DFL)
@@ -530,7 +531,7 @@ def _become_task(request, fds, sockets, pidfds, mask):
         for signum in request["ignored"]:
             signal.signal(signum, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        _die_with_server(parent)
+        die_with_parent(parent)  # no fork outlives the server, none starts after it
         for sock in sockets:
             sock.close()
         for fd in pidfds:
@@ -557,15 +558,6 @@ def _become_task(request, fds, sockets, pidfds, mask):
         traceback.print_exc()
     finally:
         _exit_as_interpreter(code)
-
-
-def _die_with_server(parent):
-    """SIGKILL when the server dies (prctl PR_SET_PDEATHSIG): no fork outlives it (and
-    none starts after it has gone)."""
-    import ctypes
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:
-        os._exit(1)
 
 
 def _fresh_stdio():

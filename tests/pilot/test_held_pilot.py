@@ -62,6 +62,9 @@ def held(tmp_path_factory):
     assert "pilot mod held" in start.stderr
     session = _session(pilots, "mod")
     holder = _holder_pid(pilots, "mod")
+    # the holder's report drawer runs beside it, below the tasks' priority
+    [drawer] = processes_mentioning("report_drawer", os.path.join(pilots, "mod"))
+    assert os.getpriority(os.PRIO_PROCESS, drawer) == 10
     try:
         yield {"env": env, "path": path, "pilots": pilots, "session": session}
     finally:
@@ -73,6 +76,8 @@ def held(tmp_path_factory):
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert not os.path.exists(os.path.join(pilots, "mod"))
     assert holder not in processes_mentioning("held_holder")
+    # nor its report drawer (which names the holder's folder)
+    assert processes_mentioning(os.path.join(pilots, "mod")) == []
     assert_nothing_left(session)
 
 
@@ -94,8 +99,13 @@ def test_cli_run_on_a_held_pilot_is_mdanalysis_and_starts_no_pilot(held, adk,
         np.testing.assert_allclose(f["rmsd"][:], reference_results(adk[0], [adk[1]], "rmsd")
                                    ["rmsd"], rtol=1e-5, atol=1e-4)
     assert "sent to held pilot mod" in run.stderr
-    assert (out / "report.html").exists()  # written by the holder, named by the summary
-    assert str(out / "report.html") in run.stdout
+    # named by the summary, drawn by the holder's report drawer after the result (the
+    # client does not wait for it): there within seconds
+    assert f"{out / 'report.html'} (the held pilot draws it after the result)" in run.stdout
+    deadline = time.time() + 60
+    while not (out / "report.html").exists() and time.time() < deadline:
+        time.sleep(0.2)
+    assert "trajflow run" in (out / "report.html").read_text()
     # its tasks ran in the held pilot's session: no session, no pilot start of its own
     assert not list(out.glob("re.session.*"))
     with open(out / "radical_session") as fh:

@@ -73,7 +73,8 @@ def _run_and_report(plans, spec, pilot_spec, path, resume=False, held=None, aske
             if future not in runs:
                 finished(future)
     # summarised once the pilot has ended: its profile (the pilot's start and end) is kept
-    summaries = {future: _summarise(runs[future], getattr(future, "report", None))
+    summaries = {future: _summarise(runs[future], getattr(future, "report", None),
+                                    getattr(future, "report_due", None))
                  for future in futures}
     failed = False
     for future in futures:
@@ -97,12 +98,15 @@ def _run_and_report(plans, spec, pilot_spec, path, resume=False, held=None, aske
     return EXIT_FAILED if failed else EXIT_OK
 
 
-def _summarise(run, html_path=None):
+def _summarise(run, html_path=None, due=None):
     """A finished run's summary (Run.summary) and its HTML report beside the result
-    (written here unless `html_path` says where it was written already)."""
+    (written here unless `html_path` says where it was written already, or `due` where a
+    held pilot draws it after the result)."""
     try:
-        html_path = html_path or run.write_report()
-        return (run.summary() + f"\n  timeline and phases: {html_path}  (trajflow inspect "
+        said = (f"{html_path}" if html_path else
+                f"{due} (the held pilot draws it after the result)" if due else
+                f"{run.write_report()}")
+        return (run.summary() + f"\n  timeline and phases: {said}  (trajflow inspect "
                 f"{shlex.quote(run.path)} for the table)")
     except Exception as exc:  # the report must never hide the result
         return f"{run.path}: (no profile summary: {exc})"

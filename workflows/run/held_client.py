@@ -29,7 +29,7 @@ import threading
 import time
 
 from trajflow.tasks.plan import is_finite_number, RunPlan
-from trajflow.tasks.rundir import PLAN, record_handed_over, withdraw_handover, write_text
+from trajflow.tasks.rundir import PLAN, record_handed_over, REPORT, withdraw_handover, write_text
 from trajflow.workflows.errors import InputError, Interrupted, RunFailed
 from trajflow.workflows.run.held_holder import HeldRequest
 from trajflow.workflows.run.held_registry import (connect, held_elsewhere, held_names, HOLDER_MODULE, holder_alive,
@@ -223,6 +223,7 @@ class HeldRunFuture(concurrent.futures.Future):
         self.name = os.path.basename(plan.workdir)
         self.conn = conn
         self.report = None     # report.html, once the holder has written it
+        self.report_due = None  # report.html, which the holder draws after the result
         self.messages = None   # the connection's reader, where one has begun reading it
         self.followed = None   # the thread that hears the holder on this run
         self.cancelled_there = False  # the holder cancelled it before it began
@@ -434,6 +435,8 @@ class HeldPilot:
     def _ended(self, future, ended):
         future.ended_there = True
         future.cancelled_there = bool(ended.get("cancelled"))
+        if not future.cancelled_there:  # (said before the result: waiters read it then)
+            future.report_due = future.plan.path(REPORT)
         run = Run(future.plan.workdir, trust=True)
         if ended.get("ok") and run.ok:
             self._progress.line(f"{future.name}: done -> {run.result_path}")
@@ -446,13 +449,14 @@ class HeldPilot:
                                            run=run))
 
     def close(self, wait=True):
-        """Detach: with `wait`, after the runs sent have ended (and their reports are
+        """Detach: with `wait`, once the runs sent have ended (their results in; each one's
+        report.html follows, drawn by the holder: `future.followed` ends when it is
         written). The pilot stays held."""
         if wait:
             try:
                 for future in list(self._futures):
-                    while future.followed.is_alive():  # polled: a Ctrl-C is seen
-                        future.followed.join(0.2)
+                    while not future.done() and future.followed.is_alive():  # polled: a
+                        future.followed.join(0.2)                            # Ctrl-C is seen
             except KeyboardInterrupt:
                 self.abort()
             self._progress.close()

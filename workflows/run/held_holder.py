@@ -37,6 +37,7 @@ from trajflow.workflows.run.held_registry import (check_private, listen, MAX_MES
                                                   remove_folder, REQUEST,
                                                   send, write_record)
 from trajflow.workflows.run.pilot import Pilot
+from trajflow.workflows.run.report_drawer import ReportDrawer
 from trajflow.workflows.run.planning import resolve, write_plan
 from trajflow.workflows.run.runs import Run
 from trajflow.workflows.run.spec import command_line, PilotSpec, RunSpec
@@ -45,8 +46,10 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.5
 # a run reaches a held pilot planned and written (no submit of a script's is being planned
-# here): a short wait still joins runs sent together into one batch
-HELD_COALESCE_S = 0.05
+# here), and joins the runs on it as it comes (entk_client.LiveWorkflow): each is handed
+# over at once (a 0.05 s wait to join runs sent together into one batch was measured in
+# every run's latency)
+HELD_COALESCE_S = 0.0
 CLIENTS_JOIN_S = 10.0  # at the end, the longest each client's thread is waited for
 
 
@@ -85,6 +88,7 @@ class Holder:
         self.state = "starting"
         self.error = None
         self.clients = []  # the threads serving clients
+        self.drawer = None  # its runs' reports' ReportDrawer, once the pilot is active
 
     # --- lifetime --------------------------------------------------------------
     def serve(self):
@@ -109,6 +113,9 @@ class Holder:
         # its walltime and idle time count from now, not from its request (a batch queue's
         # wait can be hours)
         self.started = self.last_busy = time.time()
+        # before it is said active (its runs' reports); from this thread, which lives as
+        # long as the holder (the drawer's death signal follows the thread that started it)
+        self.drawer = _start_drawer(self.folder)
         self.state = "active"
         self._record()
         log.info("held pilot %s active: %s cores on %s", self.request.name, self.pilot.cpus,
@@ -127,6 +134,8 @@ class Holder:
         server.close()
         for thread in list(self.clients):  # each client hears how its run ended
             thread.join(CLIENTS_JOIN_S)
+        if self.drawer is not None:  # after the clients: it draws their last reports
+            self.drawer.close()
         remove_folder(self.folder)
         return 0
 
@@ -271,9 +280,18 @@ class Holder:
         conn.say({"done": ended})
         if ended.get("cancelled"):
             return
-        # after the result: this process has bokeh and matplotlib imported already, where
-        # its client would pay seconds for them
-        conn.say({"report": Run(plan.workdir, trust=True).write_report()})
+        conn.say({"report": self._report(plan.workdir)})
+
+    def _report(self, rundir):
+        """The run's report.html, drawn after its result by the drawer (bokeh and matplotlib
+        imported there already, where a client would pay seconds for them); here if the
+        drawer is gone. Its path, or None."""
+        if self.drawer is not None:
+            try:
+                return self.drawer.draw(rundir).result()
+            except RuntimeError as exc:
+                log.warning("%s: %s; drawn by the holder", rundir, exc)
+        return Run(rundir, trust=True).write_report()
 
     def _check_open(self):
         """InputError unless the pilot is active, not stopping, with a minute left."""
@@ -326,6 +344,15 @@ class Connection:
                 return True
             except OSError:
                 return False  # the client is gone; the run's end is on disk all the same
+
+
+def _start_drawer(folder):
+    """A ReportDrawer, or None (reports are then drawn in the holder) if it cannot start."""
+    try:
+        return ReportDrawer(folder)
+    except OSError as exc:
+        log.warning("no report drawer (%s): reports are drawn by the holder", exc)
+        return None
 
 
 def receive_first(conn, most=MAX_MESSAGE_BYTES):
