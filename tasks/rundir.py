@@ -396,7 +396,7 @@ def outcome_said(rundir) -> bool:
     return isinstance(raw, dict) and not _provisional(raw)
 
 
-def _lock_held(rundir) -> bool:
+def lock_held(rundir) -> bool:
     """Whether a process holds RUNDIR's lock (flock(2), as workflows/run/rundir_lock.py
     takes it: whichever process has inherited it, on whichever node where the file
     system's flock reaches across nodes). Where the file system has no flock, the pid
@@ -470,7 +470,7 @@ def read_outcome(rundir):
         remote_going = os.path.exists(path(rundir, REMOTE)) and \
             not os.path.exists(path(rundir, CLIENT_EXIT))
         if (remote_going or os.path.exists(path(rundir, RESULT))
-                or os.path.exists(path(rundir, BACKEND_RESULT)) or _lock_held(rundir)):
+                or os.path.exists(path(rundir, BACKEND_RESULT)) or lock_held(rundir)):
             # still going (a fetched remote run whose client has not ended: its state is
             # the cluster's to say), or its result whole before it could say
             return None

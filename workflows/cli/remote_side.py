@@ -38,8 +38,8 @@ import time
 
 from trajflow.tasks.client_guard import alive, start_time
 from trajflow.tasks.plan import RunPlan
-from trajflow.tasks.rundir import (BATCH_SCRIPT, CLIENT, CLIENT_EXIT, CLIENT_LOG, open_in_run,
-                                   PLAN, read_outcome, read_record, write_record)
+from trajflow.tasks.rundir import (BATCH_SCRIPT, CLIENT, CLIENT_EXIT, CLIENT_LOG, lock_held,
+                                   open_in_run, PLAN, read_outcome, read_record, write_record)
 from trajflow.workflows.campaign.folders import is_campaign_dir, resource_log_path, resource_runs
 from trajflow.workflows.campaign.run import Campaign
 from trajflow.workflows.cli.commands import run_planned, run_planned_on_held
@@ -187,10 +187,15 @@ def job(rundir, request):
                                                   pilot_spec, resume=True))
 
 
-def run_client(rundir, command):
+def run_client(rundir, command, report_wait_s=300.0):
     """The run's client (`command()` with trajflow's signals and exit codes); its
-    exit code recorded in RUNDIR/client_exit.json."""
+    exit code recorded in RUNDIR/client_exit.json once RUNDIR is whole: a held pilot
+    draws the run's report after its result, and keeps the folder locked till then (a
+    fetch at "done" must find report.html)."""
     code = run_guarded(lambda _: command(), None)
+    deadline = time.time() + report_wait_s
+    while lock_held(rundir) and time.time() < deadline:
+        time.sleep(0.2)
     write_record(os.path.join(rundir, CLIENT_EXIT), code=code)
     return code
 

@@ -38,6 +38,7 @@ from trajflow.workflows.run.held_registry import (check_private, listen, MAX_MES
                                                   send, write_record)
 from trajflow.workflows.run.pilot import Pilot
 from trajflow.workflows.run.report_drawer import ReportDrawer
+from trajflow.workflows.run.rundir_lock import remove_handed_lock
 from trajflow.workflows.run.planning import resolve, write_plan
 from trajflow.workflows.run.runs import Run
 from trajflow.workflows.run.spec import command_line, PilotSpec, RunSpec
@@ -223,7 +224,9 @@ class Holder:
                 self.stop("stopped by `trajflow pilot stop`")
                 send(conn, {"stopping": True})
             elif op == "run":
-                self._run(Connection(conn), messages, message)
+                ended_in = self._run(Connection(conn), messages, message)
+                if ended_in is not None and lock_fd is not None:  # its client may be gone
+                    remove_handed_lock(ended_in, lock_fd)
             else:
                 send(conn, {"refused": f"unknown request {op!r}"})
         except (EOFError, OSError, ValueError) as exc:
@@ -237,7 +240,7 @@ class Holder:
 
     def _run(self, conn, messages, message):
         """A client's run: checked (planned here, for a RunSpec), handed to the pilot, its
-        events and its end sent back."""
+        events and its end sent back; its folder once it has ended there (else None)."""
         run = plan = None
         try:
             run = _run_message(message)
@@ -278,9 +281,9 @@ class Holder:
             ended = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         self.last_busy = time.time()
         conn.say({"done": ended})
-        if ended.get("cancelled"):
-            return
-        conn.say({"report": self._report(plan.workdir)})
+        if not ended.get("cancelled"):
+            conn.say({"report": self._report(plan.workdir)})
+        return plan.workdir
 
     def _report(self, rundir):
         """The run's report.html, drawn after its result by the drawer (bokeh and matplotlib

@@ -120,10 +120,25 @@ class RunLock:
                 pass
 
 
+def remove_handed_lock(rundir, fd):
+    """The held pilot's side of release(), for a lock handed to it with its run: the
+    file goes if it is still this lock's (its client, which would have removed it, may
+    have ended before the run's report was written); the caller then closes `fd`."""
+    try:
+        held, there = os.fstat(fd), os.lstat(os.path.join(rundir, LOCK))
+    except OSError:
+        return
+    if (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino):
+        try:
+            os.unlink(os.path.join(rundir, LOCK))
+        except OSError:
+            pass
+
+
 def _take(fd, tries=10, pause_s=0.05):
     """flock(LOCK_EX) without waiting for a run that holds it, but past a reader's
     instant: `trajflow runs` asks whether a run goes by taking the lock shared for a
-    moment (tasks/rundir.py _lock_held)."""
+    moment (tasks/rundir.py lock_held)."""
     for _ in range(tries - 1):
         try:
             return fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
