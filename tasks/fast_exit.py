@@ -9,7 +9,8 @@ stdout and stderr the process can end with os._exit: 0.01 s.
 
 Not an MPI rank: ranks ended by os._exit right after MPI_Finalize were
 reported by mpiexec as "Killed (signal 9)" (23 % of 3-rank launches on 2
-cores, 0 of 60 the normal way). An MPI rank exits the normal way (atexit
+cores, 0 of 60 the normal way): MPICH sends its PMI "finalize" to hydra's proxy
+from a C atexit handler, which os._exit skips (libc's exit() would run it). An MPI rank exits the normal way (atexit
 handlers, mpi4py's MPI_Finalize) but with the garbage collector's last sweep
 over every object of its imports skipped (gc.freeze): 0.07-0.13 s to 0.02-0.03
 s from its last timestamp to mpiexec's end, 0 failures in 120 such launches.

@@ -6,11 +6,13 @@ Each number is a median of `repeats`, measured in this one bench run:
                   (HeldPilot.submit) to its result, each sent once the one before had
                   ended (its report written);
   warm_backend_s  InterRDF of 1,000 of the solvated AdK's water oxygens through
-                  MDAnalysis' run(backend=trajflow.Backend(pilot=NAME)), the call;
+                  MDAnalysis' run(backend=trajflow.Backend(pilot=NAME)), the call
+                  (each, as each cli_warm_s, once the one before had its report);
   mda_workers_s   the same InterRDF with MDAnalysis' backend="multiprocessing",
                   n_workers=2 (a Python of its own; mda_serial_s: serial);
   ten_runs_s      ten `trajflow run --pilot NAME` processes started at once, until the
-                  last has exited;
+                  last has exited (their reports drawn meanwhile or after: a client
+                  does not wait for its report);
   cli_warm_s      one `trajflow run ... --pilot NAME`, from the shell to its exit;
   cold_run_s      `trajflow run` with a pilot of its own, from the shell to its exit.
 Every result is compared with MDAnalysis' serial one (`all_equal`). Where a warm
@@ -26,6 +28,7 @@ import warnings
 
 import numpy as np
 
+from trajflow.tasks.rundir import REPORT
 from trajflow.workflows.bench.measure import mda_timed_script, run_isolated
 from trajflow.workflows.datasets import adk_files, mdanalysis_data
 from trajflow.workflows.profile.advice import run_times
@@ -116,9 +119,9 @@ def _warm(name, folder, top, dcd, gro, xtc, rmsd_ref, rmsd_args, repeats, equal,
             future = pilot.submit(top, dcd, "rmsd", out=os.path.join(folder, f"warm{i}"))
             run = future.result()
             got = time.time()
-            # each on a quiet pilot: the holder draws a run's report.html after its result
-            # (0.2-0.3 s of CPU), which the next run's tasks would otherwise share the
-            # cores with (ten_runs_s measures runs that overlap)
+            # each on a quiet pilot: the holder's drawer draws a run's report.html after
+            # its result (0.3 s of CPU, at nice +10), which the next run's tasks would
+            # otherwise share the cores with (ten_runs_s measures runs that overlap)
             future.followed.join(120)
             warm.append(got - t0)
             breakdowns.append(breakdown(run.path, t0, got))
@@ -142,8 +145,11 @@ def _warm(name, folder, top, dcd, gro, xtc, rmsd_ref, rmsd_args, repeats, equal,
                mda_serial_s=statistics.median(mda_serial))
 
     progress(f"warm: trajflow run --pilot {name}, from the shell, {repeats} times ...")
-    cli = [_timed(rmsd_args + ["--pilot", name, "--out", os.path.join(folder, f"cli{i}")],
-                  folder) for i in range(repeats)]
+    cli = []
+    for i in range(repeats):
+        cli.append(_timed(rmsd_args + ["--pilot", name, "--out", os.path.join(folder, f"cli{i}")],
+                          folder))
+        _report_drawn(os.path.join(folder, f"cli{i}"))
     equal["cli_warm"] = all(_rmsd_equal(os.path.join(folder, f"cli{i}"), rmsd_ref)
                             for i in range(repeats))
     out["cli_warm_s"] = statistics.median(cli)
@@ -190,7 +196,17 @@ def _backend_rdf(name, gro, xtc, folder, reference, equal, i):
             backend=backend, n_workers=2, unsupported_backend=True)
         seconds = time.perf_counter() - t0
     equal[f"warm_backend_{i}"] = bool(np.allclose(rdf.results.rdf, reference, rtol=1e-6))
+    _report_drawn(backend.last_run.path)
     return seconds
+
+
+def _report_drawn(rundir, timeout=120.0):
+    """Wait (untimed) for the held pilot's drawer to write the run's report.html: each run
+    is measured on a quiet pilot, as the warm rmsd is (ten_runs_s measures runs that
+    overlap, their reports included)."""
+    deadline = time.time() + timeout
+    while not os.path.exists(os.path.join(rundir, REPORT)) and time.time() < deadline:
+        time.sleep(0.05)
 
 
 def breakdown(rundir, called, returned):
