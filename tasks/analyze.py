@@ -26,6 +26,7 @@ import numpy as np
 
 from . import faults, kernels, mda_analyses, parts, reduce
 from .exit_codes import ANALYSIS_RAISED, COLLECTIVE_TIMEOUT
+from .fast_exit import abort_mpi_job
 from .modes import MpiMode, TasksMode
 from .analyses import ANALYSIS_CLASSES
 from .plan import RunPlan, chunk_size, decode_path_arg
@@ -541,7 +542,6 @@ def check_claims(comm, counter, pieces, n_chunks):
 def barrier_or_abort(comm, timeout_s):
     """A barrier that gives up: a rank that died or hangs must not leave the
     others waiting until the walltime; after `timeout_s` the job is aborted."""
-    from mpi4py import MPI
     request = comm.Ibarrier()
     t0 = time.time()
     while not request.Test():
@@ -549,7 +549,7 @@ def barrier_or_abort(comm, timeout_s):
         if waited > timeout_s:
             print(f"analyze rank {comm.Get_rank()}: the other ranks did not reach the gather "
                   f"within {timeout_s:.0f} s; aborting the job", file=sys.stderr, flush=True)
-            MPI.COMM_WORLD.Abort(COLLECTIVE_TIMEOUT)
+            abort_mpi_job(COLLECTIVE_TIMEOUT)
         # poll without pause for the first few ms (the last rank in is done at
         # once), then sleep so a long straggler wait does not hold a core
         if waited > 0.005:
@@ -654,8 +654,7 @@ def main(argv=None):
         # mpiexec forwards a rank's stderr asynchronously and the abort ends the
         # forwarding with the job: give it a moment, or the reason is lost (seen)
         time.sleep(0.2)
-        from mpi4py import MPI
-        MPI.COMM_WORLD.Abort(code)
+        abort_mpi_job(code)
     # the collective is over (no rank waits for this one): the root publishes result.h5
     # as the reduce task would, and fails the task as it would where it cannot
     if root is None or not plan.execution.publishes:

@@ -47,3 +47,15 @@ def run_and_exit(main):
 def _is_mpi_rank():
     mpi = sys.modules.get("mpi4py.MPI")
     return mpi is not None and mpi.Is_initialized()
+
+
+def abort_mpi_job(code):
+    """MPI_Abort of the whole job, and this rank's end: MPICH's MPI_Abort returns once it
+    has told its launcher, which then kills the job (seen), and nothing of this rank may
+    run on meanwhile (a rank served by the task server, in a process group of its own,
+    ran on into the lines after it). Never returns."""
+    from mpi4py import MPI
+    sys.stdout.flush()
+    sys.stderr.flush()
+    MPI.COMM_WORLD.Abort(code)
+    os._exit(code)

@@ -28,6 +28,7 @@ import numpy as np
 
 from . import faults
 from .exit_codes import COLLECTIVE_TIMEOUT
+from .fast_exit import abort_mpi_job
 
 
 class Chunk(NamedTuple):
@@ -342,7 +343,7 @@ class _Claim:
                 print(f"analyze rank {MPI.COMM_WORLD.Get_rank()}: rank 0 did not answer a "
                       f"claim for a chunk within {self.timeout_s:.0f} s; aborting the job",
                       file=sys.stderr, flush=True)
-                MPI.COMM_WORLD.Abort(COLLECTIVE_TIMEOUT)
+                abort_mpi_job(COLLECTIVE_TIMEOUT)
             if waited > 0.005:  # answered at once, as a rule; else do not hold a core
                 time.sleep(0.0002)
         return int(self.result[0])

@@ -147,13 +147,52 @@ def _close_all(fds):
     fds.clear()
 
 
+MAX_PASSED = 4  # stdin, stdout, stderr and the MPI launcher's connection (PMI_FD)
+
+
+def launcher_descriptors():
+    """What the task has from whoever started it: stdin, stdout and stderr, and an MPI
+    rank's connection to its launcher's proxy where the launcher hands it over by number
+    (MPICH's hydra, SLURM's PMI2: PMI_FD)."""
+    fds = [0, 1, 2]
+    pmi = os.environ.get("PMI_FD", "")
+    if pmi.isdigit() and 2 < int(pmi) < 1 << 16:
+        try:
+            os.fstat(int(pmi))
+            fds.append(int(pmi))
+        except OSError:
+            pass
+    return fds
+
+
+def _passed_as_said(request, fds):
+    """Whether the descriptors that came are those the request names: stdio first, then
+    at most one more, each once."""
+    said = request.get("fds") if isinstance(request, dict) else None
+    return (isinstance(said, list) and len(said) == len(fds) and said[:3] == [0, 1, 2]
+            and all(isinstance(t, int) and 2 < t < 1 << 16 for t in said[3:])
+            and len(set(said)) == len(said))
+
+
+def _place(fds, targets):
+    """Each descriptor that came at the number the client had it (moved clear of the
+    targets first: one that came at another's number is not overwritten)."""
+    import fcntl
+    clear = [fcntl.fcntl(fd, fcntl.F_DUPFD, max(targets) + 1) for fd in fds]
+    _close_all(fds)
+    for target, fd in zip(targets, clear):
+        os.dup2(fd, target)
+    _close_all(clear)
+
+
 # --- the client: RADICAL's task process ----------------------------------------------
 def run(module, args):
     """Be the task `python -m module args`: served by the pilot's server where it can
     be, else by exec. Once a request is sent, a server that ends without answering
     fails the task (the fork may have begun it): it is not run twice."""
     signals = _SignalsPassedOn()  # from before the request: none is lost to a race
-    request = {"module": module, "args": args, "cwd": os.getcwd(),
+    passed = launcher_descriptors()
+    request = {"module": module, "args": args, "cwd": os.getcwd(), "fds": passed,
                "env": dict(os.environ), "umask": _umask(),
                "cpus": sorted(os.sched_getaffinity(0)), "ignored": signals.ignored,
                "timer_slack": _timer_slack(), "settings": process_settings(),
@@ -162,7 +201,7 @@ def run(module, args):
     if sock is not None:
         messages = _Messages(sock)
         try:
-            _send(sock, request, (0, 1, 2))
+            _send(sock, request, passed)
         except OSError:
             reply = {"refused": "the server took no request"}
         else:
@@ -486,8 +525,9 @@ def _accept(listener, settings, forks):
     try:
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         _, peer_uid, _ = struct.unpack("3i", creds)
-        request, fds = _Messages(conn).receive(max_fds=3)
-        why = "no request" if request is None or len(fds) != 3 \
+        request, fds = _Messages(conn).receive(max_fds=MAX_PASSED)
+        why = "no request" if request is None \
+            else "not its descriptors" if not _passed_as_said(request, fds) \
             else refusal(request, settings, peer_uid)
         if why is not None:
             print(f"not served: {why}", file=sys.stderr, flush=True)
@@ -541,9 +581,7 @@ def _become_task(request, fds, sockets, pidfds, mask):
         for fd in pidfds:
             os.close(fd)
         os.setpgid(0, 0)  # its own group: what it starts ends with it
-        for target, fd in enumerate(fds):
-            os.dup2(fd, target)
-        _close_all(fds)
+        _place(fds, request["fds"])
         _fresh_stdio()
         os.chdir(request["cwd"])
         os.umask(request["umask"])
@@ -621,19 +659,31 @@ def _run_module(module, args):
 
 def _exit_as_interpreter(code):
     """Join threads, run atexit handlers, flush, exit (or die of SIGINT as Python does
-    on an uncaught KeyboardInterrupt)."""
+    on an uncaught KeyboardInterrupt). An MPI rank is finalized (mpi4py does it at the
+    interpreter's end, which a fork never reaches) and ends through libc's exit(): MPICH
+    tells its launcher's proxy "finalize" from a C atexit handler, and a rank whose
+    connection closes unfinalized has every rank killed (os._exit skips that handler)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    began = False
     try:
         import atexit
         import threading
         threading._shutdown()
         atexit._run_exitfuncs()
+        began = mpi is not None and mpi.Is_initialized()
+        if began and not mpi.Is_finalized():
+            mpi.Finalize()
         sys.stdout.flush()
         sys.stderr.flush()
     finally:
         if code == -signal.SIGINT:
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
-        os._exit(code if 0 <= code < 256 else 1)
+        code = code if 0 <= code < 256 else 1
+        if began:
+            import ctypes
+            ctypes.CDLL(None).exit(code)
+        os._exit(code)
 
 
 def probe():
@@ -645,6 +695,15 @@ def probe():
                       "stdin": sys.stdin.read()}), flush=True)
 
 
+def mpi_probe():
+    """An MPI rank's view (for tests): its rank and parent, and the ranks' sum."""
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    total = world.allreduce(world.Get_rank())
+    print(json.dumps({"rank": world.Get_rank(), "size": world.Get_size(), "sum": total,
+                      "pid": os.getpid(), "ppid": os.getppid()}), flush=True)
+
+
 def main(argv):
     if argv[:1] == ["serve"] and len(argv) == 2:
         serve(argv[1])
@@ -652,6 +711,8 @@ def main(argv):
         run(argv[1], argv[2:])
     elif argv == ["probe"]:
         probe()
+    elif argv == ["mpi-probe"]:
+        mpi_probe()
     elif argv == ["signals"]:
         print(json.dumps({int(s): {signal.SIG_IGN: "ignored", signal.SIG_DFL: "default"}.get(
             signal.getsignal(s), "handled") for s in PASSED_ON}), flush=True)
@@ -661,7 +722,8 @@ def main(argv):
         time.sleep(float(argv[1]))
     else:
         sys.exit("usage: python -m trajflow.tasks.task_server "
-                 "(serve RECORD | run MODULE ARGS... | probe | signals | sleep SECONDS)")
+                 "(serve RECORD | run MODULE ARGS... | probe | mpi-probe | signals | "
+                 "sleep SECONDS)")
 
 
 if __name__ == "__main__":

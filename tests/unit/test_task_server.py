@@ -6,6 +6,7 @@ server is not safe to reach, runs the task itself; the server ends with its inpu
 removing what it made."""
 import json
 import os
+import re
 import resource
 import signal
 import socket
@@ -245,10 +246,32 @@ def test_only_this_users_task_programs_are_served():
         == "its process differs: read_at_start"
 
 
-def test_served_task_commands_leave_mpi_ranks_alone():
+def test_served_task_commands_serve_single_cores_and_mpi_ranks_alike():
     single = TaskSpec("reduce", "trajflow.tasks.reduce", ["--plan", "p.json"])
     ranks = TaskSpec("analyze", "trajflow.tasks.analyze", ["--plan", "p.json"], 2, True)
+    other = TaskSpec("x", "somewhere.else", ["--plan", "p.json"])
     assert ServedTaskCommand("py").arguments(single) == [
         "-m", SERVER, "run", "trajflow.tasks.reduce", "--plan", "p.json"]
-    assert ServedTaskCommand("py").arguments(ranks) == TaskCommand("py").arguments(ranks) \
-        == ["-m", "trajflow.tasks.analyze", "--plan", "p.json"]
+    assert ServedTaskCommand("py").arguments(ranks) == [
+        "-m", SERVER, "run", "trajflow.tasks.analyze", "--plan", "p.json"]
+    assert ServedTaskCommand("py").arguments(other) == TaskCommand("py").arguments(other) \
+        == ["-m", "somewhere.else", "--plan", "p.json"]
+
+
+@pytest.mark.timeout(240)
+def test_mpi_ranks_are_served_and_end_as_their_launcher_expects(server, tmp_path):
+    """Each rank hands the server MPICH's connection to its proxy (PMI_FD) with its stdio;
+    the forks are finalized and end through libc's exit(), so the proxy hears each one's
+    "finalize" (ended by os._exit, 33 of 40 such launches were SIGKILLed by the proxy)."""
+    for ranks in (2, 3, 4, 3, 2, 3):
+        done = subprocess.run(["mpiexec", "-n", str(ranks)] + served(["mpi-probe"], tmp_path),
+                              env=client_env(tmp_path), capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        # (hydra forwards the ranks' lines as they come: two may share a line)
+        seen = sorted((json.loads(m) for m in re.findall(r"\{[^{}]*\}", done.stdout)),
+                      key=lambda s: s["rank"])
+        assert [s["rank"] for s in seen] == list(range(ranks))
+        assert {(s["size"], s["sum"]) for s in seen} == {(ranks, ranks * (ranks - 1) // 2)}
+        assert {s["ppid"] for s in seen} == {server.pid}  # forks of the server, each one
+        assert "Killed" not in done.stdout + done.stderr

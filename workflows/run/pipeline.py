@@ -49,12 +49,12 @@ class TaskCommand:
 
 
 class ServedTaskCommand(TaskCommand):
-    """Single-core task programs through the task server beside the pilot's agent
-    (tasks/task_server.py: a fork of a Python that has their libraries imported; the
-    task is its own Python where no server serves it); MPI ranks each a new Python."""
+    """Task programs, single-core and MPI ranks, through the task server beside the
+    pilot's agent (tasks/task_server.py: a fork of a Python that has their libraries
+    imported; the task is its own Python where no server serves it)."""
 
     def arguments(self, spec: TaskSpec):
-        if spec.mpi or spec.module not in SERVED:
+        if spec.module not in SERVED:
             return super().arguments(spec)
         return ["-m", TASK_SERVER_MODULE, "run", spec.module] + spec.args
 
