@@ -1,9 +1,9 @@
 """A pilot's task programs started by fork from a Python that has imported their
 libraries once, instead of each as a new Python that imports them.
 
-Every single-core task (split, a tasks-mode analyze, reduce, a Backend part) is a
-new Python that imports numpy and h5py (0.2-0.3 s of CPU) and, for a Backend part,
-MDAnalysis (0.45 s more), for work that takes milliseconds on a small run. Beside a
+Every task program (split, analyze, reduce, a Backend part) is a new Python that
+imports numpy and h5py (0.2-0.3 s of CPU) and, for a Backend part, MDAnalysis (0.45 s
+more), for work that takes milliseconds on a small run. Beside a
 pilot's agent (tasks/agent_start.py) runs this module's server, which has imported
 them; the task's command is `python -m trajflow.tasks.task_server run MODULE ARGS`, a
 small client that hands the server its standard input and output, folder,
@@ -22,13 +22,12 @@ What differs from a new Python: the fork's /proc/PID/environ is the server's (Li
 shows a process' environment as it was at its exec), and its CPU and I/O counters
 start at the fork, without an interpreter's start-up and imports.
 
-Not MPI ranks (yet): MPICH's launcher talks to each rank through a descriptor (PMI_FD)
-that can be handed over, but with it handed over, 33 of 40 3-rank launches ended in
-"Killed (signal 9)" from its proxy after every rank had finished (seen). The cause,
-found since (strace of hydra's proxy, a fork server outside trajflow): MPICH sends its
-PMI "finalize" from a C atexit handler, which the fork's os._exit skips; the proxy
-sees a rank's connection close unfinalized and SIGKILLs every rank's group. Ended by
-libc's exit() after MPI_Finalize instead, 18 of 18 2-4-rank served launches passed.
+MPI ranks too (MPICH's hydra, SLURM's PMI2): a rank's launcher talks to it through a
+descriptor it names in PMI_FD; the client hands it over with its stdio and the fork has
+it at the same number. A served rank is finalized and ends through libc's exit():
+MPICH tells its proxy "finalize" from a C atexit handler, and the proxy SIGKILLs every
+rank when one's connection closes unfinalized (with os._exit, 33 of 40 3-rank launches
+were killed after every rank had finished; strace of the proxy showed why).
 Standard library only at the top: the client must start in milliseconds.
 """
 import json
