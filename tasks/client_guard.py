@@ -186,6 +186,8 @@ def guard(session_dir, timeout_s, bootstrap_pid, poll_s=None):
                 _ended(session_dir, fired=True, reason=reason, job_cancelled=None)
             return reason
         _wait(ends, poll_s)
+    if ends is not None:
+        os.close(ends)
     _ended(session_dir, fired=False, reason="the pilot ended")
     return None
 

@@ -665,11 +665,11 @@ def _exit_as_interpreter(code):
     mpi = sys.modules.get("mpi4py.MPI")
     began = False
     try:
+        began = mpi is not None and mpi.Is_initialized()  # first: whatever fails below
         import atexit
         import threading
         threading._shutdown()
         atexit._run_exitfuncs()
-        began = mpi is not None and mpi.Is_initialized()
         if began and not mpi.Is_finalized():
             mpi.Finalize()
         sys.stdout.flush()
@@ -679,9 +679,9 @@ def _exit_as_interpreter(code):
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
         code = code if 0 <= code < 256 else 1
-        if began:
+        if began:  # (PyDLL: the GIL stays held, no thread runs Python during libc's exit)
             import ctypes
-            ctypes.CDLL(None).exit(code)
+            ctypes.PyDLL(None).exit(code)
         os._exit(code)
 
 

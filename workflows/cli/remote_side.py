@@ -39,7 +39,8 @@ import time
 from trajflow.tasks.client_guard import alive, start_time
 from trajflow.tasks.plan import RunPlan
 from trajflow.tasks.rundir import (BATCH_SCRIPT, CLIENT, CLIENT_EXIT, CLIENT_LOG, lock_held,
-                                   open_in_run, PLAN, read_outcome, read_record, write_record)
+                                   open_in_run, PLAN, read_outcome, read_record, REPORT,
+                                   write_record)
 from trajflow.workflows.campaign.folders import is_campaign_dir, resource_log_path, resource_runs
 from trajflow.workflows.campaign.run import Campaign
 from trajflow.workflows.cli.commands import run_planned, run_planned_on_held
@@ -194,10 +195,18 @@ def run_client(rundir, command, report_wait_s=300.0):
     fetch at "done" must find report.html)."""
     code = run_guarded(lambda _: command(), None)
     deadline = time.time() + report_wait_s
-    while lock_held(rundir) and time.time() < deadline:
+    while _report_coming(rundir) and time.time() < deadline:
         time.sleep(0.2)
     write_record(os.path.join(rundir, CLIENT_EXIT), code=code)
     return code
+
+
+def _report_coming(rundir):
+    """Whether a held pilot is still to write the ended run's report: it has said how the
+    run ended, and keeps the folder locked until then (a run that never reached it, its
+    lock perhaps still this process', has nothing coming)."""
+    return (read_outcome(rundir) is not None and not os.path.exists(os.path.join(rundir, REPORT))
+            and lock_held(rundir))
 
 
 def client_state(record):

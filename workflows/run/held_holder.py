@@ -52,6 +52,9 @@ POLL_S = 0.5
 # every run's latency)
 HELD_COALESCE_S = 0.0
 CLIENTS_JOIN_S = 10.0  # at the end, the longest each client's thread is waited for
+# the longest a run's report is waited for from the drawer (nice +10: a pilot's long run on
+# every core slows it) before the holder draws it itself; the folder is locked meanwhile
+REPORT_WAIT_S = 300.0
 
 
 @dataclasses.dataclass
@@ -291,9 +294,9 @@ class Holder:
         drawer is gone. Its path, or None."""
         if self.drawer is not None:
             try:
-                return self.drawer.draw(rundir).result()
-            except RuntimeError as exc:
-                log.warning("%s: %s; drawn by the holder", rundir, exc)
+                return self.drawer.draw(rundir).result(REPORT_WAIT_S)
+            except Exception as exc:  # noqa: gone, or too slow: the report is drawn here
+                log.warning("%s: %s; drawn by the holder", rundir, exc or type(exc).__name__)
         return Run(rundir, trust=True).write_report()
 
     def _check_open(self):

@@ -9,9 +9,10 @@ result reaches its client first, its report follows.
 
     python -m trajflow.workflows.run.report_drawer HELD_FOLDER
 
-(its holder's folder, named to tell whose it is in a process list) reads run folders, one absolute path a line, on stdin, and answers each on
-stdout, in order, with a JSON line {"path": ..., "report": its report.html or
-null}. It ends at stdin's end, or when its parent (the holder) dies.
+(its holder's folder, named to tell whose it is in a process list) reads run
+folders, one absolute path a line, on stdin, and answers each on stdout, in order,
+with a JSON line {"path": ..., "report": its report.html or null}. It ends at stdin's
+end, or when its parent (the holder) dies.
 """
 import collections
 import concurrent.futures
@@ -50,29 +51,41 @@ class ReportDrawer:
 
     def draw(self, rundir) -> concurrent.futures.Future:
         future = concurrent.futures.Future()
+        path = os.path.abspath(rundir)
         with self._lock:
             try:
-                self._proc.stdin.write(os.path.abspath(rundir).encode() + b"\n")
+                self._proc.stdin.write(path.encode() + b"\n")
                 self._proc.stdin.flush()
             except (OSError, ValueError) as exc:  # it is gone (or closed)
                 future.set_exception(RuntimeError(f"the report drawer is gone ({exc})"))
                 return future
-            self._pending.append(future)
+            self._pending.append((path, future))
         return future
 
     def _read(self):
-        for line in self._proc.stdout:
-            with self._lock:
-                future = self._pending.popleft() if self._pending else None
-            if future is not None:
-                try:
-                    future.set_result(json.loads(line).get("report"))
-                except ValueError as exc:
-                    future.set_exception(exc)
-        with self._lock:  # it ended: no answer will come for what is left
-            left, self._pending = list(self._pending), collections.deque()
-        for future in left:
-            future.set_exception(RuntimeError("the report drawer ended before it drew this"))
+        """Each answer to the path it names, in order; whatever ends this loop (the
+        drawer's end, an answer that is not its own) fails what is left: no caller waits
+        for ever."""
+        try:
+            for line in self._proc.stdout:
+                with self._lock:
+                    path, future = self._pending.popleft() if self._pending else (None, None)
+                if future is None:
+                    raise ValueError("an answer to no request")
+                answer = json.loads(line)
+                if not isinstance(answer, dict) or answer.get("path") != path:
+                    raise ValueError(f"an answer that is not {path}'s")
+                future.set_result(answer.get("report"))
+        except ValueError as exc:
+            log.warning("the report drawer's answers: %s; reports are drawn by the holder",
+                        exc)
+            self._proc.kill()
+        finally:
+            with self._lock:  # it ended: no answer will come for what is left
+                left, self._pending = list(self._pending), collections.deque()
+            for _, future in left:
+                future.set_exception(RuntimeError("the report drawer ended before it drew "
+                                                  "this"))
 
     def close(self, timeout=30.0):
         """Let it draw what it was sent (up to `timeout`), then end it."""
