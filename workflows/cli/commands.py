@@ -103,9 +103,8 @@ def _summarise(run, html_path=None, due=None):
     (written here unless `html_path` says where it was written already, or `due` where a
     held pilot draws it after the result)."""
     try:
-        said = (f"{html_path}" if html_path else
-                f"{due} (the held pilot draws it after the result)" if due else
-                f"{run.write_report()}")
+        said = html_path or (f"{due} (the held pilot draws it after the result)" if due
+                             else run.write_report())
         return (run.summary() + f"\n  timeline and phases: {said}  (trajflow inspect "
                 f"{shlex.quote(run.path)} for the table)")
     except Exception as exc:  # the report must never hide the result
