@@ -8,12 +8,14 @@ turns forked starts on and runs the agent's own script in this process (runpy:
 the agent's pid is the one the bootstrapper watches, its name is `rp.agent.0`).
 The agent's 12 bridges and 4 components then start in ~0.1-0.3 s each instead of
 0.25-0.5 s. Beside it runs the server of the pilot's single-core tasks
-(tasks/task_server.py), unless `--no-task-server` comes first. Anything else it is
-asked to launch is exec'd as it is.
+(tasks/task_server.py), unless `--no-task-server` comes first. The agent's RPC
+requests are sent again while unanswered (tasks/agent_rpc.py: its first one could
+be lost, and its start hung). Anything else it is asked to launch is exec'd as it is.
 """
 import os
 import sys
 
+from trajflow.tasks.agent_rpc import resend_unanswered_rpcs
 from trajflow.tasks.component_starter import run_as_main, same_python_script, use_forked_starts
 from trajflow.tasks.placement import keep_inherited_placement
 from trajflow.tasks.task_server import start_beside_agent
@@ -32,6 +34,7 @@ def main(argv):
     use_forked_starts(agent=True)
     if task_server:
         start_beside_agent()
+    resend_unanswered_rpcs()  # (imports RADICAL, as the script is about to)
     run_as_main(script, argv[1:])
 
 

@@ -65,7 +65,8 @@ def test_ctrl_c_stops_a_campaign_cancels_its_pilots_and_records_why(tmp_path):
     not end is recorded as failed, interrupted."""
     path = tmp_path / "c.toml"
     path.write_text('[campaign]\nanalysis = "rmsd"\n[input]\ndataset = "adk"\ncopies = 1\n'
-                    '[resources."local.localhost"]\nwalltime = 15\n[factors]\nranks = [1, 2]\n')
+                    '[resources."local.localhost"]\nwalltime = 15\n'
+                    f'limits = "{START_LIMIT}"\n[factors]\nranks = [1, 2]\n')
     cdir = tmp_path / "camp"
     proc = start_with_sleeping_tasks(["campaign", str(path), "--out", str(cdir)])
 

@@ -8,6 +8,7 @@ watch cancels it, a second pilot runs the run, and the result is MDAnalysis'.
 import glob
 import logging
 import os
+import shutil
 import signal
 import time
 
@@ -16,6 +17,7 @@ import pytest
 
 import trajflow
 from processes import assert_nothing_left
+from trajflow.tasks.agent_rpc import LOSE_FIRST_SEND
 
 
 @pytest.mark.serial  # a healthy pilot's start must stay well inside the 45 s bound
@@ -45,6 +47,31 @@ def test_a_pilot_that_never_comes_up_is_replaced(tmp_path, adk, reference_result
     for session in sessions:
         assert_nothing_left(os.path.basename(session))
     assert not [pid for pid in os.listdir("/proc") if pid.isdigit() and _is_the_delay(pid)]
+
+
+def test_an_agent_whose_first_rpc_request_is_lost_still_comes_up(tmp_path, adk,
+                                                                  reference_results,
+                                                                  monkeypatch):
+    """The start that hung in CI: the agent's first RPC request (preparing its `rp`
+    environment) lost on its control channel. With every request's first send lost on
+    purpose, the agent sends it again: its pilot comes up, is not replaced, and the run
+    equals MDAnalysis'."""
+    monkeypatch.setenv(LOSE_FIRST_SEND, "1")
+    out = tmp_path / "rmsd"
+    run = trajflow.run(*adk, "rmsd", blocks=2, out=str(out), limits="start=120",
+                       keep_sandbox=True)
+    np.testing.assert_allclose(run.results.rmsd, reference_results(adk[0], [adk[1]], "rmsd")["rmsd"],
+                               atol=1e-4)
+    sessions = glob.glob(str(out / "re.session.*"))
+    assert len(sessions) == 1, sessions  # not replaced at the start bound
+    sandbox = os.path.expanduser(os.path.join("~", "radical.pilot.sandbox",
+                                              os.path.basename(sessions[0])))
+    try:
+        with open(os.path.join(sandbox, "pilot.0000", "agent_0.log")) as fh:
+            log = fh.read()
+        assert "(prepare_env) not answered after 1 send(s)" in log, log[-2000:]
+    finally:
+        shutil.rmtree(sandbox, ignore_errors=True)
 
 
 def _is_the_delay(pid):

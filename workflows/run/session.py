@@ -18,6 +18,7 @@ import time
 from resource import RUSAGE_SELF, getrusage
 
 from trajflow.tasks import procfs
+from trajflow.tasks.agent_rpc import LOSE_FIRST_SEND
 from trajflow.tasks.client_guard import CLIENT_CONFIGS
 from trajflow.tasks.placement import (node_cpus, pin_to, RADICAL_TIMER_SLACK_NS, set_timer_slack,
                                       split_cpus)
@@ -348,10 +349,14 @@ def _lost_nodes_after(outcomes, wait_until):
 
 
 def _test_start_delay():
-    """Testing hook: $TRAJFLOW_TEST_PILOT_START_DELAY_S (the first pilot of a child
-    only) delays the pilot's bootstrap, as a start that hangs would."""
+    """Testing hooks: $TRAJFLOW_TEST_PILOT_START_DELAY_S (the first pilot of a child
+    only) delays the pilot's bootstrap, as a start that hangs would;
+    $TRAJFLOW_TEST_LOSE_FIRST_RPC=1 reaches the agent (tasks/agent_rpc.py)."""
     delay = os.environ.pop("TRAJFLOW_TEST_PILOT_START_DELAY_S", None)
-    return [resources.pre_bootstrap_entry(f"sleep {float(delay):g}")] if delay else []
+    hooks = [f"sleep {float(delay):g}"] if delay else []
+    if os.environ.get(LOSE_FIRST_SEND) == "1":
+        hooks.append(f"export {LOSE_FIRST_SEND}=1")
+    return [resources.pre_bootstrap_entry(hook) for hook in hooks]
 
 
 _SEND_LOCK = threading.Lock()  # the child's threads share one pipe to the parent

@@ -1,0 +1,119 @@
+"""A pilot's agent sends an unanswered RPC request again, and handles each request once
+(tasks/agent_rpc.py): over a real RADICAL control channel (a ZMQ pub/sub bridge, its
+publisher and subscriber as RADICAL makes them), whose first send is lost as ZMQ's slow
+joiner loses it at the agent's start."""
+import threading
+import time
+
+import pytest
+
+from trajflow.tasks import agent_rpc
+
+pytestmark = pytest.mark.timeout(120)
+
+CONTROL = "control_pubsub"
+
+
+class Silent:
+    """RADICAL's logger's calls, said nowhere."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+@pytest.fixture(autouse=True)
+def short_waits(monkeypatch):
+    monkeypatch.setattr(agent_rpc, "RESEND_AFTER_S", (0.5, 1.0))
+
+
+@pytest.fixture
+def control_channel(tmp_path):
+    import radical.utils as ru
+    bridge = ru.zmq.PubSub(CONTROL, cfg={"uid": "test.control.bridge", "path": str(tmp_path)})
+    bridge.start()
+    yield bridge
+    bridge.stop()
+
+
+def component_on(bridge, tmp_path, lose_first=0):
+    """A RADICAL-Pilot component of a class patched as the agent's is, listening on the
+    control channel; its first `lose_first` publishes are lost."""
+    import radical.utils as ru
+    from radical.pilot.utils.component import BaseComponent
+
+    class Agent(BaseComponent):
+        pass
+
+    agent_rpc.resend_unanswered_rpcs(Agent)
+    component = object.__new__(Agent)
+    component.__dict__.update(_uid="agent_0", _log=Silent(), _rpc_reqs={}, _rpc_handlers={},
+                              _cancel_list=[], _cancel_lock=threading.RLock())
+    publisher = ru.zmq.Publisher(CONTROL, url=bridge.addr_pub, path=str(tmp_path))
+    sends = []
+
+    class Lossy:
+        def put(self, topic, msg):
+            sends.append(msg)
+            if len(sends) > lose_first:
+                publisher.put(topic, msg)
+
+    component._publishers = {CONTROL: Lossy()}
+    subscriber = ru.zmq.Subscriber(CONTROL, url=bridge.addr_sub, path=str(tmp_path))
+    subscriber.subscribe(CONTROL, cb=component._control_cb, lock=threading.RLock())
+    return component, sends
+
+
+def test_a_lost_request_is_sent_again_and_answered_once(control_channel, tmp_path):
+    agent, sends = component_on(control_channel, tmp_path, lose_first=1)
+    calls = []
+    agent.register_rpc_handler("prepare_env", lambda env_name: calls.append(env_name) or 7,
+                               rpc_addr="pilot.0000")
+    assert agent.rpc("prepare_env", env_name="rp", rpc_addr="pilot.0000") == 7
+    assert calls == ["rp"]  # (RADICAL's own rpc() waited for ever: its one send was lost)
+    requests = [m for m in sends if type(m).__name__ == "RPCRequestMessage"]
+    assert len(requests) >= 2 and len({m.uid for m in requests}) == 1
+    assert not agent._rpc_reqs
+
+
+def test_a_request_that_comes_twice_is_handled_once(control_channel, tmp_path):
+    """A slow handler's request is sent again meanwhile: the copy is not run again."""
+    agent, sends = component_on(control_channel, tmp_path)
+    calls, release = [], threading.Event()
+
+    def slow(env_name):
+        calls.append(env_name)
+        release.wait(30)
+        return "ok"
+
+    agent.register_rpc_handler("prepare_env", slow, rpc_addr="pilot.0000")
+    threading.Timer(2.0, release.set).start()  # past the second resend (sent at 1.5 s)
+    assert agent.rpc("prepare_env", env_name="rp", rpc_addr="pilot.0000") == "ok"
+    requests = [m for m in sends if type(m).__name__ == "RPCRequestMessage"]
+    assert len(requests) >= 3 and calls == ["rp"]
+
+
+def test_a_failed_handler_is_raised_as_radical_raises_it(control_channel, tmp_path):
+    agent, _ = component_on(control_channel, tmp_path)
+
+    def broken(env_name):
+        raise OSError("no space left")
+
+    agent.register_rpc_handler("prepare_env", broken)
+    with pytest.raises(RuntimeError, match="rpc failed: .*no space left"):
+        agent.rpc("prepare_env", env_name="rp")
+
+
+def test_the_waits_go_on_at_the_last_one():
+    waits = agent_rpc.resend_waits()
+    assert [next(waits) for _ in range(5)] == [0.5, 1.0, 1.0, 1.0, 1.0]
+
+
+def test_the_testing_hook_loses_each_requests_first_send(control_channel, tmp_path,
+                                                         monkeypatch):
+    monkeypatch.setenv(agent_rpc.LOSE_FIRST_SEND, "1")
+    agent, sends = component_on(control_channel, tmp_path)
+    agent.register_rpc_handler("prepare_env", lambda env_name: env_name)
+    t0 = time.monotonic()
+    assert agent.rpc("prepare_env", env_name="rp") == "rp"
+    assert time.monotonic() - t0 >= 0.5  # answered to the second send, made at 0.5 s
+    assert [type(m).__name__ for m in sends] == ["RPCRequestMessage", "RPCResultMessage"]
