@@ -1,22 +1,27 @@
 """A pilot's agent sends its own RPC request again when no answer comes, so that a
 request lost at its start no longer hangs the pilot.
 
-RADICAL-Pilot 1.103's agent_0 subscribes to its control channel and, at once,
-publishes its first RPC request on it (`prepare_env`, the `rp` environment;
-`radical/pilot/utils/component.py` `_initialize`, then `agent/agent_0.py`
-`initialize`). A ZMQ subscription takes effect only once its connection to the
-channel's bridge is up; RADICAL waits 10 ms for that. A request that reaches the
-bridge first is dropped (ZMQ's "slow joiner"), and `rpc()` then waits for ever:
-the pilot's job runs, its agent never reports ready, and trajflow's start watch
+RADICAL-Pilot 1.103's agent_0 subscribes to its control channel and, a few
+milliseconds later, publishes its first RPC request on it (`prepare_env`, the
+`rp` environment; `radical/pilot/utils/component.py` `_initialize`, then
+`agent/agent_0.py` `initialize`). A ZMQ subscription takes effect only once its
+connection to the channel's bridge is up (RADICAL waits 10 ms after connecting,
+nothing after subscribing). A request that reaches the bridge first is dropped
+(ZMQ's "slow joiner"), and `rpc()` then waits for ever: the pilot's job runs,
+its agent never reports ready, and trajflow's start watch
 (workflows/run/pilot_start.py) cancels it at the start bound (300 s). A
 publisher and a subscriber made as RADICAL makes them, then one message
 published, lost it 1 time in 30 on this 2-core workstation, idle or loaded.
 
 Here the request is published again (the same uid) while no answer has come,
-after RESEND_AFTER_S; a request is handled once per uid, however many times it
-arrives (its answer is published once, through the subscription the request
-came by, so it is not lost). Applied in the agent's own process
-(tasks/agent_start.py) before its script runs; nothing else of RADICAL changes.
+after RESEND_AFTER_S, and a request is handled once per uid however many times
+it arrives. A copy is not answered again: the agent asks itself (its own
+publisher and subscriber), so once a request came through, its answer does too.
+A resend and the handler's own publishes come from two threads, so publishes
+are made one at a time (a ZMQ socket is not thread-safe). Applied in the
+agent's own process (tasks/agent_start.py) before its script runs, wherever the
+agent starts through it (a pilot in this virtualenv); nothing else of RADICAL
+changes.
 """
 import os
 import threading
@@ -83,6 +88,17 @@ def handled_once(handle):
     return handle_once
 
 
+def one_at_a_time(publish):
+    """BaseComponent.publish, never entered by two threads at once."""
+    lock = threading.Lock()
+
+    def publish_alone(component, *args, **kwargs):
+        with lock:
+            return publish(component, *args, **kwargs)
+    publish_alone.__wrapped__ = publish
+    return publish_alone
+
+
 def resend_unanswered_rpcs(component_class=None):
     """Patch RADICAL-Pilot's component class (or `component_class`) in this process,
     once."""
@@ -92,3 +108,4 @@ def resend_unanswered_rpcs(component_class=None):
         return
     component_class.rpc = rpc_sent_until_answered
     component_class._handle_rpc_msg = handled_once(component_class._handle_rpc_msg)
+    component_class.publish = one_at_a_time(component_class.publish)

@@ -8,9 +8,10 @@ turns forked starts on and runs the agent's own script in this process (runpy:
 the agent's pid is the one the bootstrapper watches, its name is `rp.agent.0`).
 The agent's 12 bridges and 4 components then start in ~0.1-0.3 s each instead of
 0.25-0.5 s. Beside it runs the server of the pilot's single-core tasks
-(tasks/task_server.py), unless `--no-task-server` comes first. The agent's RPC
-requests are sent again while unanswered (tasks/agent_rpc.py: its first one could
-be lost, and its start hung). Anything else it is asked to launch is exec'd as it is.
+(tasks/task_server.py). The agent's RPC requests are sent again while unanswered
+(tasks/agent_rpc.py: its first one could be lost, and its start hung). Flags in
+front turn the task server (`--no-task-server`) and the forked starts
+(`--no-forked-starts`) off. Anything else it is asked to launch is exec'd as it is.
 """
 import os
 import sys
@@ -22,17 +23,20 @@ from trajflow.tasks.task_server import start_beside_agent
 
 AGENT = "radical-pilot-agent_0"
 NO_TASK_SERVER = "--no-task-server"
+NO_FORKED_STARTS = "--no-forked-starts"
 
 
 def main(argv):
-    task_server = argv[:1] != [NO_TASK_SERVER]
-    argv = argv if task_server else argv[1:]
+    flags = set()
+    while argv[:1] and argv[0] in (NO_TASK_SERVER, NO_FORKED_STARTS):
+        flags.add(argv.pop(0))
     script = same_python_script(AGENT) if argv[:1] == [AGENT] else None
     if script is None:  # not RADICAL's agent, or another Python's: run as it is
         os.execvp(argv[0], argv)
     keep_inherited_placement()  # the agent's timer slack and CPUs, not a task's
-    use_forked_starts(agent=True)
-    if task_server:
+    if NO_FORKED_STARTS not in flags:
+        use_forked_starts(agent=True)
+    if NO_TASK_SERVER not in flags:
         start_beside_agent()
     resend_unanswered_rpcs()  # (imports RADICAL, as the script is about to)
     run_as_main(script, argv[1:])

@@ -18,6 +18,7 @@ import pytest
 import trajflow
 from processes import assert_nothing_left
 from trajflow.tasks.agent_rpc import LOSE_FIRST_SEND
+from trajflow.tasks.client_guard import remove_task_tmp
 
 
 @pytest.mark.serial  # a healthy pilot's start must stay well inside the 45 s bound
@@ -62,16 +63,22 @@ def test_an_agent_whose_first_rpc_request_is_lost_still_comes_up(tmp_path, adk,
                        keep_sandbox=True)
     np.testing.assert_allclose(run.results.rmsd, reference_results(adk[0], [adk[1]], "rmsd")["rmsd"],
                                atol=1e-4)
-    sessions = glob.glob(str(out / "re.session.*"))
-    assert len(sessions) == 1, sessions  # not replaced at the start bound
-    sandbox = os.path.expanduser(os.path.join("~", "radical.pilot.sandbox",
-                                              os.path.basename(sessions[0])))
+    sessions = [os.path.basename(s) for s in glob.glob(str(out / "re.session.*"))]
     try:
-        with open(os.path.join(sandbox, "pilot.0000", "agent_0.log")) as fh:
+        assert len(sessions) == 1, sessions  # not replaced at the start bound
+        with open(os.path.join(_sandbox(sessions[0]), "pilot.0000", "agent_0.log")) as fh:
             log = fh.read()
         assert "(prepare_env) not answered after 1 send(s)" in log, log[-2000:]
+        assert_nothing_left(sessions[0])
     finally:
-        shutil.rmtree(sandbox, ignore_errors=True)
+        for sid in sessions:  # kept (keep_sandbox), so that its agent's log could be read
+            shutil.rmtree(_sandbox(sid), ignore_errors=True)
+            remove_task_tmp(sid)
+
+
+def _sandbox(sid):
+    """A local pilot's session sandbox (resource_configs: $HOME)."""
+    return os.path.expanduser(os.path.join("~", "radical.pilot.sandbox", sid))
 
 
 def _is_the_delay(pid):

@@ -78,18 +78,21 @@ def test_a_lost_request_is_sent_again_and_answered_once(control_channel, tmp_pat
 def test_a_request_that_comes_twice_is_handled_once(control_channel, tmp_path):
     """A slow handler's request is sent again meanwhile: the copy is not run again."""
     agent, sends = component_on(control_channel, tmp_path)
-    calls, release = [], threading.Event()
+    calls = []
 
-    def slow(env_name):
+    def requests():
+        return [m for m in sends if type(m).__name__ == "RPCRequestMessage"]
+
+    def slow(env_name):  # answers once the request has been sent a third time
         calls.append(env_name)
-        release.wait(30)
+        deadline = time.monotonic() + 30
+        while len(requests()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
         return "ok"
 
     agent.register_rpc_handler("prepare_env", slow, rpc_addr="pilot.0000")
-    threading.Timer(2.0, release.set).start()  # past the second resend (sent at 1.5 s)
     assert agent.rpc("prepare_env", env_name="rp", rpc_addr="pilot.0000") == "ok"
-    requests = [m for m in sends if type(m).__name__ == "RPCRequestMessage"]
-    assert len(requests) >= 3 and calls == ["rp"]
+    assert len(requests()) >= 3 and calls == ["rp"]
 
 
 def test_a_failed_handler_is_raised_as_radical_raises_it(control_channel, tmp_path):
@@ -101,6 +104,29 @@ def test_a_failed_handler_is_raised_as_radical_raises_it(control_channel, tmp_pa
     agent.register_rpc_handler("prepare_env", broken)
     with pytest.raises(RuntimeError, match="rpc failed: .*no space left"):
         agent.rpc("prepare_env", env_name="rp")
+
+
+def test_publishes_are_made_one_at_a_time(control_channel, tmp_path):
+    """A resend (the asking thread) and the handler's answer (the listening thread) share
+    one ZMQ socket, which is not thread-safe."""
+    agent, _ = component_on(control_channel, tmp_path)
+    inside, most = [0], [0]
+
+    class Counting:
+        def put(self, topic, msg):
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+            time.sleep(0.01)
+            inside[0] -= 1
+
+    agent._publishers = {CONTROL: Counting()}
+    threads = [threading.Thread(target=agent.publish, args=(CONTROL, {"cmd": "x"}))
+               for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert most == [1]
 
 
 def test_the_waits_go_on_at_the_last_one():

@@ -132,11 +132,22 @@ def _bootstrap_shell(entry, before, echo):
 def test_the_agent_is_launched_through_trajflows_agent_start_unless_turned_off(tmp_path,
                                                                               monkeypatch):
     """The bootstrapper's LAUNCHER (empty, or Cray's ccmrun) gets trajflow's agent start
-    behind it, as a shell reads the entry; TRAJFLOW_FORKED_STARTS=0 adds none."""
+    behind it, as a shell reads the entry; TRAJFLOW_FORKED_STARTS=0 turns its forked
+    starts and task server off (its RPC requests are still sent again: agent_rpc.py),
+    TRAJFLOW_TASK_SERVER=0 its task server."""
     import sys
     entries = _localhost_entries(tmp_path, "LAUNCHER=")
     ours = f"{sys.executable} -P -m trajflow.tasks.agent_start"
     assert _bootstrap_shell(entries[0], "LAUNCHER=", "$LAUNCHER") == ours
     assert _bootstrap_shell(entries[0], "LAUNCHER=ccmrun", "$LAUNCHER") == f"ccmrun {ours}"
+    assert resources.agent_serves_tasks("local.localhost")
+    monkeypatch.setenv("TRAJFLOW_TASK_SERVER", "0")
+    off = resources.agent_start_entry()[0]
+    assert _bootstrap_shell(off, "LAUNCHER=", "$LAUNCHER") == f"{ours} --no-task-server"
+    assert not resources.agent_serves_tasks("local.localhost")
     monkeypatch.setenv("TRAJFLOW_FORKED_STARTS", "0")
-    assert resources.agent_start_entry() == []
+    monkeypatch.delenv("TRAJFLOW_TASK_SERVER")
+    off = resources.agent_start_entry()[0]
+    assert (_bootstrap_shell(off, "LAUNCHER=", "$LAUNCHER")
+            == f"{ours} --no-forked-starts --no-task-server")
+    assert not resources.agent_serves_tasks("local.localhost")

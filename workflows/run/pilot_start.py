@@ -6,9 +6,10 @@ run a SLURM pilot's agent started (its components up, `hostname` in its
 agent_0.prof) and then waited forever on its own first request (preparing
 its `rp` environment, a message on its control channel that never came
 back); the client waited the whole 20-minute walltime and the job ended by
-TimeLimit. (That request was lost: see tasks/agent_rpc.py, which now sends it
-again; this watch stays for any other hang.) Where the pilot's sandbox is on this disk (the local resources),
-the start of its job shows (bootstrap_0.out appears); a pilot not active
+TimeLimit. (That request was lost: tasks/agent_rpc.py now sends it again
+where the agent starts through trajflow; this watch stays for any other
+hang.) Where the pilot's sandbox is on this disk (the local resources), the
+start of its job shows (bootstrap_0.out appears); a pilot not active
 `limit_s` (the watchdog's `start` bound) after that is cancelled and the
 watch says so (`hung`), so that the caller can start another pilot. On a
 remote cluster the job's start is not visible from here. Each step (pilot

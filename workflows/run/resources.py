@@ -23,7 +23,7 @@ import sys
 import tempfile
 from importlib import resources as importlib_resources
 
-from trajflow.tasks.agent_start import NO_TASK_SERVER
+from trajflow.tasks.agent_start import NO_FORKED_STARTS, NO_TASK_SERVER
 from trajflow.tasks.component_starter import DISABLE_ENV as FORKED_STARTS_ENV
 from trajflow.tasks.task_server import DISABLE_ENV as TASK_SERVER_ENV
 from trajflow.tasks.placement import AGENT_CORES_ENV
@@ -180,7 +180,16 @@ def agent_serves_tasks(resource: str) -> bool:
     """Whether the pilot's agent starts through trajflow.tasks.agent_start with its task
     server (tasks/task_server.py) beside it."""
     return bool(_in_this_venv(resource_config(resource).as_dict(), resource)
-                and agent_start_entry()) and os.environ.get(TASK_SERVER_ENV) != "0"
+                and agent_start_entry()) and NO_TASK_SERVER not in _agent_start_flags()
+
+
+def _agent_start_flags() -> list:
+    """What of agent_start is turned off: TRAJFLOW_FORKED_STARTS=0 turns off the forked
+    starts and the task server (every start as RADICAL makes it), TRAJFLOW_TASK_SERVER=0
+    the task server (the agent does not see the client's environment)."""
+    forked_off = os.environ.get(FORKED_STARTS_ENV) == "0"
+    return ([NO_FORKED_STARTS] if forked_off else []) + (
+        [NO_TASK_SERVER] if forked_off or os.environ.get(TASK_SERVER_ENV) == "0" else [])
 
 
 def pre_bootstrap_entry(command: str) -> str:
@@ -206,16 +215,15 @@ def agent_start_entry() -> list:
     """A `pre_bootstrap_0` entry that has the bootstrapper start RADICAL's agent
     through trajflow.tasks.agent_start (its LAUNCHER, a variable of the bootstrap
     script that only Cray's ccmrun otherwise sets: kept in front where set), so
-    that the agent's bridges and components start by fork. None where this
-    Python's path would not survive the bootstrapper's word splitting, or where
-    TRAJFLOW_FORKED_STARTS=0 (the agent does not see the client's environment; nor
-    TRAJFLOW_TASK_SERVER=0, passed on as the starter's `--no-task-server`)."""
+    that the agent's bridges and components start by fork and its RPC requests are
+    sent again while unanswered (tasks/agent_rpc.py). None where this Python's path
+    would not survive the bootstrapper's word splitting."""
     python = sys.executable
-    if not re.fullmatch(r"[\w./+-]+", python) or os.environ.get(FORKED_STARTS_ENV) == "0":
+    if not re.fullmatch(r"[\w./+-]+", python):
         return []
-    flag = f" {NO_TASK_SERVER}" if os.environ.get(TASK_SERVER_ENV) == "0" else ""
+    flags = "".join(f" {flag}" for flag in _agent_start_flags())
     return [pre_bootstrap_entry(
-        f'LAUNCHER="${{LAUNCHER:+$LAUNCHER }}{python} -P -m trajflow.tasks.agent_start{flag}"')]
+        f'LAUNCHER="${{LAUNCHER:+$LAUNCHER }}{python} -P -m trajflow.tasks.agent_start{flags}"')]
 
 
 def agent_cores(resource: str) -> tuple:
