@@ -109,10 +109,10 @@ def _localhost_entries(tmp_path, beginning):
     return entries
 
 
-def _bootstrap_shell(entry, before, echo):
+def _bootstrap_shell(entry, before, echo, after=""):
     """What RADICAL's bootstrap_0.sh leaves after running `entry` as a pre_bootstrap_0
     command (its own pre_bootstrap_0 and run_cmd functions, taken from the installed
-    script), `before` run first, `echo` said after."""
+    script), `before` run first, `after` then, `echo` said last."""
     import re
     import subprocess
     import radical.pilot
@@ -123,7 +123,7 @@ def _bootstrap_shell(entry, before, echo):
                  for name in ("run_cmd", "pre_bootstrap_0")]
     assert all(functions), "RADICAL's bootstrap_0.sh no longer has these functions"
     program = "\n".join(["profile_event() { :; }", *(f.group(0) for f in functions), before,
-                          'pre_bootstrap_0 "$1" > /dev/null', f'echo "{echo}"'])
+                          'pre_bootstrap_0 "$1" > /dev/null', after, f'echo "{echo}"'])
     said = subprocess.run(["bash", "-c", program, "bash", entry], capture_output=True,
                           text=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
     return said.stdout.strip()
@@ -151,3 +151,27 @@ def test_the_agent_is_launched_through_trajflows_agent_start_unless_turned_off(t
     assert (_bootstrap_shell(off, "LAUNCHER=", "$LAUNCHER")
             == f"{ours} --no-forked-starts --no-task-server")
     assert not resources.agent_serves_tasks("local.localhost")
+
+
+def test_the_bootstrappers_rehash_is_replaced_by_one_without_pip(tmp_path):
+    """Run as the bootstrapper runs it, the entry replaces RADICAL's own rehash() (defined
+    before, as in bootstrap_0.sh); the replacement sets what RADICAL's sets, and runs no
+    pip. RADICAL's rehash is checked to be the one copied (a release that changed it
+    would need the copy looked at again)."""
+    import re
+    import sys
+    import radical.pilot
+    script = os.path.join(os.path.dirname(radical.pilot.__file__), "agent", "bootstrap_0.sh")
+    with open(script, encoding="utf-8") as fh:
+        theirs = re.search(r"^rehash\(\)\n\{.*?^\}$", fh.read(), re.M | re.S).group(0)
+    for line in ('PYTHON=`which python3`', 'PYTHON="$explicit_python"',
+                 'PYTHON_VERSION=$($PYTHON -c "$code")', 'PIP="$PYTHON -m pip"', 'unset -f pip',
+                 'echo "PIP version       : `$PIP --version`"'):
+        assert line in theirs, line
+    entries = _localhost_entries(tmp_path, "rehash() {")
+    said = _bootstrap_shell(entries[0], theirs, "$PYTHON|$PYTHON_VERSION|$PIP",
+                            after=f"rehash {sys.executable}")
+    *out, values = said.splitlines()
+    assert "its version not asked" in "\n".join(out) and "PIP version" not in said, said
+    assert values == (f"{sys.executable}|{sys.version_info.major}.{sys.version_info.minor}"
+                      f"|{sys.executable} -m pip"), said

@@ -155,7 +155,8 @@ def session_configs(target, resource, cpus, pre_bootstrap=()) -> str:
     cfg = resource_config(resource).as_dict()
     kept = agent_cores(resource)
     pin = [agent_pin_entry(task_python(resource), kept)] if kept else []
-    in_venv = [venv_path_entry(), *agent_start_entry()] if _in_this_venv(cfg, resource) else []
+    in_venv = ([venv_path_entry(), quiet_rehash_entry(), *agent_start_entry()]
+               if _in_this_venv(cfg, resource) else [])
     cfg["pre_bootstrap_0"] = (list(cfg.get("pre_bootstrap_0") or []) + in_venv + pin
                               + list(pre_bootstrap))
     if str(cfg.get("resource_manager", "")).upper() == "FORK":
@@ -209,6 +210,30 @@ def venv_path_entry() -> str:
     before it activates the virtualenv, and found pyenv's shim here, 0.6 s of every
     pilot's start (0.2 s with this one; RADICAL's bootstrap_0.prof, `rehash`)."""
     return pre_bootstrap_entry(f"export PATH={shlex.quote(venv_bin())}:\"$PATH\"")
+
+
+# RADICAL-Pilot 1.103 bootstrap_0.sh's rehash() (it runs three times), less its
+# `$PIP --version` (a pip import, 0.2 s each) and its CA bundle for pip (nothing is
+# installed where the pilot runs in this virtualenv); one line, no comma (the entry is
+# the message of a profile event, a CSV line)
+QUIET_REHASH = ("rehash() { profile_event 'rehash_start'; "
+                'if test -z "$1"; then PYTHON=$(which python3); else PYTHON="$1"; fi; '
+                'if test -z "$PYTHON"; then echo "ERROR: no python"; '
+                "env_dump no_python.env; exit 1; fi; "
+                "PYTHON_VERSION=$($PYTHON -c 'from sys import version_info as vi; "
+                "print(f\"{vi.major}.{vi.minor}\")'); "
+                'PIP="$PYTHON -m pip"; unset -f pip; '
+                'echo "PYTHON            : $PYTHON"; '
+                'echo "PYTHON_VERSION    : $PYTHON_VERSION"; '
+                'echo "PIP               : $PIP (its version not asked: trajflow)"; '
+                "profile_event 'rehash_stop'; }")
+
+
+def quiet_rehash_entry() -> str:
+    """A `pre_bootstrap_0` entry that redefines the bootstrapper's rehash() (entries
+    are eval'd in its shell, before its first rehash) without its pip import: 0.6 s of
+    each pilot's start here, three `python -m pip --version` before the agent began."""
+    return pre_bootstrap_entry(QUIET_REHASH)
 
 
 def agent_start_entry() -> list:
