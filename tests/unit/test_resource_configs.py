@@ -175,3 +175,4 @@ def test_the_bootstrappers_rehash_is_replaced_by_one_without_pip(tmp_path):
     assert "its version not asked" in "\n".join(out) and "PIP version" not in said, said
     assert values == (f"{sys.executable}|{sys.version_info.major}.{sys.version_info.minor}"
                       f"|{sys.executable} -m pip"), said
+
