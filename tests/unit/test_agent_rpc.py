@@ -143,3 +143,26 @@ def test_the_testing_hook_loses_each_requests_first_send(control_channel, tmp_pa
     assert agent.rpc("prepare_env", env_name="rp") == "rp"
     assert time.monotonic() - t0 >= 0.5  # answered to the second send, made at 0.5 s
     assert [type(m).__name__ for m in sends] == ["RPCRequestMessage", "RPCResultMessage"]
+
+
+@pytest.mark.parametrize("flags, forked, served", [
+    ([], True, True),
+    (["--no-task-server"], True, False),
+    (["--no-forked-starts", "--no-task-server"], False, False),
+])
+def test_the_agents_requests_are_sent_again_whatever_else_is_turned_off(monkeypatch, flags,
+                                                                         forked, served):
+    """agent_start with its flags (TRAJFLOW_FORKED_STARTS=0 passes both): the patch is
+    applied in every case, before the agent's script runs."""
+    from trajflow.tasks import agent_start
+    done = []
+    monkeypatch.setattr(agent_start, "same_python_script", lambda name: "/venv/bin/" + name)
+    monkeypatch.setattr(agent_start, "keep_inherited_placement", lambda: None)
+    monkeypatch.setattr(agent_start, "use_forked_starts", lambda agent: done.append("forked"))
+    monkeypatch.setattr(agent_start, "start_beside_agent", lambda: done.append("served"))
+    monkeypatch.setattr(agent_start, "resend_unanswered_rpcs", lambda: done.append("resend"))
+    monkeypatch.setattr(agent_start, "run_as_main",
+                        lambda script, args: done.append(("run", script, args)))
+    agent_start.main([*flags, agent_start.AGENT, "pilot.0000"])
+    assert done == (["forked"] * forked + ["served"] * served
+                    + ["resend", ("run", "/venv/bin/" + agent_start.AGENT, ["pilot.0000"])])
