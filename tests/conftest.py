@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from processes import hold_shared_pilot, SHARED_PILOTS_ENV, stop_shared_pilot  # noqa: E402
+from processes import (hold_shared_pilot, remove_local_sandboxes,  # noqa: E402
+                       SHARED_PILOTS_ENV, stop_shared_pilot)
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 warnings.filterwarnings("ignore", module="MDAnalysis")
 
@@ -289,19 +290,10 @@ def pytest_unconfigure(config):
 
 @pytest.fixture(scope="session", autouse=True)
 def local_sandboxes_removed(tmp_path_factory):
-    """After the session, the local RADICAL sandboxes (~/radical.pilot.sandbox/<sid>, ~1 MB
-    each) of this worker's runs that no client removed (a client killed or stopped on
-    purpose: its guard ends its pilot and keeps the sandbox for a post-mortem; 9 were left
-    by one CI run), and their tasks' ${TMPDIR:-/tmp}/<sid>; only sessions whose folder is
-    in this worker's temporary folders."""
+    """After the session, the local RADICAL sandboxes that no client removed (9 were left
+    by one CI run) of the sessions whose folders are in this worker's temporary folders."""
     yield
-    from trajflow.tasks.client_guard import remove_task_tmp
-    sids = {name for _, folders, _ in os.walk(tmp_path_factory.getbasetemp())
-            for name in folders if name.startswith("re.session.")}
-    sandboxes = os.path.expanduser(os.path.join("~", "radical.pilot.sandbox"))
-    for sid in sids:
-        shutil.rmtree(os.path.join(sandboxes, sid), ignore_errors=True)
-        remove_task_tmp(sid)
+    remove_local_sandboxes(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 import glob
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -193,3 +194,17 @@ def stop_shared_pilot(folder):
         print("the shared held pilot did not stop within 200 s (it ends at its idle time)")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def remove_local_sandboxes(folder):
+    """Remove the local RADICAL sandboxes (~/radical.pilot.sandbox/<sid>, ~1 MB each) of the
+    sessions whose folders lie in `folder`, and their tasks' ${TMPDIR:-/tmp}/<sid>: what
+    a client killed or stopped on purpose, or one on a full disk, leaves (its guard ends
+    the pilot and keeps the sandbox for a post-mortem)."""
+    from trajflow.tasks.client_guard import remove_task_tmp
+    sids = {name for _, folders, _ in os.walk(folder)
+            for name in folders if name.startswith("re.session.")}
+    sandboxes = os.path.expanduser(os.path.join("~", "radical.pilot.sandbox"))
+    for sid in sids:
+        shutil.rmtree(os.path.join(sandboxes, sid), ignore_errors=True)
+        remove_task_tmp(sid)

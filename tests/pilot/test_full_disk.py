@@ -16,7 +16,7 @@ import h5py
 import numpy as np
 import pytest
 from processes import (analyze_tasks, assert_resumed_equal, processes_mentioning,
-                       start_with_sleeping_tasks, stop, TRAJFLOW)
+                       remove_local_sandboxes, start_with_sleeping_tasks, stop, TRAJFLOW)
 
 pytestmark = pytest.mark.entk
 
@@ -32,6 +32,7 @@ def small_disk(tmp_path):
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     yield mount
+    remove_local_sandboxes(mount)  # (its sessions' folders go with the disk)
     subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
