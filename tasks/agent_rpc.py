@@ -35,12 +35,11 @@ HANDLED = "_trajflow_rpcs_handled"  # a component's set of the request uids it h
 LOSE_FIRST_SEND = "TRAJFLOW_TEST_LOSE_FIRST_RPC"
 
 
-def resend_waits(waits=None):
+def resend_waits():
     """The waits between sends (RESEND_AFTER_S), without end."""
-    waits = waits or RESEND_AFTER_S
-    yield from waits
+    yield from RESEND_AFTER_S
     while True:
-        yield waits[-1]
+        yield RESEND_AFTER_S[-1]
 
 
 def rpc_sent_until_answered(component, cmd, *args, rpc_addr=None, **kwargs):

@@ -204,7 +204,11 @@ def remove_local_sandboxes(folder):
     from trajflow.tasks.client_guard import remove_task_tmp
     sids = {name for _, folders, _ in os.walk(folder)
             for name in folders if name.startswith("re.session.")}
-    sandboxes = os.path.expanduser(os.path.join("~", "radical.pilot.sandbox"))
     for sid in sids:
-        shutil.rmtree(os.path.join(sandboxes, sid), ignore_errors=True)
+        shutil.rmtree(session_sandbox(sid), ignore_errors=True)
         remove_task_tmp(sid)
+
+
+def session_sandbox(sid):
+    """A local pilot's session sandbox (resource_configs: $HOME)."""
+    return os.path.expanduser(os.path.join("~", "radical.pilot.sandbox", sid))

@@ -8,7 +8,6 @@ watch cancels it, a second pilot runs the run, and the result is MDAnalysis'.
 import glob
 import logging
 import os
-import shutil
 import signal
 import time
 
@@ -16,9 +15,8 @@ import numpy as np
 import pytest
 
 import trajflow
-from processes import assert_nothing_left
+from processes import assert_nothing_left, remove_local_sandboxes, session_sandbox
 from trajflow.tasks.agent_rpc import LOSE_FIRST_SEND
-from trajflow.tasks.client_guard import remove_task_tmp
 
 
 @pytest.mark.serial  # a healthy pilot's start must stay well inside the 45 s bound
@@ -66,19 +64,12 @@ def test_an_agent_whose_first_rpc_request_is_lost_still_comes_up(tmp_path, adk,
     sessions = [os.path.basename(s) for s in glob.glob(str(out / "re.session.*"))]
     try:
         assert len(sessions) == 1, sessions  # not replaced at the start bound
-        with open(os.path.join(_sandbox(sessions[0]), "pilot.0000", "agent_0.log")) as fh:
+        with open(os.path.join(session_sandbox(sessions[0]), "pilot.0000", "agent_0.log")) as fh:
             log = fh.read()
         assert "(prepare_env) not answered after 1 send(s)" in log, log[-2000:]
         assert_nothing_left(sessions[0])
-    finally:
-        for sid in sessions:  # kept (keep_sandbox), so that its agent's log could be read
-            shutil.rmtree(_sandbox(sid), ignore_errors=True)
-            remove_task_tmp(sid)
-
-
-def _sandbox(sid):
-    """A local pilot's session sandbox (resource_configs: $HOME)."""
-    return os.path.expanduser(os.path.join("~", "radical.pilot.sandbox", sid))
+    finally:  # kept (keep_sandbox), so that its agent's log could be read
+        remove_local_sandboxes(out)
 
 
 def _is_the_delay(pid):

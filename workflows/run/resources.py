@@ -155,7 +155,7 @@ def session_configs(target, resource, cpus, pre_bootstrap=()) -> str:
     cfg = resource_config(resource).as_dict()
     kept = agent_cores(resource)
     pin = [agent_pin_entry(task_python(resource), kept)] if kept else []
-    in_venv = ([venv_path_entry(), *bootstrap_function_entries(), *agent_start_entry()]
+    in_venv = ([venv_path_entry(), quiet_rehash_entry(), *agent_start_entry()]
                if _in_this_venv(cfg, resource) else [])
     cfg["pre_bootstrap_0"] = (list(cfg.get("pre_bootstrap_0") or []) + in_venv + pin
                               + list(pre_bootstrap))
@@ -212,11 +212,11 @@ def venv_path_entry() -> str:
     return pre_bootstrap_entry(f"export PATH={shlex.quote(venv_bin())}:\"$PATH\"")
 
 
-# RADICAL-Pilot 1.103 bootstrap_0.sh's functions, redefined by pre_bootstrap_0 entries
-# (eval'd in its shell before it calls them) where the pilot runs in this virtualenv;
-# each one line without a comma (an entry is the message of a profile event, a CSV line).
-# rehash() (run three times) less its `$PIP --version` (a pip import, 0.2 s each) and
-# its CA bundle for pip (nothing is installed where the pilot runs in this virtualenv)
+# RADICAL-Pilot 1.103 bootstrap_0.sh's rehash() (run three times), redefined by a
+# pre_bootstrap_0 entry (eval'd in its shell before it calls it) where the pilot runs in
+# this virtualenv: less its `$PIP --version` (a pip import, 0.2 s each) and its CA bundle
+# for pip (nothing is installed there); one line without a comma (an entry is the
+# message of a profile event, a CSV line)
 QUIET_REHASH = ("rehash() { profile_event 'rehash_start'; "
                 'if test -z "$1"; then PYTHON=$(which python3); else PYTHON="$1"; fi; '
                 'if test -z "$PYTHON"; then echo "ERROR: no python"; '
@@ -228,15 +228,14 @@ QUIET_REHASH = ("rehash() { profile_event 'rehash_start'; "
                 'echo "PYTHON_VERSION    : $PYTHON_VERSION"; '
                 'echo "PIP               : $PIP (its version not asked: trajflow)"; '
                 "profile_event 'rehash_stop'; }")
-BOOTSTRAP_FUNCTIONS = (QUIET_REHASH,)
 
 
-def bootstrap_function_entries() -> list:
-    """`pre_bootstrap_0` entries that redefine steps of the bootstrapper before the agent's
-    launch: rehash, 0.6 s of each pilot's start here (three pip imports that printed
-    pip's version). (Its two environment scripts, 0.85 s each, written side by side
-    instead, saved 0.2 s here, where the client shares the cores: not done.)"""
-    return [pre_bootstrap_entry(function) for function in BOOTSTRAP_FUNCTIONS]
+def quiet_rehash_entry() -> str:
+    """A `pre_bootstrap_0` entry that redefines the bootstrapper's rehash() without its
+    pip import: 0.6 s of each pilot's start here (three pip imports that printed pip's
+    version). (Its two environment scripts, 0.85 s each, written side by side instead,
+    saved 0.2 s here, where the client shares the cores: not done.)"""
+    return pre_bootstrap_entry(QUIET_REHASH)
 
 
 def agent_start_entry() -> list:
