@@ -1,11 +1,25 @@
-"""A pilot's agent looks for work sooner: its scheduler waits at most AGENT_IDLE_S
-between looks when idle, instead of RADICAL-Pilot's fixed 0.1 s.
+"""A pilot's agent looks for work sooner, and sleeps while it has none: its scheduler's
+idle sleep ends the moment a task or a freed slot is queued for it (or after
+QUEUED_IDLE_S), instead of RADICAL-Pilot's fixed 0.1 s.
 
 RADICAL-Pilot 1.103's agent scheduler sleeps 0.1 s whenever a pass of its loop found
 nothing to do (`radical/pilot/agent/scheduler/base.py`, "FIXME: configurable"): a task
 sent to an idle pilot waited 0.02-0.13 s to be given cores, in a warm run of 0.7-0.8 s.
 The module calls `time.sleep`; it is given a `time` whose sleep is capped, and nothing
-else of it changes. Applied in the agent's component starter (component_starter.py,
+else of it changes. Capped at 0.01 s, the scheduler's process woke ~50 times a second
+on an idle held pilot (0.6 CPU-s every 30 s); so in the process that runs its loop
+(`_schedule_tasks`) the sleep waits on the loop's two queues' pipes instead, which a
+task to place or a slot freed makes readable (a sleep of AGENT_IDLE_S where they
+cannot be found). And the Popen executor's watcher, every 0.05 s, publishes the tasks
+that ended since its last look to the scheduler, an empty list when none did: 20
+messages a second through a bridge to the scheduler's two processes, which woke its
+loop as often. Those empty lists are not sent (`skip_empty_publishes`).
+
+agent_0 reads two queues (tasks from the client, tasks done to send back), each in
+turn for up to 200 ms. Where their bridges hold a request until a message comes
+(quiet_bridges.py), waiting 200 ms on one would keep the other's message waiting; so
+in agent_0's process (tasks/agent_start.py) a component waits on all its inputs at
+once, then takes from each what has come (`wait_on_all_inputs`). Applied in the agent's component starter (component_starter.py,
 started by agent_start.py) before any component is forked, so only the agent's own
 processes look sooner: the client's, and any other Python's, are as RADICAL makes them.
 
@@ -15,28 +29,127 @@ RADICAL's SIGTERM and SIGINT handlers (they end the executor's tasks and not the
 process), which every bridge and component forked from the starter would inherit.
 """
 import logging
+import multiprocessing.connection
 import sys
 import time
 
+import zmq
+
 log = logging.getLogger(__name__)
 
-AGENT_IDLE_S = 0.01
+AGENT_IDLE_S = 0.01   # the longest idle sleep where nothing can end it sooner
+QUEUED_IDLE_S = 0.5   # the longest idle wait on the scheduler's queues
 # the modules whose idle sleeps are capped (in 1.103 the scheduler's only sleep; imported
 # with radical.pilot, as the starter imports it)
 IDLE_WAITS = ("radical.pilot.agent.scheduler.base",)
+SCHEDULER = "AgentSchedulingComponent"  # in IDLE_WAITS[0]: its loop's queues wake it
+SCHEDULER_QUEUES = ("_queue_sched", "_queue_unsched")  # multiprocessing.Queue each
+INPUT_WAIT_MS = 200  # RADICAL's own wait on one input, here on all of them at once
+# channels on which an empty list says nothing (the scheduler releases no slot for it)
+NOTHING_IF_EMPTY = ("agent_unschedule_pubsub",)
 
 
 class CappedSleeps:
-    """The `time` module as one module sees it, with its sleeps at most `longest`."""
+    """The `time` module as one module sees it, with its sleeps at most `longest`, or,
+    where `wakers` (readable connections) are set, ended by the first that has data."""
 
-    def __init__(self, longest):
+    def __init__(self, longest, woken_longest=QUEUED_IDLE_S):
         self.longest = longest
+        self.woken_longest = woken_longest
+        self.wakers = ()
 
     def __getattr__(self, name):
         return getattr(time, name)
 
     def sleep(self, seconds):
-        time.sleep(min(seconds, self.longest))
+        if self.wakers:
+            multiprocessing.connection.wait(self.wakers, min(seconds, self.woken_longest))
+        else:
+            time.sleep(min(seconds, self.longest))
+
+
+def wake_on_queues(component_class, sleeps, method="_schedule_tasks",
+                   queues=SCHEDULER_QUEUES):
+    """In the process that runs `component_class.method` (the scheduler's loop, in a
+    process of its own), `sleeps` ends when one of its `queues` has data."""
+    original = getattr(component_class, method)
+
+    def woken_by_its_queues(self, *args, **kwargs):
+        readers = [getattr(getattr(self, name, None), "_reader", None) for name in queues]
+        if all(hasattr(reader, "fileno") for reader in readers):
+            sleeps.wakers = tuple(readers)
+        else:
+            log.debug("%s has not the queues %s: its idle sleeps stay short",
+                      component_class.__name__, queues)
+        return original(self, *args, **kwargs)
+
+    setattr(component_class, method, woken_by_its_queues)
+
+
+def skip_empty_publishes(component_class, channels=NOTHING_IF_EMPTY):
+    """A component of `component_class` (RADICAL's BaseComponent) does not publish an
+    empty list on `channels`."""
+    original = component_class.publish
+
+    def publish_unless_empty(self, pubsub, msg, topic=None):
+        if pubsub in channels and isinstance(msg, list) and not msg:
+            return None
+        return original(self, pubsub, msg, topic)
+
+    component_class.publish = publish_unless_empty
+
+
+class TakesWhatCame:
+    """A component's input getter whose get waits for nothing: its component has
+    waited on all its inputs already (wait_on_all_inputs)."""
+
+    def __init__(self, getter):
+        self._getter = getter
+
+    def __getattr__(self, name):
+        return getattr(self._getter, name)
+
+    def get_nowait(self, qname=None, timeout=None):
+        return self._getter.get_nowait(qname=qname, timeout=0)
+
+
+def wait_on_all_inputs(component_class, wait_ms=INPUT_WAIT_MS):
+    """Components of `component_class` (RADICAL's BaseComponent) in this process wait up
+    to `wait_ms` for a message on any of their inputs, then take from each what came."""
+    original_work_cb = component_class.work_cb
+    original_get_input_ep = component_class.get_input_ep
+
+    def get_input_ep(self, qname):
+        getter = original_get_input_ep(self, qname)
+        if all(hasattr(getter, name) for name in ("_q", "_lock", "_requested")):
+            return TakesWhatCame(getter)
+        log.debug("an input getter of %s is not as expected: it waits as RADICAL's", qname)
+        return getter
+
+    def work_cb(self):
+        inputs = [(entry["queue"], entry["qname"]) for entry in list(self._inputs.values())]
+        waiting = [(getter._getter, qname) for getter, qname in inputs
+                   if isinstance(getter, TakesWhatCame)]
+        if waiting:
+            wait_for_any(waiting, wait_ms)
+        return original_work_cb(self)
+
+    component_class.get_input_ep = get_input_ep
+    component_class.work_cb = work_cb
+
+
+def wait_for_any(getters, wait_ms):
+    """Each of RADICAL's interactive `getters` (getter, qname) has a request out (as its
+    get_nowait sends one); wait up to `wait_ms` for any answer."""
+    from radical.utils import as_bytes
+    poller = zmq.Poller()
+    for getter, qname in getters:
+        with getter._lock:
+            if not getter._requested:
+                getter._q.send_multipart([as_bytes(qname or "default")])
+                getter._requested = True
+        poller.register(getter._q, zmq.POLLIN)
+    poller.poll(timeout=wait_ms)
 
 
 def shorten_agent_waits(longest=AGENT_IDLE_S, modules=IDLE_WAITS):
@@ -49,6 +162,8 @@ def shorten_agent_waits(longest=AGENT_IDLE_S, modules=IDLE_WAITS):
         if module is not None and getattr(module, "time", None) is time:
             module.time = CappedSleeps(longest)
             capped.append(name)
+            if hasattr(module, SCHEDULER):
+                wake_on_queues(getattr(module, SCHEDULER), module.time)
         else:
             log.debug("%s is not imported or has no time module of its own: not capped", name)
     return capped

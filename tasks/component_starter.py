@@ -49,6 +49,7 @@ AGENT_FLAG = "--agent"  # the starter of a pilot's agent (agent_waits.py)
 def serve(requests=None, replies=None, agent=False):
     """One request per line (JSON: script, args, cwd, env), one reply per line
     (rc, out, err), until the input closes. Single-threaded: a fork is safe.
+    Its bridges are quiet_bridges.py's, which wait for messages.
     `agent`: the starter of a pilot's agent, whose components look for work sooner
     (agent_waits.py)."""
     requests = requests or sys.stdin.buffer
@@ -58,9 +59,13 @@ def serve(requests=None, replies=None, agent=False):
     import importlib
     for name in PREIMPORTED:
         importlib.import_module(name)
+    from trajflow.tasks.quiet_bridges import make_quiet_bridges
+    make_quiet_bridges()  # its bridges wait for messages instead of polling
     if agent:
-        from trajflow.tasks.agent_waits import shorten_agent_waits
+        from radical.pilot.utils.component import BaseComponent
+        from trajflow.tasks.agent_waits import shorten_agent_waits, skip_empty_publishes
         shorten_agent_waits()
+        skip_empty_publishes(BaseComponent)
     import setproctitle
     # set up here, while this process' own environment is in place: it finds the
     # memory of argv and environ then, and a fork whose environment has been
@@ -225,9 +230,10 @@ _ACTIVE = {}  # pid -> its ForkedStarts (a forked process makes its own)
 
 def use_forked_starts(agent=False):
     """From now on, RADICAL's bridges and components started by this process (its
-    client's, or the agent's: `agent`) start by fork from one starter (once per process;
-    not where TRAJFLOW_FORKED_STARTS=0 or where RADICAL's ComponentManager is not
-    what this expects)."""
+    client's, or the agent's: `agent`) start by fork from one starter, and their
+    bridges and the client's proxy's wait for messages (quiet_bridges.py). Once per
+    process; not where TRAJFLOW_FORKED_STARTS=0 or where RADICAL's ComponentManager is
+    not what this expects."""
     if os.getpid() in _ACTIVE or os.environ.get(DISABLE_ENV) == "0":
         return
     try:
@@ -242,6 +248,9 @@ def use_forked_starts(agent=False):
     starts = ForkedStarts(agent)
     _ACTIVE[os.getpid()] = starts
     component_manager.ru = _UtilsWithForkedStarts(ru, starts)
+    if not agent:
+        from trajflow.tasks.quiet_bridges import quiet_proxy_bridges
+        quiet_proxy_bridges()  # the client's proxy's bridges wait as the starter's do
 
 
 if __name__ == "__main__":

@@ -214,16 +214,22 @@ WAITS = """#!{python}
 import signal, sys
 term, interrupt = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
 import radical.pilot.agent.scheduler.base as scheduler
+import radical.utils.zmq.queue, radical.utils.zmq.pubsub
 print(type(scheduler.time).__name__, "radical.pilot.agent.executing.popen" in sys.modules,
-      term is signal.SIG_DFL, interrupt is signal.default_int_handler)
+      term is signal.SIG_DFL, interrupt is signal.default_int_handler,
+      radical.utils.zmq.queue.Queue.__name__, radical.utils.zmq.pubsub.PubSub.__name__)
 """
 
 
-@pytest.mark.parametrize("agent,expected", [(True, "CappedSleeps False True True"),
-                                            (False, "module False True True")])
+QUIET = "HeldRequestsQueue WaitingPubSub"
+
+
+@pytest.mark.parametrize("agent,expected", [(True, "CappedSleeps False True True " + QUIET),
+                                            (False, "module False True True " + QUIET)])
 def test_only_the_agents_components_look_for_work_sooner(tmp_path, agent, expected):
     """The agent's starter caps its scheduler's idle sleeps (agent_waits.py) before it
-    forks it; the client's starter leaves RADICAL's as they are. Neither imports RADICAL's
+    forks it; the client's starter leaves RADICAL's as they are. Both make their bridges
+    the waiting ones (quiet_bridges.py). Neither imports RADICAL's
     executor module, whose import would give every process forked after it RADICAL's
     SIGTERM and SIGINT handlers (they do not end the process)."""
     script = tmp_path / "radical-pilot-component"

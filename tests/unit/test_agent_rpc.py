@@ -160,9 +160,14 @@ def test_the_agents_requests_are_sent_again_whatever_else_is_turned_off(monkeypa
     monkeypatch.setattr(agent_start, "keep_inherited_placement", lambda: None)
     monkeypatch.setattr(agent_start, "use_forked_starts", lambda agent: done.append("forked"))
     monkeypatch.setattr(agent_start, "start_beside_agent", lambda: done.append("served"))
-    monkeypatch.setattr(agent_start, "resend_unanswered_rpcs", lambda: done.append("resend"))
+    from radical.pilot.utils.component import BaseComponent
+    monkeypatch.setattr(agent_start, "resend_unanswered_rpcs",
+                        lambda cls: done.append(("resend", cls)))
+    monkeypatch.setattr(agent_start, "wait_on_all_inputs",
+                        lambda cls: done.append(("all inputs", cls)))
     monkeypatch.setattr(agent_start, "run_as_main",
                         lambda script, args: done.append(("run", script, args)))
     agent_start.main([*flags, agent_start.AGENT, "pilot.0000"])
     assert done == (["forked"] * forked + ["served"] * served
-                    + ["resend", ("run", "/venv/bin/" + agent_start.AGENT, ["pilot.0000"])])
+                    + [("resend", BaseComponent), ("all inputs", BaseComponent),
+                       ("run", "/venv/bin/" + agent_start.AGENT, ["pilot.0000"])])

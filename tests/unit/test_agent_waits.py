@@ -38,3 +38,66 @@ def test_radical_pilots_agent_modules_are_the_ones_named_and_use_time():
                            "    print(name in sys.modules and sys.modules[name].time is time)"],
                           capture_output=True, text=True, timeout=120)
     assert said.stdout.split() == ["True"] * len(IDLE_WAITS), said.stderr
+
+
+def test_the_schedulers_idle_sleep_ends_when_its_queues_get_data():
+    """The scheduler's loop sleeps until a task or a freed slot is queued for it
+    (QUEUED_IDLE_S at most), not every 10 ms; without its queues, the capped sleep."""
+    import multiprocessing
+    import threading
+    from trajflow.tasks.agent_waits import wake_on_queues
+
+    class Scheduler:
+        def __init__(self):
+            self._queue_sched, self._queue_unsched = multiprocessing.Queue(), multiprocessing.Queue()
+
+        def _schedule_tasks(self):
+            return "looped"
+
+    sleeps = CappedSleeps(0.01, woken_longest=30.0)
+    wake_on_queues(Scheduler, sleeps)
+    scheduler = Scheduler()
+    assert scheduler._schedule_tasks() == "looped"
+    assert len(sleeps.wakers) == 2
+    t0 = time.perf_counter()
+    sleeps.sleep(0.3)  # nothing queued: the whole sleep, not the 10 ms cap
+    assert 0.25 < time.perf_counter() - t0 < 5
+    threading.Timer(0.3, scheduler._queue_unsched.put, args=(["task.0"],)).start()
+    t0 = time.perf_counter()
+    sleeps.sleep(20.0)  # a slot freed after 0.3 s ends it
+    assert 0.25 < time.perf_counter() - t0 < 10
+    assert scheduler._queue_unsched.get(timeout=5) == ["task.0"]
+
+    class Other:
+        def _schedule_tasks(self):
+            return "looped"
+
+    short = CappedSleeps(0.01, woken_longest=30.0)
+    wake_on_queues(Other, short)
+    Other()._schedule_tasks()
+    t0 = time.perf_counter()
+    short.sleep(0.5)
+    assert short.wakers == () and time.perf_counter() - t0 < 0.25
+
+
+def test_an_empty_list_of_ended_tasks_is_not_published():
+    """The executor's watcher sends the scheduler the tasks that ended every 0.05 s, an
+    empty list when none did; those are not sent, everything else is."""
+    from trajflow.tasks.agent_waits import skip_empty_publishes
+
+    class Component:
+        def __init__(self):
+            self.sent = []
+
+        def publish(self, pubsub, msg, topic=None):
+            self.sent.append((pubsub, msg, topic))
+
+    skip_empty_publishes(Component)
+    component = Component()
+    component.publish("agent_unschedule_pubsub", [])
+    component.publish("agent_unschedule_pubsub", [{"uid": "task.0"}])
+    component.publish("agent_unschedule_pubsub", {"uid": "task.1"})
+    component.publish("state_pubsub", [], topic="state")
+    assert component.sent == [("agent_unschedule_pubsub", [{"uid": "task.0"}], None),
+                              ("agent_unschedule_pubsub", {"uid": "task.1"}, None),
+                              ("state_pubsub", [], "state")]

@@ -70,10 +70,13 @@ def new_appmanager(resource_desc, **kwargs):
     bridge's sockets are bound before start() returns (radical.utils binds them
     in its constructor), and ZMQ queues what is sent before the bridge thread
     polls, so there is nothing to wait for. RADICAL's client processes start
-    by fork from then on (component_starter)."""
+    by fork from then on (component_starter), and EnTK's queue bridge waits for
+    messages (quiet_bridges)."""
     use_forked_starts()
     import radical.entk as re
     from radical.entk.appman import appmanager as module
+    from trajflow.tasks.quiet_bridges import EntkQueue, quiet_bridges_of
+    quiet_bridges_of(module, EntkQueue)
     real_time = module.time
     module.time = _TimeWithoutSleep()
     try:
