@@ -69,15 +69,74 @@ def test_a_bootstrapper_without_END_is_left_to_radical(tmp_path):
     assert pmgr.killed == []
 
 
-def test_radical_listeners_poll_at_most_50_ms_and_the_patch_is_applied_once():
-    from radical.utils.zmq.pubsub import Subscriber
-    entk_client.prompt_rp_listeners()
-    entk_client.prompt_rp_listeners()
-    seen = []
-    sock = types.SimpleNamespace(poll=lambda flags, timeout: seen.append(timeout) or 0)
-    assert Subscriber._get_nowait(sock, None, 500, None, None) == (None, None)
-    assert Subscriber._get_nowait(sock, None, 10, None, None) == (None, None)
-    assert seen == [50, 10]
+def _thread_wakes(thread, seconds):
+    def switches():
+        with open(f"/proc/self/task/{thread.native_id}/status") as fh:
+            return sum(int(line.split()[1]) for line in fh if "ctxt_switches" in line)
+    before = switches()
+    time.sleep(seconds)
+    return switches() - before
+
+
+def _until(check, seconds=5.0):
+    deadline = time.monotonic() + seconds
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return check()
+
+
+def test_radicals_listeners_sleep_until_a_message_or_their_stop(tmp_path):
+    """A subscriber's and a pipe's listener (the client holds a dozen) wake for a
+    message or for their stop, not every 500 ms / 10 ms; stopped, they end at once."""
+    import radical.utils as ru
+    entk_client.waking_rp_listeners()
+    entk_client.waking_rp_listeners()  # once
+    bridge = ru.zmq.PubSub("state_pubsub", cfg={"uid": "state_pubsub", "path": str(tmp_path)})
+    bridge.start()
+    got = []
+    subscriber = ru.zmq.Subscriber("state_pubsub", url=bridge.addr_sub, path=str(tmp_path))
+    on_state = lambda topic, msg: got.append(msg)  # noqa: E731
+    subscriber.subscribe("state", cb=on_state)
+    publisher = ru.zmq.Publisher("state_pubsub", url=bridge.addr_pub, path=str(tmp_path))
+    time.sleep(0.5)
+    assert _thread_wakes(subscriber._thread, 1.0) <= 3
+    publisher.put("state", {"uid": "task.0"})
+    assert _until(lambda: got == [{"uid": "task.0"}])
+    start = time.monotonic()
+    subscriber.unsubscribe(on_state)  # stops and joins its listener
+    assert subscriber._thread is None and time.monotonic() - start < 1.0
+    bridge.stop()
+
+    pulled = []
+    pull = ru.zmq.Pipe(ru.zmq.MODE_PULL)
+    pull.register_cb(pulled.append)
+    push = ru.zmq.Pipe(ru.zmq.MODE_PUSH, url=str(pull.url))
+    time.sleep(0.3)
+    assert _thread_wakes(pull._thread, 1.0) <= 3
+    push.put({"uid": "comp.0"})
+    assert _until(lambda: pulled == [{"uid": "comp.0"}])
+    start = time.monotonic()
+    pull.stop()
+    assert time.monotonic() - start < 1.0
+
+
+def test_a_subscriber_given_its_callback_when_made_polls_every_50_ms(tmp_path):
+    """(its listener starts with RADICAL's flag, in RADICAL's constructor)"""
+    import radical.utils as ru
+    entk_client.waking_rp_listeners()
+    bridge = ru.zmq.PubSub("ctrl_pubsub", cfg={"uid": "ctrl_pubsub", "path": str(tmp_path)})
+    bridge.start()
+    got = []
+    subscriber = ru.zmq.Subscriber("ctrl_pubsub", url=bridge.addr_sub, topic="ctrl",
+                                   cb=lambda topic, msg: got.append(msg), path=str(tmp_path))
+    publisher = ru.zmq.Publisher("ctrl_pubsub", url=bridge.addr_pub, path=str(tmp_path))
+    time.sleep(0.5)
+    publisher.put("ctrl", {"cmd": "x"})
+    assert _until(lambda: got == [{"cmd": "x"}])
+    start = time.monotonic()
+    subscriber._stop_listener(force=True)
+    assert time.monotonic() - start < 0.5  # its 50 ms poll, not RADICAL's 500 ms
+    bridge.stop()
 
 
 APPMANAGER_CHECK = """
