@@ -49,7 +49,8 @@ AGENT_FLAG = "--agent"  # the starter of a pilot's agent (agent_waits.py)
 def serve(requests=None, replies=None, agent=False):
     """One request per line (JSON: script, args, cwd, env), one reply per line
     (rc, out, err), until the input closes. Single-threaded: a fork is safe.
-    Its bridges are quiet_bridges.py's, which wait for messages.
+    Its bridges are quiet_bridges.py's, which wait for messages, and its components
+    and process watchers quiet_components.py's, which wait for their stop or a death.
     `agent`: the starter of a pilot's agent, whose components look for work sooner
     (agent_waits.py)."""
     requests = requests or sys.stdin.buffer
@@ -60,7 +61,9 @@ def serve(requests=None, replies=None, agent=False):
     for name in PREIMPORTED:
         importlib.import_module(name)
     from trajflow.tasks.quiet_bridges import make_quiet_bridges
+    from trajflow.tasks.quiet_components import quiet_components
     make_quiet_bridges()  # its bridges wait for messages instead of polling
+    quiet_components()  # its components for their stop, their watchers for a death
     if agent:
         from radical.pilot.utils.component import BaseComponent
         from trajflow.tasks.agent_waits import shorten_agent_waits, skip_empty_publishes

@@ -214,14 +214,16 @@ WAITS = """#!{python}
 import signal, sys
 term, interrupt = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
 import radical.pilot.agent.scheduler.base as scheduler
-import radical.utils.zmq.queue, radical.utils.zmq.pubsub
+import radical.utils, radical.utils.zmq.queue, radical.utils.zmq.pubsub
+from radical.pilot.utils.component import BaseComponent
 print(type(scheduler.time).__name__, "radical.pilot.agent.executing.popen" in sys.modules,
       term is signal.SIG_DFL, interrupt is signal.default_int_handler,
-      radical.utils.zmq.queue.Queue.__name__, radical.utils.zmq.pubsub.PubSub.__name__)
+      radical.utils.zmq.queue.Queue.__name__, radical.utils.zmq.pubsub.PubSub.__name__,
+      radical.utils.PWatcher._watch.__name__, BaseComponent.wait.__name__)
 """
 
 
-QUIET = "HeldRequestsQueue WaitingPubSub"
+QUIET = "HeldRequestsQueue WaitingPubSub watch_with_pidfds wait_until_stopped"
 
 
 @pytest.mark.parametrize("agent,expected", [(True, "CappedSleeps False True True " + QUIET),

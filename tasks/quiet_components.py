@@ -1,0 +1,129 @@
+"""RADICAL's components and process watchers wake when there is something to do: a
+watcher when a watched process ends, not every 50 ms; a component's main thread
+when the component stops, not every 0.1 s.
+
+Every RADICAL-Pilot bridge and component (~25 processes per local pilot) runs a
+`radical.utils.PWatcher`: a thread that checks its watched pids (its parent, itself)
+with `kill(pid, 0)` every 50 ms, and on a death ends the processes as told. On an
+idle held pilot those were the last loops waking 20 times a second in every process.
+Here the thread sleeps on a pidfd per watched pid (readable once the process has
+ended) and on a pipe that `watch()` writes to; what it then checks, and does, is
+RADICAL's own (`_is_alive`, then the watcher's action). A pid
+whose pidfd cannot be had, or which has ended but is not yet reaped (a zombie, alive
+to `kill(pid, 0)`), is polled every POLL_S, as RADICAL polls every pid.
+
+A component's script (`radical-pilot-component`) ends in `BaseComponent.wait()`,
+which looks at the component's stop flag (a threading.Event) every 0.1 s; here it
+waits on the flag (signals still reach it: Python's lock waits are interruptible).
+
+Applied by the component starter (component_starter.py) before it forks any bridge or
+component, so only theirs change.
+"""
+import os
+import select
+
+RESCAN_S = 60.0  # a look without cause, should a wake-up be missed
+POLL_S = 0.05    # RADICAL's own period, for the pids that cannot be waited on
+ACTIONS = ("nothing", "suicide", "killall", "rampage")  # PWatcher's, as RADICAL names them
+
+
+def quiet_components(component_class=None, watcher_class=None):
+    """RADICAL's components (or `component_class`) wait on their stop flag, and their
+    process watchers (or `watcher_class`) on the processes watched; once."""
+    if component_class is None:
+        from radical.pilot.utils.component import BaseComponent as component_class
+    component_class.wait = wait_until_stopped
+    quiet_process_watchers(watcher_class)
+
+
+def wait_until_stopped(self):
+    """BaseComponent.wait: until the component's stop flag is set."""
+    while not self._term.wait(RESCAN_S):
+        pass
+
+
+def quiet_process_watchers(watcher_class=None):
+    """RADICAL's PWatcher (or `watcher_class`) threads started from now on in this
+    process wait on pidfds; once."""
+    if watcher_class is None:
+        from radical.utils import PWatcher as watcher_class
+    if watcher_class._watch is watch_with_pidfds:
+        return
+    made, watch = watcher_class.__init__, watcher_class.watch
+
+    def __init__(self, *args, **kwargs):
+        self._wake_read, self._wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        made(self, *args, **kwargs)  # (starts its thread)
+
+    def watch_and_wake(self, pid):
+        watch(self, pid)
+        try:
+            os.write(self._wake_write, b"w")
+        except BlockingIOError:
+            pass  # awake already
+
+    watcher_class.__init__ = __init__
+    watcher_class.watch = watch_and_wake
+    watcher_class._watch = watch_with_pidfds
+
+
+def watch_with_pidfds(self):
+    """PWatcher's loop: sleep until a watched process ends (or RESCAN_S), then check
+    and act as RADICAL's loop does."""
+    self._log.debug_1('pwatcher started')
+    pidfds = {}  # watched pid -> its pidfd, or None: polled
+    try:
+        while True:
+            with self._lock:
+                watched = set(self._pids)
+            for pid in set(pidfds) - watched:
+                _close(pidfds.pop(pid))
+            for pid in watched - set(pidfds):
+                pidfds[pid] = _pidfd(pid)
+            waited = {fd: pid for pid, fd in pidfds.items() if fd is not None}
+            wait_s = POLL_S if len(waited) < len(pidfds) else RESCAN_S
+            for fd in select.select([self._wake_read, *waited], [], [], wait_s)[0]:
+                if fd == self._wake_read:
+                    _drain(fd)
+                else:  # ended: checked below; polled while a zombie
+                    pidfds[waited.pop(fd)] = None
+                    _close(fd)
+            check_watched(self)
+    finally:
+        for fd in pidfds.values():
+            _close(fd)
+
+
+def check_watched(self):
+    """RADICAL's check of its watched pids (radical/utils/heartbeat.py PWatcher._watch):
+    one found dead is unwatched and the watcher's action (its method `_<action>`) run."""
+    with self._lock:
+        for pid in list(self._pids):
+            if not self._is_alive(pid):
+                self._log.warn('process %d died, exit', pid)
+                self._pids.remove(pid)
+                if self._action in ACTIONS:
+                    getattr(self, "_" + self._action)(pid)
+
+
+def _pidfd(pid):
+    try:
+        return os.pidfd_open(pid)
+    except OSError:  # gone already, or no pidfds here: polled
+        return None
+
+
+def _drain(fd):
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def _close(fd):
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass

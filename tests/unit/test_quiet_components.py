@@ -1,0 +1,139 @@
+"""RADICAL's process watcher, as the component starter makes it (tasks/quiet_components.py):
+it finds a watched process dead as RADICAL's does (and acts as told), woken by the
+death instead of looking every 50 ms."""
+import subprocess
+import sys
+import time
+
+import pytest
+
+from trajflow.tasks import quiet_components
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def watcher_class(monkeypatch):
+    """RADICAL's PWatcher class, patched for this test only; its look without cause
+    far later than any wait below: what is seen is seen because of a pidfd, or of a
+    watch() that woke it."""
+    import radical.utils as ru
+
+    class Watcher(ru.PWatcher):
+        pass
+
+    monkeypatch.setattr(quiet_components, "RESCAN_S", 30.0)
+    quiet_components.quiet_process_watchers(Watcher)
+    return Watcher
+
+
+def thread_wakes(thread, seconds):
+    def switches():
+        with open(f"/proc/self/task/{thread.native_id}/status") as fh:
+            return sum(int(line.split()[1]) for line in fh if "ctxt_switches" in line)
+    before = switches()
+    time.sleep(seconds)
+    return switches() - before
+
+
+def until(check, seconds=10.0):
+    deadline = time.monotonic() + seconds
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return check()
+
+
+def sleeper():
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+
+
+def test_a_watched_process_that_ends_is_found_at_once_and_acted_on(watcher_class):
+    import radical.utils as ru
+    acted = []
+    watcher = watcher_class(action=ru.PWatcher.NOTHING, uid="test.pw")
+    watcher._nothing = acted.append
+    child = sleeper()
+    watcher.watch(child.pid)
+    time.sleep(0.5)
+    assert thread_wakes(watcher._thread, 1.0) <= 3
+    child.kill()
+    child.wait()  # reaped: dead to RADICAL's kill(pid, 0) too
+    assert until(lambda: acted == [child.pid], seconds=2.0)  # not at the 30 s look
+    assert watcher._pids == []
+
+
+def test_a_pid_watched_while_the_watcher_sleeps_is_watched_at_once(watcher_class):
+    import radical.utils as ru
+    acted = []
+    watcher = watcher_class(action=ru.PWatcher.NOTHING, uid="test.pw")
+    watcher._nothing = acted.append
+    time.sleep(0.5)  # asleep, watching nothing
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    watcher.watch(ended.pid)  # dead already
+    assert until(lambda: acted == [ended.pid], seconds=2.0)
+
+
+def test_an_ended_process_not_yet_reaped_is_polled_until_it_is(watcher_class):
+    """A zombie is alive to RADICAL's kill(pid, 0): it is polled (every 50 ms), not
+    acted on, and acted on once reaped, as by RADICAL's watcher."""
+    import radical.utils as ru
+    acted = []
+    watcher = watcher_class(action=ru.PWatcher.NOTHING, uid="test.pw")
+    watcher._nothing = acted.append
+    child = sleeper()
+    watcher.watch(child.pid)
+    time.sleep(1.5)
+    child.kill()
+    time.sleep(0.5)
+    assert acted == [] and watcher._pids == [child.pid]
+    child.wait()
+    assert until(lambda: acted == [child.pid], seconds=2.0)
+
+
+def test_a_pid_that_cannot_be_waited_on_is_polled(watcher_class, monkeypatch):
+    import radical.utils as ru
+    monkeypatch.setattr(quiet_components, "_pidfd", lambda pid: None)
+    acted = []
+    watcher = watcher_class(action=ru.PWatcher.NOTHING, uid="test.pw")
+    watcher._nothing = acted.append
+    child = sleeper()
+    watcher.watch(child.pid)
+    time.sleep(0.3)
+    child.kill()
+    child.wait()
+    assert until(lambda: acted == [child.pid], seconds=2.0)
+
+
+def test_radicals_own_watcher_class_is_patched_once(monkeypatch):
+    import radical.utils as ru
+    for name in ("__init__", "watch", "_watch"):
+        monkeypatch.setattr(ru.PWatcher, name, getattr(ru.PWatcher, name))  # restored after
+    quiet_components.quiet_process_watchers()
+    watch = ru.PWatcher.watch
+    quiet_components.quiet_process_watchers()
+    assert ru.PWatcher._watch is quiet_components.watch_with_pidfds and ru.PWatcher.watch is watch
+
+
+def test_a_components_main_thread_waits_for_its_stop_without_waking():
+    import threading
+    import radical.utils as ru
+    from radical.pilot.utils.component import BaseComponent
+
+    class Component(BaseComponent):
+        def __init__(self):  # (RADICAL's needs a session; only the stop flag is used)
+            self._term = threading.Event()
+
+    class Watcher(ru.PWatcher):
+        pass
+
+    quiet_components.quiet_components(Component, Watcher)
+    component = Component()
+    waiting = threading.Thread(target=component.wait)
+    waiting.start()
+    time.sleep(0.3)
+    assert thread_wakes(waiting, 1.0) <= 3 and waiting.is_alive()
+    start = time.monotonic()
+    component._term.set()
+    waiting.join(5)
+    assert not waiting.is_alive() and time.monotonic() - start < 0.5
