@@ -54,6 +54,8 @@ HELD_QUEUES = frozenset({
 # EnTK's queue names each read alone, with a getter of its own (radical/entk:
 # rp/task_manager.py, wfprocessor.py); held as long as it takes
 ENTK_HELD_QNAMES = frozenset({"pending", "completed"})
+ENTK_SYNC_QNAMES = ("tmgr-to-sync", "cb-to-sync")  # its synchronizer's, read as one
+ENTK_SYNC_HOLD_S = 0.1
 
 
 def make_quiet_bridges():
@@ -71,6 +73,10 @@ class HeldRequestsQueue(RadicalQueue):
         """How long a request for `qname` may wait for a message (None: as long as it
         takes)."""
         return None if self._channel in HELD_QUEUES else EMPTY_ANSWER_AFTER_S
+
+    def stream_of(self, qname):
+        """The buffer that a message put for `qname` joins, and a request reads."""
+        return qname
 
     def _bridge_initialize(self):
         super()._bridge_initialize()
@@ -93,10 +99,11 @@ class HeldRequestsQueue(RadicalQueue):
 def serve_held_requests(bridge):
     """The bridge's loop: buffer what is put, answer each get request with up to a
     bulk of its queue's messages, holding it while there are none (an empty answer
-    after the bridge's `longest_hold_s`, where it has one)."""
+    after the bridge's `longest_hold_s`, where it has one). Queue names the bridge
+    reads as one (`stream_of`) share one buffer, in the order put."""
     bridge.nin = bridge.nout = bridge.last = 0
-    buffered = collections.defaultdict(collections.deque)  # qname -> messages
-    waiting = collections.defaultdict(collections.deque)   # qname -> (routing id, until)
+    buffered = collections.defaultdict(collections.deque)  # stream -> messages
+    waiting = collections.defaultdict(collections.deque)   # stream -> Request
     poller = zmq.Poller()
     poller.register(bridge._put, zmq.POLLIN)
     poller.register(bridge._get, zmq.POLLIN)
@@ -105,23 +112,29 @@ def serve_held_requests(bridge):
         touched = set()
         if bridge._put in events:
             for qname, msgs in _drain_puts(bridge):
-                buffered[qname].extend(msgs)
+                stream = bridge.stream_of(qname)
+                buffered[stream].extend(msgs)
                 bridge.nin += len(msgs)
-                touched.add(qname)
+                touched.add(stream)
         if bridge._get in events:
             for asker, qname in _drain_requests(bridge):
                 hold_s = bridge.longest_hold_s(qname)
-                waiting[qname].append((asker, None if hold_s is None
-                                       else time.monotonic() + hold_s))
-                touched.add(qname)
-        for qname in touched:
-            _answer_waiting(bridge, qname, buffered[qname], waiting[qname])
+                stream = bridge.stream_of(qname)
+                waiting[stream].append(Request(asker, qname, None if hold_s is None
+                                               else time.monotonic() + hold_s))
+                touched.add(stream)
+        for stream in touched:
+            _answer_waiting(bridge, buffered[stream], waiting[stream])
         _answer_expired(bridge, waiting)
 
 
+Request = collections.namedtuple("Request", "asker qname until")  # until: None, held
+
+
 def _poll_ms(waiting):
-    """Until the first held request is due an empty answer, or IDLE_POLL_MS."""
-    due = [askers[0][1] for askers in waiting.values() if askers and askers[0][1] is not None]
+    """Until the first held request is due an empty answer, or IDLE_POLL_MS (a few
+    requests wait at a time: one per asker)."""
+    due = [r.until for requests in waiting.values() for r in requests if r.until is not None]
     if not due:
         return IDLE_POLL_MS
     return max(0, min(IDLE_POLL_MS, int((min(due) - time.monotonic()) * 1000) + 1))
@@ -152,28 +165,31 @@ def _drain_requests(bridge):
         yield asker, queue.as_string(request) or 'default'
 
 
-def _answer_waiting(bridge, qname, messages, askers):
+def _answer_waiting(bridge, messages, requests):
     """Give the buffered messages to the askers in the order they asked, a bulk each;
     an asker that has gone is skipped and its bulk goes to the next."""
-    while messages and askers:
-        asker, _ = askers.popleft()
+    while messages and requests:
+        request = requests.popleft()
         bulk = [messages.popleft() for _ in range(min(bridge._bulk_size, len(messages)))]
-        if not _answer(bridge, asker, qname, bulk):
+        if not _answer(bridge, request, bulk):
             messages.extendleft(reversed(bulk))
 
 
 def _answer_expired(bridge, waiting):
     """An empty answer to each request held as long as it may be."""
     now = time.monotonic()
-    for qname, askers in waiting.items():
-        while askers and askers[0][1] is not None and askers[0][1] <= now:
-            _answer(bridge, askers.popleft()[0], qname, [])
+    for requests in waiting.values():
+        for request in [r for r in requests if r.until is not None and r.until <= now]:
+            requests.remove(request)
+            _answer(bridge, request, [])
 
 
-def _answer(bridge, asker, qname, bulk):
-    """Send `bulk` to `asker` as RADICAL's REP would; False where the asker has gone."""
+def _answer(bridge, request, bulk):
+    """Send `bulk` to its asker as RADICAL's REP would; False where the asker has gone."""
+    qname = request.qname
     try:
-        bridge._get.send_multipart([asker, b'', queue.to_msgpack(qname), queue.to_msgpack(bulk)])
+        bridge._get.send_multipart([request.asker, b'', queue.to_msgpack(qname),
+                                    queue.to_msgpack(bulk)])
     except zmq.ZMQError as error:
         if error.errno != errno.EHOSTUNREACH:
             raise
@@ -187,11 +203,19 @@ def _answer(bridge, asker, qname, bulk):
 class EntkQueue(HeldRequestsQueue):
     """EnTK's one queue bridge of a run (its AppManager's, in the client): the requests
     of its task manager and dequeue threads, each of which reads one queue name alone,
-    wait for a message; its synchronizer reads two in turn, whose are answered empty
-    after EMPTY_ANSWER_AFTER_S."""
+    wait for a message. Its synchronizer asks for two names in turn (tasks submitted,
+    tasks' states), each answer blocking it, and treats their messages alike
+    (AppManager._get_message_to_sync): here both are one stream, in the order put,
+    and a request for either is answered by a message for either, or empty after
+    ENTK_SYNC_HOLD_S (it looks at its stop flag between answers: EnTK joins it)."""
 
     def longest_hold_s(self, qname):
+        if qname in ENTK_SYNC_QNAMES:
+            return ENTK_SYNC_HOLD_S
         return None if qname in ENTK_HELD_QNAMES else EMPTY_ANSWER_AFTER_S
+
+    def stream_of(self, qname):
+        return ENTK_SYNC_QNAMES[0] if qname in ENTK_SYNC_QNAMES else qname
 
 
 class WaitingPubSub(RadicalPubSub):

@@ -217,3 +217,27 @@ def test_bridges_made_by_radical_are_the_quiet_ones_once_swapped(monkeypatch, tm
     assert type(ru.zmq.Bridge.create(HELD, cfg=cfg)) is quiet_bridges.HeldRequestsQueue
     cfg = {"uid": "control_pubsub", "path": str(tmp_path)}
     assert type(ru.zmq.Bridge.create("control_pubsub", cfg=cfg)) is quiet_bridges.WaitingPubSub
+
+
+def test_entks_synchronizer_gets_either_of_its_two_names_in_the_order_put(
+        queue_bridges, tmp_path):
+    """EnTK's synchronizer asks for 'tmgr-to-sync', then 'cb-to-sync', each answer
+    blocking it; it treats their messages alike: a request for either is answered by
+    the oldest message of either, at once, or empty after ENTK_SYNC_HOLD_S."""
+    bridge = queue_bridges("re.session.sync", kind=quiet_bridges.EntkQueue, bulk_size=1)  # EnTK's
+    putter, (synchronizer,) = putter_getter(bridge, tmp_path)
+    start = time.monotonic()
+    assert synchronizer.get_nowait(qname="tmgr-to-sync", timeout=5000) == []
+    assert time.monotonic() - start >= quiet_bridges.ENTK_SYNC_HOLD_S * 0.9
+    put_later(putter, [{"uid": "task.0", "state": "DONE"}], after_s=0.05, qname="cb-to-sync")
+    got = synchronizer.get_nowait(qname="tmgr-to-sync", timeout=5000)
+    if got == []:  # (a slow machine: the put came after the hold)
+        got = synchronizer.get_nowait(qname="cb-to-sync", timeout=5000)
+    assert got == [{"uid": "task.0", "state": "DONE"}]
+    putter.put([{"n": 1}], qname="tmgr-to-sync")
+    putter.put([{"n": 2}], qname="cb-to-sync")
+    putter.put([{"n": 3}], qname="tmgr-to-sync")
+    time.sleep(0.2)
+    assert [synchronizer.get_nowait(qname=name, timeout=5000)
+            for name in ("cb-to-sync", "tmgr-to-sync", "cb-to-sync")] == \
+        [[{"n": 1}], [{"n": 2}], [{"n": 3}]]
