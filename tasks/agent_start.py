@@ -9,8 +9,9 @@ the agent's pid is the one the bootstrapper watches, its name is `rp.agent.0`).
 The agent's 12 bridges and 4 components then start in ~0.1-0.3 s each instead of
 0.25-0.5 s. Beside it runs the server of the pilot's single-core tasks
 (tasks/task_server.py). The agent's RPC requests are sent again while unanswered
-(tasks/agent_rpc.py: its first one could be lost, and its start hung), and it waits
-on its two input queues at once (tasks/agent_waits.py). Flags in
+(tasks/agent_rpc.py: its first one could be lost, and its start hung), it waits
+on its two input queues at once (tasks/agent_waits.py), and its loops sleep until
+there is something to do (tasks/quiet_components.py). Flags in
 front turn the task server (`--no-task-server`) and the forked starts
 (`--no-forked-starts`) off. Anything else it is asked to launch is exec'd as it is.
 """
@@ -19,6 +20,7 @@ import sys
 
 from trajflow.tasks.agent_rpc import resend_unanswered_rpcs
 from trajflow.tasks.agent_waits import wait_on_all_inputs
+from trajflow.tasks.quiet_components import quiet_components
 from trajflow.tasks.component_starter import run_as_main, same_python_script, use_forked_starts
 from trajflow.tasks.placement import keep_inherited_placement
 from trajflow.tasks.task_server import start_beside_agent
@@ -43,6 +45,7 @@ def main(argv):
     from radical.pilot.utils.component import BaseComponent  # (as the script is about to)
     resend_unanswered_rpcs(BaseComponent)
     wait_on_all_inputs(BaseComponent)  # agent_0's two queues hold requests (quiet_bridges)
+    quiet_components(BaseComponent)  # its watcher, main thread and timed callbacks sleep
     run_as_main(script, argv[1:])
 
 

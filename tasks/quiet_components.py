@@ -15,12 +15,18 @@ to `kill(pid, 0)`), is polled every POLL_S, as RADICAL polls every pid.
 A component's script (`radical-pilot-component`) ends in `BaseComponent.wait()`,
 which looks at the component's stop flag (a threading.Event) every 0.1 s; here it
 waits on the flag (signals still reach it: Python's lock waits are interruptible).
+A timed callback (`register_timed_cb`: the pilot manager's heartbeat, agent_0's
+lifetime check every 10 s) ran in a thread that looked at the clock every 10 ms;
+here it waits on the stop flag until the callback is due.
 
 Applied by the component starter (component_starter.py) before it forks any bridge or
-component, so only theirs change.
+component, in agent_0's process by its launcher (agent_start.py), and in the client
+holding a pilot (workflows/run/entk_client.py).
 """
 import os
 import select
+import threading
+import time
 
 RESCAN_S = 60.0  # a look without cause, should a wake-up be missed
 POLL_S = 0.05    # RADICAL's own period, for the pids that cannot be waited on
@@ -33,6 +39,7 @@ def quiet_components(component_class=None, watcher_class=None):
     if component_class is None:
         from radical.pilot.utils.component import BaseComponent as component_class
     component_class.wait = wait_until_stopped
+    component_class.register_timed_cb = register_timed_cb
     quiet_process_watchers(watcher_class)
 
 
@@ -40,6 +47,47 @@ def wait_until_stopped(self):
     """BaseComponent.wait: until the component's stop flag is set."""
     while not self._term.wait(RESCAN_S):
         pass
+
+
+def register_timed_cb(self, cb, cb_data=None, timer=None):
+    """BaseComponent.register_timed_cb (radical/pilot/utils/component.py): `cb` called
+    in a thread of its own, at most every `timer` s (none: again and again) until it
+    returns False or the component stops; the thread sleeps until it is due."""
+    name = "%s.idler.%s" % (self.uid, cb.__name__)
+    self._log.debug('START: %s register idler %s', self.uid, name)
+    with self._cb_lock:
+        if name in self._threads:
+            raise ValueError('cb %s already registered' % cb.__name__)
+        self._threads[name] = TimedCallback(name, self._log, float(timer or 0.0), cb,
+                                            cb_data, self._cb_lock, self._term)
+    self._log.debug('%s registered idler %s', self.uid, name)
+
+
+class TimedCallback(threading.Thread):
+    """RADICAL's Idler thread, waiting on the component's stop flag until it is due."""
+
+    def __init__(self, name, log, timer, cb, cb_data, cb_lock, term):
+        super().__init__(name=name, daemon=True)
+        self._log, self._timeout, self._term = log, timer, term
+        self._cb, self._cb_data, self._cb_lock = cb, cb_data, cb_lock
+        self._last = 0.0
+        self.start()
+
+    def run(self):
+        try:
+            self._log.debug('start idle thread: %s', self._cb)
+            ret = True
+            while ret and not self._term.is_set():
+                due_in = self._timeout - (time.time() - self._last) if self._timeout else 0
+                if due_in > 0:
+                    self._term.wait(due_in)
+                    continue
+                with self._cb_lock:
+                    ret = self._cb() if self._cb_data is None else self._cb(cb_data=self._cb_data)
+                if self._timeout:
+                    self._last = time.time()
+        except Exception:
+            self._log.exception('idle thread failed: %s', self._cb)
 
 
 def quiet_process_watchers(watcher_class=None):

@@ -165,9 +165,11 @@ def test_the_agents_requests_are_sent_again_whatever_else_is_turned_off(monkeypa
                         lambda cls: done.append(("resend", cls)))
     monkeypatch.setattr(agent_start, "wait_on_all_inputs",
                         lambda cls: done.append(("all inputs", cls)))
+    monkeypatch.setattr(agent_start, "quiet_components", lambda cls: done.append(("quiet", cls)))
     monkeypatch.setattr(agent_start, "run_as_main",
                         lambda script, args: done.append(("run", script, args)))
     agent_start.main([*flags, agent_start.AGENT, "pilot.0000"])
     assert done == (["forked"] * forked + ["served"] * served
                     + [("resend", BaseComponent), ("all inputs", BaseComponent),
+                       ("quiet", BaseComponent),
                        ("run", "/venv/bin/" + agent_start.AGENT, ["pilot.0000"])])

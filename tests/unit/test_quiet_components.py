@@ -137,3 +137,47 @@ def test_a_components_main_thread_waits_for_its_stop_without_waking():
     component._term.set()
     waiting.join(5)
     assert not waiting.is_alive() and time.monotonic() - start < 0.5
+
+
+def test_a_timed_callback_is_called_when_due_and_sleeps_between():
+    """RADICAL's timed callbacks (the pilot manager's heartbeat, agent_0's lifetime
+    check) are called at most every `timer` s, stop at False or at the component's
+    stop, and their thread sleeps until due instead of looking every 10 ms."""
+    import threading
+    import radical.utils as ru
+    from radical.pilot.utils.component import BaseComponent
+
+    class Component(BaseComponent):
+        def __init__(self):  # (RADICAL's needs a session)
+            self._uid, self._log = "comp.0000", ru.Logger("test.comp", targets="null")
+            self._cb_lock, self._threads, self._term = threading.RLock(), {}, threading.Event()
+
+    class Watcher(ru.PWatcher):
+        pass
+
+    quiet_components.quiet_components(Component, Watcher)
+    component = Component()
+    calls, data_calls = [], []
+
+    def heartbeat():
+        calls.append(time.monotonic())
+        return True
+
+    def twice(cb_data):
+        data_calls.append(cb_data)
+        return len(data_calls) < 2
+
+    component.register_timed_cb(heartbeat, timer=0.4)
+    with pytest.raises(ValueError):  # one of a name, as RADICAL's
+        component.register_timed_cb(heartbeat, timer=1)
+    component.register_timed_cb(twice, cb_data="x", timer=0.1)
+    time.sleep(1.5)
+    gaps = [b - a for a, b in zip(calls, calls[1:])]
+    assert 3 <= len(calls) <= 5 and all(gap >= 0.35 for gap in gaps), gaps
+    assert data_calls == ["x", "x"]  # ended at its False
+    thread = component._threads["comp.0000.idler.heartbeat"]
+    assert thread_wakes(thread, 0.3) <= 3
+    start = time.monotonic()
+    component._term.set()
+    thread.join(5)
+    assert not thread.is_alive() and time.monotonic() - start < 0.5

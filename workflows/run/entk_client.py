@@ -77,7 +77,9 @@ def new_appmanager(resource_desc, **kwargs):
     import radical.entk as re
     from radical.entk.appman import appmanager as module
     from trajflow.tasks.quiet_bridges import EntkQueue, quiet_bridges_of
+    from trajflow.tasks.quiet_components import quiet_components
     quiet_bridges_of(module, EntkQueue)
+    quiet_components()  # the client's RADICAL components' timed callbacks, watchers
     real_time = module.time
     module.time = _TimeWithoutSleep()
     try:
