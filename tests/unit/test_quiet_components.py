@@ -1,4 +1,5 @@
-"""RADICAL's process watcher, as the component starter makes it (tasks/quiet_components.py):
+"""RADICAL's process watchers, components' main threads and timed callbacks, and ZMQ listeners, as
+trajflow makes them (tasks/quiet_components.py):
 it finds a watched process dead as RADICAL's does (and acts as told), woken by the
 death instead of looking every 50 ms."""
 import subprocess
@@ -181,3 +182,57 @@ def test_a_timed_callback_is_called_when_due_and_sleeps_between():
     component._term.set()
     thread.join(5)
     assert not thread.is_alive() and time.monotonic() - start < 0.5
+
+
+def test_radicals_listeners_sleep_until_a_message_or_their_stop(tmp_path):
+    """A subscriber's and a pipe's listener (the client holds a dozen) wake for a
+    message or for their stop, not every 500 ms / 10 ms; stopped, they end at once."""
+    import radical.utils as ru
+    quiet_components.waking_rp_listeners()
+    quiet_components.waking_rp_listeners()  # once
+    bridge = ru.zmq.PubSub("state_pubsub", cfg={"uid": "state_pubsub", "path": str(tmp_path)})
+    bridge.start()
+    got = []
+    subscriber = ru.zmq.Subscriber("state_pubsub", url=bridge.addr_sub, path=str(tmp_path))
+    on_state = lambda topic, msg: got.append(msg)  # noqa: E731
+    subscriber.subscribe("state", cb=on_state)
+    publisher = ru.zmq.Publisher("state_pubsub", url=bridge.addr_pub, path=str(tmp_path))
+    time.sleep(0.5)
+    assert thread_wakes(subscriber._thread, 1.0) <= 3
+    publisher.put("state", {"uid": "task.0"})
+    assert until(lambda: got == [{"uid": "task.0"}])
+    start = time.monotonic()
+    subscriber.unsubscribe(on_state)  # stops and joins its listener
+    assert subscriber._thread is None and time.monotonic() - start < 1.0
+    bridge.stop()
+
+    pulled = []
+    pull = ru.zmq.Pipe(ru.zmq.MODE_PULL)
+    pull.register_cb(pulled.append)
+    push = ru.zmq.Pipe(ru.zmq.MODE_PUSH, url=str(pull.url))
+    time.sleep(0.3)
+    assert thread_wakes(pull._thread, 1.0) <= 3
+    push.put({"uid": "comp.0"})
+    assert until(lambda: pulled == [{"uid": "comp.0"}])
+    start = time.monotonic()
+    pull.stop()
+    assert time.monotonic() - start < 1.0
+
+
+def test_a_subscriber_given_its_callback_when_made_polls_every_50_ms(tmp_path):
+    """(its listener starts with RADICAL's flag, in RADICAL's constructor)"""
+    import radical.utils as ru
+    quiet_components.waking_rp_listeners()
+    bridge = ru.zmq.PubSub("ctrl_pubsub", cfg={"uid": "ctrl_pubsub", "path": str(tmp_path)})
+    bridge.start()
+    got = []
+    subscriber = ru.zmq.Subscriber("ctrl_pubsub", url=bridge.addr_sub, topic="ctrl",
+                                   cb=lambda topic, msg: got.append(msg), path=str(tmp_path))
+    publisher = ru.zmq.Publisher("ctrl_pubsub", url=bridge.addr_pub, path=str(tmp_path))
+    time.sleep(0.5)
+    publisher.put("ctrl", {"cmd": "x"})
+    assert until(lambda: got == [{"cmd": "x"}])
+    start = time.monotonic()
+    subscriber._stop_listener(force=True)
+    assert time.monotonic() - start < 0.5  # its 50 ms poll, not RADICAL's 500 ms
+    bridge.stop()

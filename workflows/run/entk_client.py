@@ -10,8 +10,9 @@ RADICAL-Pilot 1.103 that cost every run time, a core, or a clean folder:
                      bridges and components: 2.4 s) only once the pilot was
                      active, so no task went before then
   pace_entk          three client loops spun a core or slept 10 s
-  waking_rp_listeners  RP's subscribers took up to 0.5 s each to stop, and
-                     its listeners woke 2-100 times a second for nothing
+  quiet_components   RP's subscribers took up to 0.5 s each to stop, and its
+                     listeners, timed callbacks and watchers woke 10-100 times a
+                     second for nothing (tasks/quiet_components.py)
   LiveWorkflow       AppManager.run() took one fixed set of pipelines: a
                      run sent meanwhile waited for the whole set to end
   cancel_tasks       EnTK could not cancel one run's tasks: its stage never
@@ -79,7 +80,7 @@ def new_appmanager(resource_desc, **kwargs):
     from trajflow.tasks.quiet_bridges import EntkQueue, quiet_bridges_of
     from trajflow.tasks.quiet_components import quiet_components
     quiet_bridges_of(module, EntkQueue)
-    quiet_components()  # the client's RADICAL components' timed callbacks, watchers
+    quiet_components()  # the client's RADICAL listeners, timed callbacks, watchers
     real_time = module.time
     module.time = _TimeWithoutSleep()
     try:
@@ -89,7 +90,6 @@ def new_appmanager(resource_desc, **kwargs):
     appman.resource_desc = resource_desc
     pace_entk(appman)
     early_task_manager(appman)
-    waking_rp_listeners()
     cancellable_tasks()
     return appman
 
@@ -248,113 +248,6 @@ def pace_entk(appman, poll_s=0.05):
                     timeout = 0.5
                 return super().get(block, timeout)
         task_manager.queue = types.SimpleNamespace(Queue=_PromptQueue, Empty=std_queue.Empty)
-
-
-class WakingEvent(threading.Event):
-    """A threading.Event whose set() also makes a pipe readable, so that a listener
-    polling its socket and this pipe wakes at a stop at once."""
-
-    def __init__(self):
-        super().__init__()
-        self._read_fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-
-    def fileno(self):
-        return self._read_fd
-
-    def set(self):
-        super().set()
-        try:
-            os.write(self._write_fd, b"x")
-        except (BlockingIOError, OSError):
-            pass  # already readable (or closed at exit)
-
-    def clear(self):
-        super().clear()
-        try:
-            while os.read(self._read_fd, 4096):
-                pass
-        except (BlockingIOError, OSError):
-            pass
-
-    def __del__(self):
-        for fd in (self._read_fd, self._write_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-
-LISTENER_IDLE_MS = 5000  # a listener that a stop wakes looks at its flag this often
-_LISTENER_STOPS = weakref.WeakKeyDictionary()  # a subscriber's socket -> its WakingEvent
-
-
-def waking_rp_listeners(poll_ms=50):
-    """RADICAL's ZMQ subscriber and pipe listeners in this process sleep until a message
-    or their stop comes, instead of polling every 500 ms (subscribers) or 10 ms (pipes).
-
-    A listener thread is joined when its subscriber or pipe stops; the client's
-    session, pilot manager and task manager stop a dozen of them one after another at
-    close (3.7 s of every teardown with the subscribers' 500 ms: py-spy, 50 Hz), and
-    a held pilot's holder kept ~10 subscribers and 3 pipes waking 20-100 times a
-    second each. Each listener's stop flag is now a WakingEvent whose pipe it polls
-    beside its socket. One whose flag is RADICAL's (a subscriber given its callback
-    when made) polls every `poll_ms`.
-    """
-    import zmq
-    from radical.utils.zmq.pipe import MODE_PULL, Pipe, from_msgpack
-    from radical.utils.zmq.pubsub import Subscriber
-    if getattr(Subscriber._get_nowait, "_trajflow_waking", False):
-        return
-    get = Subscriber._get_nowait
-    start_listener = Subscriber._start_listener
-
-    def waking_start_listener(self):
-        # (RADICAL's takes the subscriber's lock; its subscribe() calls this)
-        if self._thread is None and not isinstance(self._term, WakingEvent):
-            self._term = WakingEvent()
-            _LISTENER_STOPS[self._sock] = self._term
-        return start_listener(self)
-
-    def waking_get(sock, lock, timeout, log, prof):
-        stop = _LISTENER_STOPS.get(sock)
-        if stop is None:
-            return get(sock, lock, poll_ms if timeout is None else min(timeout, poll_ms),
-                       log, prof)
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(stop.fileno(), zmq.POLLIN)
-        if sock in dict(poller.poll(timeout=LISTENER_IDLE_MS)):
-            return get(sock, lock, 0, log, prof)
-        return None, None
-    waking_get._trajflow_waking = True
-
-    def waking_pipe_listener(self):
-        poller = zmq.Poller()
-        poller.register(self._sock, zmq.POLLIN)
-        term = self._term
-        waking = isinstance(term, WakingEvent)
-        if waking:
-            poller.register(term.fileno(), zmq.POLLIN)
-        while not term.is_set():
-            if self._sock in dict(poller.poll(timeout=LISTENER_IDLE_MS if waking else 10)):
-                msg = self._sock.recv()
-                for cb in list(self._cbs):
-                    try:
-                        cb(from_msgpack(msg))
-                    except Exception:
-                        self._log.exception('callback failed')
-
-    pipe_init = Pipe.__init__
-
-    def waking_pipe_init(self, *args, **kwargs):
-        pipe_init(self, *args, **kwargs)
-        if self._mode == MODE_PULL and self._thread is None:
-            self._term = WakingEvent()
-
-    Subscriber._start_listener = waking_start_listener
-    Subscriber._get_nowait = staticmethod(waking_get)
-    Pipe.__init__ = waking_pipe_init
-    Pipe._listener = waking_pipe_listener
 
 
 class LiveWorkflow:
