@@ -66,9 +66,11 @@ def serve(requests=None, replies=None, agent=False):
     quiet_components()  # its components for their stop, their watchers for a death
     if agent:
         from radical.pilot.utils.component import BaseComponent
-        from trajflow.tasks.agent_waits import shorten_agent_waits, skip_empty_publishes
+        from trajflow.tasks.agent_waits import (see_task_exits_at_once, shorten_agent_waits,
+                                                skip_empty_publishes)
         shorten_agent_waits()
         skip_empty_publishes(BaseComponent)
+        see_task_exits_at_once()
     import setproctitle
     # set up here, while this process' own environment is in place: it finds the
     # memory of argv and environ then, and a fork whose environment has been

@@ -1,11 +1,19 @@
 """A pilot's agent looks for work every 10 ms when idle (tasks/agent_waits.py): the
 sleeps of the modules named are capped, nothing else of them changes, and a module that
 is not as expected is left alone."""
+import subprocess
 import sys
 import time
 import types
 
 from trajflow.tasks.agent_waits import CappedSleeps, IDLE_WAITS, shorten_agent_waits
+
+
+class Silent:
+    """RADICAL's logger's calls, said nowhere."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
 
 
 def test_the_named_modules_sleep_at_most_the_cap_and_keep_the_rest_of_time(monkeypatch):
@@ -32,7 +40,6 @@ def test_radical_pilots_agent_modules_are_the_ones_named_and_use_time():
     """The modules named come with radical.pilot's import (as the starter imports it) and
     call the time module (a release that moved them would leave the agent as RADICAL
     makes it: said here)."""
-    import subprocess
     said = subprocess.run([sys.executable, "-c", "import sys, time, radical.pilot\n"
                            f"for name in {IDLE_WAITS!r}:\n"
                            "    print(name in sys.modules and sys.modules[name].time is time)"],
@@ -101,3 +108,65 @@ def test_an_empty_list_of_ended_tasks_is_not_published():
     assert component.sent == [("agent_unschedule_pubsub", [{"uid": "task.0"}], None),
                               ("agent_unschedule_pubsub", {"uid": "task.1"}, None),
                               ("state_pubsub", [], "state")]
+
+
+def test_the_executor_sees_a_task_end_and_a_new_task_at_once(monkeypatch):
+    """The Popen executor's watcher pauses until a watched task's process ends or a task
+    is put to watch (EXIT_POLL_S at most, here far longer than any wait below)."""
+    import queue
+    import subprocess
+    import threading
+    from trajflow.tasks import agent_waits
+
+    monkeypatch.setattr(agent_waits, "EXIT_POLL_S", 30.0)
+    seen = []
+
+    class Executor:  # what RADICAL's Popen executor gives its watch loop
+        def __init__(self):
+            self._watch_queue, self._term = queue.Queue(), threading.Event()
+            self._log = Silent()
+
+        def _check_running(self, to_watch):
+            for task in list(to_watch):
+                if task["proc"].poll() is not None:
+                    seen.append((task["uid"], time.monotonic()))
+                    to_watch.remove(task)
+
+    executor = Executor()
+    watcher = threading.Thread(target=agent_waits.watch_until_an_exit, args=(executor,))
+    watcher.start()
+    try:
+        time.sleep(0.3)  # asleep, watching nothing
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+        executor._watch_queue.put({"uid": "task.0", "proc": proc})  # wakes it
+        proc.wait()
+        ended = time.monotonic()
+        deadline = ended + 10
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [uid for uid, _ in seen] == ["task.0"]
+        assert seen[0][1] - ended < 5  # by its pidfd, not the 30 s pause
+    finally:
+        executor._term.set()
+        executor._watch_queue.put({"uid": "wake", "proc": subprocess.Popen(["true"])})
+        watcher.join(10)
+    assert not watcher.is_alive()
+
+
+def test_the_executor_factory_patches_popen_only_when_it_makes_one():
+    """(the Popen module's import installs RADICAL's signal handlers: never in the
+    starter, only in the executing component's process, by its factory)"""
+    said = subprocess.run([sys.executable, "-c", (
+        "import sys, radical.pilot\n"
+        "from trajflow.tasks.agent_waits import see_task_exits_at_once\n"
+        "see_task_exits_at_once(); see_task_exits_at_once()\n"
+        "from radical.pilot.agent.executing.base import AgentExecutingComponent as A\n"
+        "print('radical.pilot.agent.executing.popen' in sys.modules, A.create._trajflow_exits)\n"
+        "try:\n"
+        "    A.create({}, None)\n"
+        "except Exception:\n"
+        "    pass\n"
+        "from radical.pilot.agent.executing import popen\n"
+        "print(popen.Popen._watch.__name__)")],
+        capture_output=True, text=True, timeout=120)
+    assert said.stdout.split() == ["False", "True", "watch_until_an_exit"], said.stderr
