@@ -190,3 +190,46 @@ def test_the_bootstrappers_rehash_is_replaced_by_one_without_pip(tmp_path):
                                capture_output=True, text=True, timeout=30).stdout.strip()
         assert values == f"{python}|{asked}|{python} -m pip", said
 
+
+
+# RADICAL-Pilot 1.103's create_deactivate() in bootstrap_0.sh, whose copy QUIET_DEACTIVATE is
+RADICALS_DEACTIVATE = "2378bfbb946fadf67877d1744720eeeebd7eff1df3903f1701abf250c4010d4a"
+
+
+def test_the_bootstrappers_deactivate_scripts_are_all_but_the_unread_one(tmp_path):
+    """Run as the bootstrapper runs it (RADICAL's create_deactivate() defined first), the
+    entry's create_deactivate() writes env/bs0_pre_0.sh as RADICAL's does (agent_0 sources
+    it), and not env/bs0_orig.sh (nothing reads it: 0.85 s of each pilot's start)."""
+    import hashlib
+    import re
+    import shutil
+    import subprocess
+    import sys
+    import radical.pilot
+    script = os.path.join(os.path.dirname(radical.pilot.__file__), "agent", "bootstrap_0.sh")
+    with open(script, encoding="utf-8") as fh:
+        text = fh.read()
+    theirs = re.search(r"^create_deactivate\(\)\n\{.*?^\}$", text, re.M | re.S).group(0)
+    assert hashlib.sha256(theirs.encode()).hexdigest() == RADICALS_DEACTIVATE, (
+        "RADICAL-Pilot's create_deactivate() changed: compare it with "
+        "resources.QUIET_DEACTIVATE")
+    (entry,) = _localhost_entries(tmp_path, "create_deactivate() {")
+    helpers = [re.search(rf"^{name}\(\)\n\{{.*?^\}}$", text, re.M | re.S).group(0)
+               for name in ("run_cmd", "pre_bootstrap_0")]
+    written = {}
+    for which, defined in (("radical's", ""), ("trajflow's", 'pre_bootstrap_0 "$1" > /dev/null')):
+        folder = tmp_path / "sandbox"  # one path for both: the scripts name it
+        shutil.rmtree(folder, ignore_errors=True)
+        (folder / "env").mkdir(parents=True)
+        program = "\n".join(["profile_event() { :; }", *helpers, theirs, defined,
+                             ". radical-utils-env.sh", "env_dump -t env/bs0_orig.env",
+                             "env_dump -t env/bs0_pre_0.env", "export TRAJFLOW_ACTIVE=1",
+                             "create_deactivate > /dev/null"])
+        said = subprocess.run(["bash", "-c", program, "bash", entry], cwd=folder,
+                              capture_output=True, text=True, timeout=60,
+                              env={"PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"})
+        assert said.returncode == 0, said.stderr
+        written[which] = {p.name: p.read_text() for p in (folder / "env").iterdir()}
+    assert set(written["radical's"]) - set(written["trajflow's"]) == {"bs0_orig.sh"}
+    assert written["trajflow's"]["bs0_pre_0.sh"] == written["radical's"]["bs0_pre_0.sh"]
+    assert "TRAJFLOW_ACTIVE" in written["trajflow's"]["bs0_pre_0.sh"]

@@ -155,7 +155,8 @@ def session_configs(target, resource, cpus, pre_bootstrap=()) -> str:
     cfg = resource_config(resource).as_dict()
     kept = agent_cores(resource)
     pin = [agent_pin_entry(task_python(resource), kept)] if kept else []
-    in_venv = ([venv_path_entry(), quiet_rehash_entry(), *agent_start_entry()]
+    in_venv = ([venv_path_entry(), quiet_rehash_entry(), quiet_deactivate_entry(),
+                *agent_start_entry()]
                if _in_this_venv(cfg, resource) else [])
     cfg["pre_bootstrap_0"] = (list(cfg.get("pre_bootstrap_0") or []) + in_venv + pin
                               + list(pre_bootstrap))
@@ -233,9 +234,24 @@ QUIET_REHASH = ("rehash() { profile_event 'rehash_start'; "
 def quiet_rehash_entry() -> str:
     """A `pre_bootstrap_0` entry that redefines the bootstrapper's rehash() without its
     pip import: 0.6 s of each pilot's start here (three pip imports that printed pip's
-    version). (Its two environment scripts, 0.85 s each, written side by side instead,
-    saved 0.2 s here, where the client shares the cores: not done.)"""
+    version)."""
     return pre_bootstrap_entry(QUIET_REHASH)
+
+
+# RADICAL-Pilot 1.103 bootstrap_0.sh's create_deactivate(), redefined likewise: less the
+# first of its two environment scripts, env/bs0_orig.sh (0.85 s of each pilot's start
+# here), which nothing of RADICAL-Pilot 1.103 or trajflow reads (its launch methods read
+# env/bs0_orig.env, the dump, written before; agent_0 sources env/bs0_pre_0.sh, kept)
+QUIET_DEACTIVATE = ("create_deactivate() { profile_event 'create_deactivate_start'; "
+                    ". radical-utils-env.sh; env_dump -t env/bs0_active.env; "
+                    "env_prep -s env/bs0_pre_0.env -r env/bs0_active.env -t env/bs0_pre_0.sh; "
+                    "profile_event 'create_deactivate_stop'; }")
+
+
+def quiet_deactivate_entry() -> str:
+    """A `pre_bootstrap_0` entry that redefines the bootstrapper's create_deactivate()
+    without writing env/bs0_orig.sh, which nothing reads."""
+    return pre_bootstrap_entry(QUIET_DEACTIVATE)
 
 
 def agent_start_entry() -> list:
