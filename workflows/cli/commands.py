@@ -1,4 +1,6 @@
-"""The `trajflow` commands: each parses nothing and prints what its library call gives."""
+"""The `trajflow` commands: each parses nothing and prints what its library call gives.
+Each imports what only it uses when it runs (`trajflow run --pilot` is a second's
+command: the bench, campaign, profile and remote modules were 0.15-0.2 s of it)."""
 import dataclasses
 import json
 import os
@@ -8,26 +10,9 @@ import time
 
 from trajflow.tasks.mda_analyses import parallelisable_classes
 from trajflow.tasks.rundir import has_plan
-from trajflow.workflows.bench.small import format_table, run_bench, run_bench_large
-from trajflow.workflows.bench.cpu_quota import unavailable as cpu_quota_unavailable
-from trajflow.workflows.bench.latency import format_latency, run_latency
-from trajflow.workflows.bench.stragglers import format_stragglers, run_stragglers
-from trajflow.workflows.bench.readers import format_readers, run_readers
-from trajflow.workflows.bench.model import format_model, model_inputs_check, run_model_bench
-from trajflow.workflows.bench.scaling import format_setup_growth, run_setup_growth, SETUP_RANKS
-from trajflow.workflows.bench.width import cores_per_node, format_width, run_width
-from trajflow.workflows.campaign.folders import is_campaign_dir
-from trajflow.workflows.campaign.run import Campaign
-from trajflow.workflows.campaign.table import experiment_rows, summary_lines, write_table
 from trajflow.workflows.cli.options import flags_said, RESUMED_OPTIONS, RUN_FIELDS, spec_from_args
-from trajflow.workflows.demo import run_demo
 from trajflow.workflows.errors import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK,
                                        InputError, Interrupted, RunFailed)
-from trajflow.workflows.profile.inspection import inspect_runs, summary_text, write_csv, write_json
-from trajflow.workflows.campaign.report import write_campaign_html
-from trajflow.workflows.profile.report_html import write_html
-from trajflow.workflows.profile.trace import write_trace
-from trajflow.workflows.remote import client as remote
 from trajflow.workflows.run import held_client, resources
 from trajflow.workflows.run.api import plan_of
 from trajflow.workflows.run.pilot import Pilot
@@ -139,12 +124,19 @@ def run_planned_on_held(plan, spec, held, resume=False):
     return _run_and_report([plan], spec, None, plan.workdir, resume=resume, held=held)
 
 
+def _remote_client():
+    """trajflow.workflows.remote.client, imported by the commands that go to a cluster
+    only (0.15 s of every other command)."""
+    from trajflow.workflows.remote import client
+    return client
+
+
 def cmd_run(args):
     where = spec_from_args(RemoteSpec, args)
     if args.pilot:
         return _run_on_held(args, where)
     if where.remote:
-        return remote.cmd_run_remote(where, args.resume, *specs_from_args(args))
+        return _remote_client().cmd_run_remote(where, args.resume, *specs_from_args(args))
     return run_planned(*plan_from_args(args), resume=bool(args.resume))
 
 
@@ -159,7 +151,7 @@ def _run_on_held(args, where):
         if where.remote_batch:
             raise InputError(f"--remote-batch with --pilot {args.pilot}: the held pilot's "
                              "allocation is its own; leave out one of them")
-        return remote.cmd_run_remote(where, args.resume, spec_from_args(RunSpec, args), PilotSpec(),
+        return _remote_client().cmd_run_remote(where, args.resume, spec_from_args(RunSpec, args), PilotSpec(),
                                      held=args.pilot)
     asked_at = time.time()
     status = held_client.held_status(args.pilot)
@@ -179,7 +171,7 @@ def cmd_pilot(args):
     """`trajflow pilot start|status|stop|list` (with --remote: on that cluster)."""
     where = spec_from_args(RemoteSpec, args)
     if where.remote:
-        return remote.cmd_pilot_remote(where, pilot_request(args))
+        return _remote_client().cmd_pilot_remote(where, pilot_request(args))
     try:
         return _pilot_command(args)
     except RuntimeError as exc:  # the pilot did not start, or its holder did not stop
@@ -225,12 +217,14 @@ def _held_line(status):
 
 
 def cmd_demo(args):
+    from trajflow.workflows.demo import run_demo
     spec, pilot_spec = specs_from_args(args)
     out = os.path.abspath(args.out or f"trajflow-demo-{time.strftime('%Y%m%d-%H%M%S')}")
     return run_demo(out, args.copies, pilot_spec, spec)
 
 
 def cmd_campaign(args):
+    from trajflow.workflows.campaign.run import Campaign
     campaign = Campaign.load(args.file, yes=args.yes)
     if args.only_resource:
         if args.only_resource not in campaign.resources:
@@ -283,6 +277,11 @@ def cmd_resources(args):
 
 
 def cmd_inspect(args):
+    from trajflow.workflows.campaign.folders import is_campaign_dir
+    from trajflow.workflows.profile.inspection import inspect_runs, summary_text, write_csv, \
+        write_json
+    from trajflow.workflows.profile.report_html import write_html
+    from trajflow.workflows.profile.trace import write_trace
     if not args.rundirs and not args.table:
         raise InputError("nothing to inspect: give one or more RUNDIRs (--out folders of "
                          "trajflow run), a campaign folder, or --table FILE.csv")
@@ -340,6 +339,8 @@ def _check_targets(args):
 
 
 def _inspect_campaign(args):
+    from trajflow.workflows.campaign.report import write_campaign_html
+    from trajflow.workflows.campaign.table import experiment_rows, summary_lines, write_table
     _check_targets(args)
     cdir = os.path.abspath(args.rundirs[0])
     rows = experiment_rows(cdir)
@@ -381,6 +382,15 @@ def check_bench_options(args):
 
 
 def cmd_bench(args):
+    from trajflow.workflows.bench.cpu_quota import unavailable as cpu_quota_unavailable
+    from trajflow.workflows.bench.latency import format_latency, run_latency
+    from trajflow.workflows.bench.model import format_model, model_inputs_check, run_model_bench
+    from trajflow.workflows.bench.readers import format_readers, run_readers
+    from trajflow.workflows.bench.scaling import format_setup_growth, run_setup_growth, \
+        SETUP_RANKS
+    from trajflow.workflows.bench.small import format_table, run_bench, run_bench_large
+    from trajflow.workflows.bench.stragglers import format_stragglers, run_stragglers
+    from trajflow.workflows.bench.width import cores_per_node, format_width, run_width
     if min(args.copies, args.repeats, args.loop_frames, args.startup_launches, args.launches) < 1:
         raise InputError("--copies, --repeats, --loop-frames, --startup-launches and --launches "
                          "must be at least 1")

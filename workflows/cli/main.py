@@ -8,7 +8,6 @@ import os
 import sys
 
 from trajflow.workflows.errors import EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, InputError, Interrupted
-from trajflow.workflows.remote import client as remote
 from trajflow.workflows.run import progress, signals
 from trajflow.workflows.run.signals import stop_on_signals
 from trajflow.workflows.run.spec import command_line
@@ -65,11 +64,16 @@ def _interrupted_code():
 
 
 def _command(args):
+    if args.command in REMOTE_COMMANDS:
+        from trajflow.workflows.remote import client as remote  # (0.15 s: only for these)
+        return getattr(remote, f"cmd_{args.command}")(args)
     return {"run": cmd_run, "demo": cmd_demo, "bench": cmd_bench, "campaign": cmd_campaign,
             "resources": cmd_resources, "inspect": cmd_inspect, "analyses": cmd_analyses,
-            "runs": cmd_runs, "pilot": cmd_pilot,
-            "status": remote.cmd_status, "follow": remote.cmd_follow, "fetch": remote.cmd_fetch,
-            "cancel": remote.cmd_cancel}[args.command](args)
+            "runs": cmd_runs, "pilot": cmd_pilot}[args.command](args)
+
+
+# the commands about a remote run, each remote.client's cmd_<name>
+REMOTE_COMMANDS = ("status", "follow", "fetch", "cancel")
 
 
 if __name__ == "__main__":
