@@ -46,6 +46,8 @@ import time
 
 import zmq
 
+from trajflow.tasks.quiet_components import drain
+
 log = logging.getLogger(__name__)
 
 AGENT_IDLE_S = 0.01   # the longest idle sleep where nothing can end it sooner
@@ -208,7 +210,7 @@ def watch_until_an_exit(self):
             self._check_running(to_watch)
             if not count:
                 select.select([wake_read, *_pidfds_of(to_watch, pidfds)], [], [], EXIT_POLL_S)
-                _drain(wake_read)
+                drain(wake_read)
     except Exception as error:
         self._log.exception('Error in ExecWorker watch loop (%s)' % error)
     finally:
@@ -228,14 +230,6 @@ def _pidfds_of(tasks, pidfds):
         except OSError:
             pass  # ended and reaped already: seen at the next look
     return list(pidfds.values())
-
-
-def _drain(fd):
-    try:
-        while os.read(fd, 4096):
-            pass
-    except BlockingIOError:
-        pass
 
 
 def shorten_agent_waits(longest=AGENT_IDLE_S, modules=IDLE_WAITS):

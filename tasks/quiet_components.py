@@ -138,7 +138,7 @@ def watch_with_pidfds(self):
             wait_s = POLL_S if len(waited) < len(pidfds) else RESCAN_S
             for fd in select.select([self._wake_read, *waited], [], [], wait_s)[0]:
                 if fd == self._wake_read:
-                    _drain(fd)
+                    drain(fd)
                 else:  # ended: checked below; polled while a zombie
                     pidfds[waited.pop(fd)] = None
                     _close(fd)
@@ -167,7 +167,8 @@ def _pidfd(pid):
         return None
 
 
-def _drain(fd):
+def drain(fd):
+    """Read a non-blocking pipe empty (its bytes only said: wake up)."""
     try:
         while os.read(fd, 4096):
             pass
@@ -203,11 +204,7 @@ class WakingEvent(threading.Event):
 
     def clear(self):
         super().clear()
-        try:
-            while os.read(self._read_fd, 4096):
-                pass
-        except (BlockingIOError, OSError):
-            pass
+        drain(self._read_fd)
 
     def __del__(self):
         for fd in (self._read_fd, self._write_fd):

@@ -212,3 +212,14 @@ def remove_local_sandboxes(folder):
 def session_sandbox(sid):
     """A local pilot's session sandbox (resource_configs: $HOME)."""
     return os.path.expanduser(os.path.join("~", "radical.pilot.sandbox", sid))
+
+
+def thread_wakes(thread, seconds):
+    """How many times `thread` (a thread of this process) was switched to in `seconds`:
+    a loop that polls wakes tens of times a second, one that waits for news not at all."""
+    def switches():
+        with open(f"/proc/self/task/{thread.native_id}/status") as fh:
+            return sum(int(line.split()[1]) for line in fh if "ctxt_switches" in line)
+    before = switches()
+    time.sleep(seconds)
+    return switches() - before

@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+from tests.processes import thread_wakes
+
 from trajflow.tasks import quiet_bridges
 
 pytestmark = pytest.mark.timeout(120)
@@ -52,16 +54,6 @@ def put_later(putter, msgs, after_s, qname="default"):
     timer = threading.Timer(after_s, putter.put, args=(msgs,), kwargs={"qname": qname})
     timer.start()
     return timer
-
-
-def thread_wakes(thread, seconds):
-    """How many times `thread` (a thread of this process) was switched to in `seconds`."""
-    def switches():
-        with open(f"/proc/self/task/{thread.native_id}/status") as fh:
-            return sum(int(line.split()[1]) for line in fh if "ctxt_switches" in line)
-    before = switches()
-    time.sleep(seconds)
-    return switches() - before
 
 
 def test_a_request_to_an_empty_queue_waits_and_is_answered_when_a_message_comes(

@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from tests.processes import thread_wakes
+
 from trajflow.tasks import quiet_components
 
 pytestmark = pytest.mark.timeout(120)
@@ -28,15 +30,6 @@ def watcher_class(monkeypatch):
     return Watcher
 
 
-def thread_wakes(thread, seconds):
-    def switches():
-        with open(f"/proc/self/task/{thread.native_id}/status") as fh:
-            return sum(int(line.split()[1]) for line in fh if "ctxt_switches" in line)
-    before = switches()
-    time.sleep(seconds)
-    return switches() - before
-
-
 def until(check, seconds=10.0):
     deadline = time.monotonic() + seconds
     while not check() and time.monotonic() < deadline:
@@ -48,13 +41,20 @@ def sleeper():
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 
 
-def test_a_watched_process_that_ends_is_found_at_once_and_acted_on(watcher_class):
+def watching_a_sleeper(watcher_class):
+    """A watcher whose action is NOTHING, its calls listed, watching a new sleeping child:
+    (watcher, the pids it acted on, the child)."""
     import radical.utils as ru
     acted = []
     watcher = watcher_class(action=ru.PWatcher.NOTHING, uid="test.pw")
     watcher._nothing = acted.append
     child = sleeper()
     watcher.watch(child.pid)
+    return watcher, acted, child
+
+
+def test_a_watched_process_that_ends_is_found_at_once_and_acted_on(watcher_class):
+    watcher, acted, child = watching_a_sleeper(watcher_class)
     time.sleep(0.5)
     assert thread_wakes(watcher._thread, 1.0) <= 3
     child.kill()
@@ -78,12 +78,7 @@ def test_a_pid_watched_while_the_watcher_sleeps_is_watched_at_once(watcher_class
 def test_an_ended_process_not_yet_reaped_is_polled_until_it_is(watcher_class):
     """A zombie is alive to RADICAL's kill(pid, 0): it is polled (every 50 ms), not
     acted on, and acted on once reaped, as by RADICAL's watcher."""
-    import radical.utils as ru
-    acted = []
-    watcher = watcher_class(action=ru.PWatcher.NOTHING, uid="test.pw")
-    watcher._nothing = acted.append
-    child = sleeper()
-    watcher.watch(child.pid)
+    watcher, acted, child = watching_a_sleeper(watcher_class)
     time.sleep(1.5)
     child.kill()
     time.sleep(0.5)
