@@ -40,13 +40,12 @@ import logging
 import multiprocessing.connection
 import os
 import queue
-import select
 import sys
 import time
 
 import zmq
 
-from trajflow.tasks.quiet_components import drain
+from trajflow.tasks.quiet_components import close_fd, drain, pidfd_of, readable
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +57,7 @@ IDLE_WAITS = ("radical.pilot.agent.scheduler.base",)
 SCHEDULER = "AgentSchedulingComponent"  # in IDLE_WAITS[0]: its loop's queues wake it
 SCHEDULER_QUEUES = ("_queue_sched", "_queue_unsched")  # multiprocessing.Queue each
 EXIT_POLL_S = 0.05   # RADICAL's watcher pause (cancellations and timeouts are seen then)
+MAX_PIDFDS = 256     # tasks waited on by pidfd (file descriptors are a budget)
 INPUT_WAIT_MS = 200  # RADICAL's own wait on one input, here on all of them at once
 # channels on which an empty list says nothing (the scheduler releases no slot for it)
 NOTHING_IF_EMPTY = ("agent_unschedule_pubsub",)
@@ -65,7 +65,8 @@ NOTHING_IF_EMPTY = ("agent_unschedule_pubsub",)
 
 class CappedSleeps:
     """The `time` module as one module sees it, with its sleeps at most `longest`, or,
-    where `wakers` (readable connections) are set, ended by the first that has data."""
+    where `wakers` (readable connections) are set, a wait of `woken_longest` ended by
+    the first that has data."""
 
     def __init__(self, longest, woken_longest=QUEUED_IDLE_S):
         self.longest = longest
@@ -76,8 +77,8 @@ class CappedSleeps:
         return getattr(time, name)
 
     def sleep(self, seconds):
-        if self.wakers:
-            multiprocessing.connection.wait(self.wakers, min(seconds, self.woken_longest))
+        if self.wakers:  # (the loop's 0.1 s: nothing but its queues brings it work)
+            multiprocessing.connection.wait(self.wakers, self.woken_longest)
         else:
             time.sleep(min(seconds, self.longest))
 
@@ -185,7 +186,8 @@ def see_task_exits_at_once(factory_class=None):
 
 def watch_until_an_exit(self):
     """The Popen executor's watch loop (radical/pilot/agent/executing/popen.py), whose
-    pause of 0.05 s ends when a task's process ends or a task is put to watch."""
+    pause of 0.05 s ends when a task's process ends (the first MAX_PIDFDS of them) or a
+    task is put to watch."""
     to_watch = []
     wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     put = self._watch_queue.put
@@ -194,8 +196,8 @@ def watch_until_an_exit(self):
         put(item, *args, **kwargs)
         try:
             os.write(wake_write, b"t")
-        except BlockingIOError:
-            pass  # awake already
+        except OSError:
+            pass  # awake already (or the loop has ended)
     self._watch_queue.put = put_and_wake
     pidfds = {}  # a watched process' pid -> its pidfd
     try:
@@ -209,26 +211,26 @@ def watch_until_an_exit(self):
                 pass
             self._check_running(to_watch)
             if not count:
-                select.select([wake_read, *_pidfds_of(to_watch, pidfds)], [], [], EXIT_POLL_S)
+                readable([wake_read, *_pidfds_of(to_watch, pidfds)], EXIT_POLL_S)
                 drain(wake_read)
     except Exception as error:
         self._log.exception('Error in ExecWorker watch loop (%s)' % error)
     finally:
+        self._watch_queue.put = put
         for fd in (wake_read, wake_write, *pidfds.values()):
-            os.close(fd)
+            close_fd(fd)
 
 
 def _pidfds_of(tasks, pidfds):
-    """The pidfds of the tasks' processes (opened once each; those of processes no
-    longer watched closed)."""
+    """The pidfds of the tasks' processes, MAX_PIDFDS at most (opened once each; those
+    of processes no longer watched closed; the others are seen at the pause's end)."""
     pids = {task["proc"].pid for task in tasks if task.get("proc") is not None}
     for pid in set(pidfds) - pids:
-        os.close(pidfds.pop(pid))
-    for pid in pids - set(pidfds):
-        try:
-            pidfds[pid] = os.pidfd_open(pid)
-        except OSError:
-            pass  # ended and reaped already: seen at the next look
+        close_fd(pidfds.pop(pid))
+    for pid in sorted(pids - set(pidfds))[:max(0, MAX_PIDFDS - len(pidfds))]:
+        fd = pidfd_of(pid)
+        if fd is not None:
+            pidfds[pid] = fd
     return list(pidfds.values())
 
 

@@ -15,7 +15,8 @@ whose task queue both ends of a pilot read):
 - `HeldRequestsQueue`: a get request for an empty queue is held, and answered the
   moment a message for it arrives (sooner than RADICAL's, which the asker sees only
   at its next ask). Its get socket is a ROUTER, which speaks to RADICAL's REQ getters
-  as its REP did. Held until a message comes on the queues in HELD_QUEUES, each read
+  as its REP did. Held until a message comes (HELD_MAX_S at most: a connection across
+  machines then carries something now and then) on the queues in HELD_QUEUES, each read
   by components that read no other queue, or that wait on all their queues at once
   (agent_0, as tasks/agent_start.py runs it: agent_waits.wait_on_all_inputs;
   RADICAL's reads its two in turn, and a held request on one keeps the other waiting
@@ -38,6 +39,11 @@ RadicalQueue = queue.Queue
 RadicalPubSub = pubsub.PubSub
 
 IDLE_POLL_MS = 1000  # how often an idle bridge looks at its stop flag
+HEARTBEAT_MS = 5000  # a held request's connection is pinged this often
+# a held request is answered empty after this all the same: a connection across
+# machines (agent_0's to the client's proxy, over TCP) carries something that often,
+# and a firewall or tunnel that drops idle connections does not drop it
+HELD_MAX_S = 10.0
 # a queue not held answers an empty request after this: RADICAL's answers as soon as
 # its loop of two 10 ms polls and a 10 ms sleep gets to it, which paces the askers that
 # ask again at once (EnTK's threads; agent_0 where not run by agent_start)
@@ -70,9 +76,8 @@ class HeldRequestsQueue(RadicalQueue):
     takes on HELD_QUEUES, up to EMPTY_ANSWER_AFTER_S on the others."""
 
     def longest_hold_s(self, qname):
-        """How long a request for `qname` may wait for a message (None: as long as it
-        takes)."""
-        return None if self._channel in HELD_QUEUES else EMPTY_ANSWER_AFTER_S
+        """How long a request for `qname` may wait for a message."""
+        return HELD_MAX_S if self._channel in HELD_QUEUES else EMPTY_ANSWER_AFTER_S
 
     def stream_of(self, qname):
         """The buffer that a message put for `qname` joins, and a request reads."""
@@ -85,8 +90,11 @@ class HeldRequestsQueue(RadicalQueue):
         self._get = self._ctx.socket(zmq.ROUTER)
         self._get.linger = queue._LINGER_TIMEOUT
         self._get.hwm = queue._HIGH_WATER_MARK
-        # an answer to an asker that has gone raises, and goes to the next one
+        # an answer to an asker that has gone raises, and goes to the next one; an asker
+        # whose connection died unsaid is found gone by ZMTP's heartbeat
         self._get.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._get.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
+        self._get.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * HEARTBEAT_MS)
         self._addr_get = queue.zmq_bind(self._get)
 
     def _bridge_work(self):
@@ -99,7 +107,7 @@ class HeldRequestsQueue(RadicalQueue):
 def serve_held_requests(bridge):
     """The bridge's loop: buffer what is put, answer each get request with up to a
     bulk of its queue's messages, holding it while there are none (an empty answer
-    after the bridge's `longest_hold_s`, where it has one). Queue names the bridge
+    after the bridge's `longest_hold_s`). Queue names the bridge
     reads as one (`stream_of`) share one buffer, in the order put."""
     bridge.nin = bridge.nout = bridge.last = 0
     buffered = collections.defaultdict(collections.deque)  # stream -> messages
@@ -118,23 +126,22 @@ def serve_held_requests(bridge):
                 touched.add(stream)
         if bridge._get in events:
             for asker, qname in _drain_requests(bridge):
-                hold_s = bridge.longest_hold_s(qname)
                 stream = bridge.stream_of(qname)
-                waiting[stream].append(Request(asker, qname, None if hold_s is None
-                                               else time.monotonic() + hold_s))
+                waiting[stream].append(
+                    Request(asker, qname, time.monotonic() + bridge.longest_hold_s(qname)))
                 touched.add(stream)
         for stream in touched:
             _answer_waiting(bridge, buffered[stream], waiting[stream])
         _answer_expired(bridge, waiting)
 
 
-Request = collections.namedtuple("Request", "asker qname until")  # until: None, held
+Request = collections.namedtuple("Request", "asker qname until")  # until: answered empty
 
 
 def _poll_ms(waiting):
     """Until the first held request is due an empty answer, or IDLE_POLL_MS (a few
     requests wait at a time: one per asker)."""
-    due = [r.until for requests in waiting.values() for r in requests if r.until is not None]
+    due = [r.until for requests in waiting.values() for r in requests]
     if not due:
         return IDLE_POLL_MS
     return max(0, min(IDLE_POLL_MS, int((min(due) - time.monotonic()) * 1000) + 1))
@@ -179,7 +186,7 @@ def _answer_expired(bridge, waiting):
     """An empty answer to each request held as long as it may be."""
     now = time.monotonic()
     for requests in waiting.values():
-        for request in [r for r in requests if r.until is not None and r.until <= now]:
+        for request in [r for r in requests if r.until <= now]:
             requests.remove(request)
             _answer(bridge, request, [])
 
@@ -212,7 +219,7 @@ class EntkQueue(HeldRequestsQueue):
     def longest_hold_s(self, qname):
         if qname in ENTK_SYNC_QNAMES:
             return ENTK_SYNC_HOLD_S
-        return None if qname in ENTK_HELD_QNAMES else EMPTY_ANSWER_AFTER_S
+        return HELD_MAX_S if qname in ENTK_HELD_QNAMES else EMPTY_ANSWER_AFTER_S
 
     def stream_of(self, qname):
         return ENTK_SYNC_QNAMES[0] if qname in ENTK_SYNC_QNAMES else qname

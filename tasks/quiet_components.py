@@ -131,21 +131,29 @@ def watch_with_pidfds(self):
             with self._lock:
                 watched = set(self._pids)
             for pid in set(pidfds) - watched:
-                _close(pidfds.pop(pid))
+                close_fd(pidfds.pop(pid))
             for pid in watched - set(pidfds):
-                pidfds[pid] = _pidfd(pid)
+                pidfds[pid] = pidfd_of(pid)
             waited = {fd: pid for pid, fd in pidfds.items() if fd is not None}
             wait_s = POLL_S if len(waited) < len(pidfds) else RESCAN_S
-            for fd in select.select([self._wake_read, *waited], [], [], wait_s)[0]:
+            for fd in readable([self._wake_read, *waited], wait_s):
                 if fd == self._wake_read:
                     drain(fd)
                 else:  # ended: checked below; polled while a zombie
                     pidfds[waited.pop(fd)] = None
-                    _close(fd)
+                    close_fd(fd)
             check_watched(self)
     finally:
         for fd in pidfds.values():
-            _close(fd)
+            close_fd(fd)
+
+
+def readable(fds, wait_s):
+    """Those of `fds` readable within `wait_s` (poll(2): no limit on the fds' numbers)."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return [fd for fd, _ in poller.poll(wait_s * 1000)]
 
 
 def check_watched(self):
@@ -160,10 +168,15 @@ def check_watched(self):
                     getattr(self, "_" + self._action)(pid)
 
 
-def _pidfd(pid):
+def pidfd_of(pid):
+    """A pidfd of `pid`, or None (gone already, no pidfds in this kernel or this
+    Python's build, no file descriptor left): then it is polled."""
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is None:
+        return None
     try:
-        return os.pidfd_open(pid)
-    except OSError:  # gone already, or no pidfds here: polled
+        return pidfd_open(pid)
+    except OSError:
         return None
 
 
@@ -176,7 +189,7 @@ def drain(fd):
         pass
 
 
-def _close(fd):
+def close_fd(fd):
     if fd is not None:
         try:
             os.close(fd)
@@ -216,6 +229,7 @@ class WakingEvent(threading.Event):
 
 LISTENER_IDLE_MS = 5000  # a listener that a stop wakes looks at its flag this often
 _LISTENER_STOPS = weakref.WeakKeyDictionary()  # a subscriber's socket -> its WakingEvent
+_SWAP_LOCK = threading.Lock()
 
 
 def waking_rp_listeners(poll_ms=50):
@@ -226,9 +240,10 @@ def waking_rp_listeners(poll_ms=50):
     session, pilot manager and task manager stop a dozen of them one after another at
     close (3.7 s of every teardown with the subscribers' 500 ms: py-spy, 50 Hz; it
     polled 50 ms before 0.22), and a held pilot's holder kept ~10 subscribers and 3
-    pipes waking 20-100 times a second each, agent_0 a pipe 100 times. Each listener's stop flag is now a WakingEvent whose pipe it polls
-    beside its socket. One whose flag is RADICAL's (a subscriber given its callback
-    when made) polls every `poll_ms`.
+    pipes waking 20-100 times a second each, agent_0 a pipe 100 times. Each listener's
+    stop flag is now a WakingEvent whose pipe it polls beside its socket. One whose
+    flag is RADICAL's (a listener started before this was applied) polls every
+    `poll_ms`.
     """
     import zmq
     from radical.utils.zmq.pipe import MODE_PULL, Pipe, from_msgpack
@@ -239,10 +254,12 @@ def waking_rp_listeners(poll_ms=50):
     start_listener = Subscriber._start_listener
 
     def waking_start_listener(self):
-        # (RADICAL's takes the subscriber's lock; its subscribe() calls this)
-        if self._thread is None and not isinstance(self._term, WakingEvent):
-            self._term = WakingEvent()
-            _LISTENER_STOPS[self._sock] = self._term
+        # (not under the subscriber's lock: RADICAL's takes it; under one of this
+        # module's, so that two threads' first subscribe() swap the flag once)
+        with _SWAP_LOCK:
+            if self._thread is None and not isinstance(self._term, WakingEvent):
+                self._term = WakingEvent()
+                _LISTENER_STOPS[self._sock] = self._term
         return start_listener(self)
 
     def waking_get(sock, lock, timeout, log, prof):

@@ -213,6 +213,7 @@ def test_a_paced_loop_wakes_at_news_and_otherwise_after_its_poll():
     with no news a pause lasts its poll (the loop's idle rate is unchanged)."""
     wakes = entk_client._Wakes
     wakes.enqueue.clear()
+    wakes.run_loop.clear()  # (news of an earlier test in this process)
     t0 = time.monotonic()
     wakes.pause(wakes.enqueue, 0.2)
     assert 0.19 <= time.monotonic() - t0 < 2.0  # no news: the whole poll

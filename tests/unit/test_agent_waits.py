@@ -61,17 +61,18 @@ def test_the_schedulers_idle_sleep_ends_when_its_queues_get_data():
         def _schedule_tasks(self):
             return "looped"
 
-    sleeps = CappedSleeps(0.01, woken_longest=30.0)
+    sleeps = CappedSleeps(0.01, woken_longest=0.3)
     wake_on_queues(Scheduler, sleeps)
     scheduler = Scheduler()
     assert scheduler._schedule_tasks() == "looped"
     assert len(sleeps.wakers) == 2
     t0 = time.perf_counter()
-    sleeps.sleep(0.3)  # nothing queued: the whole sleep, not the 10 ms cap
+    sleeps.sleep(0.1)  # nothing queued: its whole wait (RADICAL's 0.1 s), not the cap
     assert 0.25 < time.perf_counter() - t0 < 5
+    sleeps.woken_longest = 30.0
     threading.Timer(0.3, scheduler._queue_unsched.put, args=(["task.0"],)).start()
     t0 = time.perf_counter()
-    sleeps.sleep(20.0)  # a slot freed after 0.3 s ends it
+    sleeps.sleep(0.1)  # a slot freed after 0.3 s ends it
     assert 0.25 < time.perf_counter() - t0 < 10
     assert scheduler._queue_unsched.get(timeout=5) == ["task.0"]
 
