@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.processes import thread_wakes
+from processes import thread_wakes
 
 from trajflow.tasks import quiet_bridges
 
