@@ -27,6 +27,21 @@ def radicals_listeners_restored(monkeypatch):
 
 
 @pytest.fixture
+def pubsub_bridge(tmp_path):
+    """Makes a started RADICAL pubsub bridge of a name; each stopped after the test."""
+    import radical.utils as ru
+    made = []
+
+    def make(name):
+        made.append(ru.zmq.PubSub(name, cfg={"uid": name, "path": str(tmp_path)}))
+        made[-1].start()
+        return made[-1]
+    yield make
+    for bridge in made:
+        bridge.stop()
+
+
+@pytest.fixture
 def watcher_class(monkeypatch):
     """RADICAL's PWatcher class, patched for this test only; its look without cause
     far later than any wait below: what is seen is seen because of a pidfd, or of a
@@ -190,14 +205,13 @@ def test_a_timed_callback_is_called_when_due_and_sleeps_between():
     assert not thread.is_alive() and time.monotonic() - start < 0.5
 
 
-def test_radicals_listeners_sleep_until_a_message_or_their_stop(tmp_path):
+def test_radicals_listeners_sleep_until_a_message_or_their_stop(tmp_path, pubsub_bridge):
     """A subscriber's and a pipe's listener (the client holds a dozen) wake for a
     message or for their stop, not every 500 ms / 10 ms; stopped, they end at once."""
     import radical.utils as ru
     quiet_components.waking_rp_listeners()
     quiet_components.waking_rp_listeners()  # once
-    bridge = ru.zmq.PubSub("state_pubsub", cfg={"uid": "state_pubsub", "path": str(tmp_path)})
-    bridge.start()
+    bridge = pubsub_bridge("state_pubsub")
     got = []
     subscriber = ru.zmq.Subscriber("state_pubsub", url=bridge.addr_sub, path=str(tmp_path))
     on_state = lambda topic, msg: got.append(msg)  # noqa: E731
@@ -210,7 +224,6 @@ def test_radicals_listeners_sleep_until_a_message_or_their_stop(tmp_path):
     start = time.monotonic()
     subscriber.unsubscribe(on_state)  # stops and joins its listener
     assert subscriber._thread is None and time.monotonic() - start < 1.0
-    bridge.stop()
 
     pulled = []
     pull = ru.zmq.Pipe(ru.zmq.MODE_PULL)
@@ -225,12 +238,11 @@ def test_radicals_listeners_sleep_until_a_message_or_their_stop(tmp_path):
     assert time.monotonic() - start < 1.0
 
 
-def test_a_subscriber_given_its_callback_when_made_sleeps_too(tmp_path):
+def test_a_subscriber_given_its_callback_when_made_sleeps_too(tmp_path, pubsub_bridge):
     """(RADICAL's constructor starts its listener: the flag is swapped there as well)"""
     import radical.utils as ru
     quiet_components.waking_rp_listeners()
-    bridge = ru.zmq.PubSub("ctrl_pubsub", cfg={"uid": "ctrl_pubsub", "path": str(tmp_path)})
-    bridge.start()
+    bridge = pubsub_bridge("ctrl_pubsub")
     got = []
     subscriber = ru.zmq.Subscriber("ctrl_pubsub", url=bridge.addr_sub, topic="ctrl",
                                    cb=lambda topic, msg: got.append(msg), path=str(tmp_path))
@@ -242,4 +254,3 @@ def test_a_subscriber_given_its_callback_when_made_sleeps_too(tmp_path):
     start = time.monotonic()
     subscriber._stop_listener(force=True)
     assert time.monotonic() - start < 0.4  # (RADICAL's poll: up to 0.5 s)
-    bridge.stop()
