@@ -59,6 +59,18 @@ def test_a_run_across_three_nodes_equals_mdanalysis(pilot, adk, reference_result
     assert all(node in report for node in NODES)
 
 
+def flag_lines(run):
+    """The analyze ranks' durations and the judge's flags, in a line each (what a failure shows)."""
+    ranks = [f"rank {r['rank']} on {r['host']}: {r['frames']} frames, work {r.get('t_work', 0):.2f} s"
+             f" (compute {r.get('t_compute', 0):.2f}, wait {r.get('t_wait', 0):.2f})"
+             for r in run.profile.records if r["task"] == "analyze"]
+    flags = [f"{f['kind']} flag: rank {f['rank']} ranks {f.get('ranks')} on {f['host']},"
+             f" {f['duration_s']:.2f} s against {f['baseline']} {f['baseline_s']:.2f} s"
+             f" (threshold {f['threshold_s']:.2f}), cause {f['cause']}"
+             for f in run.profile.stragglers if f["task"] == "analyze"]
+    return "\n".join(ranks + flags)
+
+
 @pytest.fixture(scope="module")
 def longer():
     return adk_concatenated(20)  # 1,960 frames of AdK (DCD)
@@ -89,10 +101,17 @@ def test_a_slow_node_is_flagged_as_a_host_and_a_clean_run_flags_nothing(pilot, v
     assert slow.ok
     flags = [f for f in slow.profile.stragglers if f["task"] == "analyze"]
     hosts = [f for f in flags if f["kind"] == "host"]
-    # the node as one flag (not its ranks one by one), slow in its compute; on 2 shared
-    # cores another rank may cross the line too, but no other node as a whole
-    assert [(f["host"], f["cause"]) for f in hosts] == [("tfvc2", "compute")], flags
-    assert not [f for f in flags if f["kind"] == "rank" and f["host"] == "tfvc2"], flags
+    seen = flag_lines(slow)
+    # the node as one flag (not its ranks one by one); on 2 shared cores another rank may
+    # cross the line too, but no other node as a whole. The quota slows all the node's CPU
+    # work alike: its ranks' imports (set-up) as much as their compute, so the cause is
+    # compute or "mixed", and compute holds a good share of the excess. (The other ranks'
+    # wait in MPI_Init for the slow ones is a wait, not their set-up: init_wait.py.)
+    assert [f["host"] for f in hosts] == ["tfvc2"], seen
+    assert hosts[0]["cause"] in ("compute", "mixed"), seen
+    assert hosts[0]["excess_by_phase_s"]["compute"] > 0.25 * hosts[0]["excess_s"], seen
+    assert hosts[0]["ratio"] > 2.5, seen  # the healthy ranks' set-up not as long as the slow's
+    assert not [f for f in flags if f["kind"] == "rank" and f["host"] == "tfvc2"], seen
     text = "\n".join(slow.profile.summary_lines())
     assert "host tfvc2" in text and "SBATCH_EXCLUDE=tfvc2" in text, text
     clean = p.run(*longer, "dihedrals", repeat=400, schedule="static", blocks=6,

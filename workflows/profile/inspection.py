@@ -20,6 +20,7 @@ from trajflow.tasks.modes import is_mpi_rank
 from trajflow.tasks.plan import is_finite_number, PlanError, RunPlan
 from trajflow.tasks.timing import PHASES
 from trajflow.tasks.rundir import OUTCOME, PLAN, read_lines, read_outcome, read_record, write_text
+from trajflow.workflows.profile.init_wait import attribute_init_waits
 from trajflow.workflows.profile.advice import advice, compare_strategies, slow_host_advice
 from trajflow.workflows.profile.judgeable import stragglers_not_judged
 from trajflow.workflows.profile.schedule_effects import schedule_lines
@@ -61,6 +62,7 @@ def load_run(rundir, notes=None):
         if skipped:
             notes.append(f"{path}: {skipped} line(s) that are not timing records skipped")
     radical = radical_task_events(rundir, notes)
+    attribute_init_waits(records)
     for rec in records:
         # a record that says its session takes that session's events only (a resumed run's
         # task ids repeat); an older one, whatever its id has

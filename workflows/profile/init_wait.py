@@ -1,0 +1,74 @@
+"""The wait inside MPI_Init: what a rank spent there until the last rank came.
+
+MPI_Init returns on all ranks at about one moment, once the last rank has come
+(the process manager's fence). A rank that came early spends the difference
+waiting for the late ones, as it does at the barrier after its work: it is
+their doing, not its own set-up. Counted as set-up, it made every rank as slow
+as the slowest: a node whose ranks took 9 s more to import (a CPU quota) made
+the other nodes' ranks spend 12 s in MPI_Init, and the straggler judge saw
+them all alike (a CI run's slow-node test, 2026-11).
+
+The last rank to come spent the least there: MPI_Init's own cost. What each rank
+spent beyond it is moved from its `t_setup` to its `t_wait` (and `t_init_wait`
+says how much), and its timeline draws it as a wait, where it began: when the
+rank entered MPI_Init. The record's `setup_parts` keep what the rank measured.
+"""
+import math
+
+INIT_PART = "mpi_init"  # tasks/analyze.py's name for its MPI_Init in `setup_parts`
+
+
+def _init_seconds(rec):
+    parts = rec.get("setup_parts")
+    if not isinstance(parts, dict) or (rec.get("size") or 1) < 2:
+        return None
+    values = list(parts.values())
+    if INIT_PART not in parts or not all(_seconds(v) for v in values):
+        return None  # not trajflow's marks (a foreign or damaged record): nothing moved
+    return parts[INIT_PART]
+
+
+def _seconds(value):
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and value >= 0)
+
+
+def attribute_init_waits(records):
+    """Move each MPI rank's wait in MPI_Init from its set-up to its wait, per MPI task
+    (its RADICAL session and task id, and the task's name)."""
+    tasks = {}
+    for rec in records:
+        seconds = _init_seconds(rec)
+        if seconds is not None:
+            key = (rec["task"], rec.get("rp_session"), rec.get("rp_task_id"), rec.get("size"))
+            tasks.setdefault(key, []).append((rec, seconds))
+    for ranks in tasks.values():
+        if len(ranks) < 2:
+            continue
+        own_cost = min(seconds for _, seconds in ranks)
+        for rec, seconds in ranks:
+            wait = min(seconds - own_cost, rec.get("t_setup", 0.0))
+            if wait > 0:
+                _move_to_wait(rec, wait)
+
+
+def _move_to_wait(rec, wait):
+    rec["t_init_wait"] = wait
+    rec["t_setup"] -= wait
+    rec["t_wait"] = rec.get("t_wait", 0.0) + wait
+    parts = rec["setup_parts"]
+    entered = rec["t_start"] + sum(v for k, v in _parts_before(parts, INIT_PART))
+    intervals = rec.get("intervals") or []
+    for i, (name, a, b) in enumerate(intervals):
+        if name == "setup" and a <= entered and entered + wait <= b + 1e-6:
+            pieces = [("setup", a, entered), ("wait", entered, min(b, entered + wait)),
+                      ("setup", min(b, entered + wait), b)]
+            intervals[i:i + 1] = [list(p) for p in pieces if p[2] > p[1]]
+            return
+
+
+def _parts_before(parts, name):
+    for key, value in parts.items():
+        if key == name:
+            return
+        yield key, value
