@@ -50,12 +50,14 @@ test: test-fast
 # the h5md path again in the cluster-style environment (tests/parallel_hdf5/env.sh):
 # Debian's MPICH, mpi4py and h5py built against it and its parallel HDF5, so MPI ranks
 # open H5MD files with driver mpio; built once into the cache; said and skipped where
-# its Debian packages are missing (`sudo bash tests/parallel_hdf5/env.sh install`)
+# its Debian packages are missing (`sudo bash tests/parallel_hdf5/env.sh install`); on two
+# workers as the stages layer, then its `serial` tests alone
 test-parallel-hdf5:
 	@venv=$$(bash tests/parallel_hdf5/env.sh build); rc=$$?; \
 	if [ $$rc = 3 ]; then echo "SKIPPED the parallel HDF5 environment: see the message above"; \
 	elif [ $$rc != 0 ]; then exit $$rc; \
-	else $$venv/bin/python -m pytest -q -rs -p no:cacheprovider -k h5md tests/stages; fi
+	else $$venv/bin/python -m pytest -q -rs -p no:cacheprovider -n 2 -m "not serial" -k h5md tests/stages \
+	  && $$venv/bin/python -m pytest -q -rs -p no:cacheprovider -m serial -k h5md tests/stages; fi
 
 # the documentation site into site/ (warnings are errors; the API and CLI references are
 # made from the code by docs/hooks.py)
