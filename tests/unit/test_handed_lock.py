@@ -1,6 +1,7 @@
 """A run folder's lock handed to a held pilot with its run (workflows/run/rundir_lock.py):
 the held pilot removes the lock file when the run is over there, its client having
-perhaps ended first, but never a lock file that is no longer the one it was handed."""
+perhaps ended first, but never a lock file that is no longer the one it was handed; nor does a client's own
+release."""
 import os
 
 from trajflow.tasks.rundir import LOCK, lock_held
@@ -29,3 +30,18 @@ def test_a_lock_file_that_is_not_the_handed_one_stays(tmp_path):
     os.close(handed)
     assert os.path.exists(os.path.join(rundir, LOCK)) and lock_held(rundir)
     newer.release()
+
+
+def test_a_release_leaves_a_lock_file_that_replaced_its_own(tmp_path):
+    """Where flock fails, a refusal tells the user to remove the lock file of a run that
+    is gone; if that run was not gone, its release must not remove the next run's lock."""
+    rundir = str(tmp_path / "run")
+    first = RunLock(rundir).acquire()
+    os.unlink(os.path.join(rundir, LOCK))   # the user's rm, as the refusal says
+    second = RunLock(rundir).acquire()      # another run takes the folder
+    first.release()
+    assert os.path.exists(os.path.join(rundir, LOCK)) and lock_held(rundir)
+    with open(os.path.join(rundir, LOCK)) as fh:
+        assert f"pid {os.getpid()}" in fh.read()
+    second.release()
+    assert not os.path.exists(os.path.join(rundir, LOCK)) and not lock_held(rundir)

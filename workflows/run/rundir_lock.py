@@ -106,10 +106,7 @@ class RunLock:
         this lock created it and nothing else is in it (a run refused while planning)."""
         if self.fd is None:
             return
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        _unlink_if_ours(self.path, self.fd)
         os.close(self.fd)
         _HELD.discard(self.fd)
         self.fd = None
@@ -124,13 +121,20 @@ def remove_handed_lock(rundir, fd):
     """The held pilot's side of release(), for a lock handed to it with its run: the
     file goes if it is still this lock's (its client, which would have removed it, may
     have ended before the run's report was written); the caller then closes `fd`."""
+    _unlink_if_ours(os.path.join(rundir, LOCK), fd)
+
+
+def _unlink_if_ours(path, fd):
+    """Remove the lock file at `path` only while it is the file `fd` holds open: where
+    another run's lock has replaced it (a user removed a lock the file system could not
+    flock, as the refusal says to, and started another run), that one stays."""
     try:
-        held, there = os.fstat(fd), os.lstat(os.path.join(rundir, LOCK))
+        held, there = os.fstat(fd), os.lstat(path)
     except OSError:
         return
     if (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino):
         try:
-            os.unlink(os.path.join(rundir, LOCK))
+            os.unlink(path)
         except OSError:
             pass
 
