@@ -536,6 +536,7 @@ def _accept(listener, settings, forks):
         pidfds, conns = forks.descriptors()
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP})
         try:
+            flush_before_fork()
             pid = os.fork()
             if pid == 0:
                 _become_task(request, fds, [listener, conn, *conns], pidfds, blocked)
@@ -683,6 +684,16 @@ def _exit_as_interpreter(code):
             import ctypes
             ctypes.PyDLL(None).exit(code)
         os._exit(code)
+
+
+def flush_before_fork():
+    """Write what Python's and C's output buffers hold before a fork: a served task that
+    ends through libc's exit() (after MPI) would otherwise write its copy of what the
+    server's C stdio held (a library's printf), once per task."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    import ctypes  # (pre-imported: PREIMPORTED)
+    ctypes.CDLL(None).fflush(None)
 
 
 def probe():

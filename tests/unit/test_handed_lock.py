@@ -1,7 +1,7 @@
 """A run folder's lock handed to a held pilot with its run (workflows/run/rundir_lock.py):
 the held pilot removes the lock file when the run is over there, its client having
-perhaps ended first, but never a lock file that is no longer the one it was handed; nor does a client's own
-release."""
+perhaps ended first, but never a lock file that is no longer the one it was handed (nor
+does a client's own release)."""
 import os
 
 from trajflow.tasks.rundir import LOCK, lock_held

@@ -275,3 +275,28 @@ def test_mpi_ranks_are_served_and_end_as_their_launcher_expects(server, tmp_path
         assert {(s["size"], s["sum"]) for s in seen} == {(ranks, ranks * (ranks - 1) // 2)}
         assert {s["ppid"] for s in seen} == {server.pid}  # forks of the server, each one
         assert "Killed" not in done.stdout + done.stderr
+
+
+FORK_AFTER_PRINTF = """
+import ctypes, os, sys
+from trajflow.tasks.task_server import flush_before_fork
+libc = ctypes.CDLL(None)
+libc.printf(b"held by C stdio\\n")  # stdout is a pipe: fully buffered, not yet written
+if sys.argv[1] == "flush":
+    flush_before_fork()
+pid = os.fork()
+if pid == 0:
+    libc.exit(0)  # as a served task ends after MPI: libc's exit flushes its buffers
+os.waitpid(pid, 0)
+libc.exit(0)
+"""
+
+
+@pytest.mark.parametrize("flush,copies", [("flush", 1), ("no", 2)])
+def test_what_c_stdio_held_before_a_fork_is_written_once(flush, copies):
+    # (PYTHONUNBUFFERED, set in some shells, makes C's stdout unbuffered too)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    out = subprocess.run([sys.executable, "-c", FORK_AFTER_PRINTF, flush], capture_output=True,
+                         text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("held by C stdio") == copies, out.stdout
