@@ -7,6 +7,7 @@ run trajflow from a virtualenv installed (not editable) like a cluster's.
 Every command below runs as the workstation account. Skipped, with the
 reason, where this is not root or sshd cannot start.
 """
+import glob
 import json
 import os
 import shutil
@@ -173,6 +174,9 @@ def test_a_pilot_held_on_the_cluster_serves_remote_runs_then_stops(cluster, adk)
     its own, and comes back equal to MDAnalysis; a name not held there is refused, exit 2;
     `pilot stop --remote` ends it, nothing left running."""
     where = ["--remote", TARGET, "--remote-python", f"{VENV}/bin/python"]
+    # the held pilot's own folder (its session's records), made in the cluster's home
+    pilot_folders = f"/home/{CLUSTER}/trajflow-pilot-far-*"
+    before = set(glob.glob(pilot_folders))
     started = workstation("pilot", "start", "--name", "far", "--cpus", "2", "--walltime", "20",
                           "--idle-timeout", "10", *where)
     assert started.returncode == 0, started.stderr
@@ -215,6 +219,10 @@ def test_a_pilot_held_on_the_cluster_serves_remote_runs_then_stops(cluster, adk)
         assert "sent to held pilot far" in there and "pilot requested" not in there, there[-2000:]
     finally:
         stopped = workstation("pilot", "stop", "far", *where)
+        made = set(glob.glob(pilot_folders)) - before
+        for folder in made:  # kept by trajflow for its user; this machine's, removed
+            shutil.rmtree(folder)
+    assert len(made) == 1, made
     assert stopped.returncode == 0 and "pilot far stopped" in stopped.stdout, stopped.stderr
     listed = workstation("pilot", "list", *where)
     assert listed.returncode == 0 and "no held pilot" in listed.stdout, listed.stdout
