@@ -30,6 +30,7 @@ rank when one's connection closes unfinalized (with os._exit, 33 of 40 3-rank la
 were killed after every rank had finished; strace of the proxy showed why).
 Standard library only at the top: the client must start in milliseconds.
 """
+import functools
 import json
 import os
 import signal
@@ -686,14 +687,22 @@ def _exit_as_interpreter(code):
         os._exit(code)
 
 
+@functools.lru_cache(maxsize=1)
+def _libc():
+    import ctypes  # here, not at the top: the client never needs it (pre-imported: PREIMPORTED)
+    return ctypes.CDLL(None)
+
+
 def flush_before_fork():
     """Write what Python's and C's output buffers hold before a fork: a served task that
     ends through libc's exit() (after MPI) would otherwise write its copy of what the
     server's C stdio held (a library's printf), once per task."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    import ctypes  # (pre-imported: PREIMPORTED)
-    ctypes.CDLL(None).fflush(None)
+    try:  # a full or closed log loses its bytes, never a task
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    _libc().fflush(None)
 
 
 def probe():

@@ -60,9 +60,10 @@ def test_a_run_across_three_nodes_equals_mdanalysis(pilot, adk, reference_result
 
 
 def flag_lines(run):
-    """The analyze ranks' durations and the judge's flags, in a line each (what a failure shows)."""
-    ranks = [f"rank {r['rank']} on {r['host']}: {r['frames']} frames, work {r.get('t_work', 0):.2f} s"
-             f" (compute {r.get('t_compute', 0):.2f}, wait {r.get('t_wait', 0):.2f})"
+    """The analyze ranks' durations and the judge's flags, a line each (a failure shows them)."""
+    ranks = [f"rank {r['rank']} on {r['host']}: {r['frames']} frames,"
+             f" work {r.get('t_work', 0):.2f} s (compute {r.get('t_compute', 0):.2f},"
+             f" wait {r.get('t_wait', 0):.2f})"
              for r in run.profile.records if r["task"] == "analyze"]
     flags = [f"{f['kind']} flag: rank {f['rank']} ranks {f.get('ranks')} on {f['host']},"
              f" {f['duration_s']:.2f} s against {f['baseline']} {f['baseline_s']:.2f} s"

@@ -101,8 +101,11 @@ def test_the_wait_is_drawn_where_the_rank_entered_mpi_init():
     lambda r: r["setup_parts"].update(mpi_init=True),
     lambda r: r["setup_parts"].update(imports=math.inf),
     lambda r: r.update(size=1),
+    lambda r: r.update(t_setup=None),
+    lambda r: r.update(t_wait=None),
+    lambda r: r.update(size="6"),
 ], ids=["no parts", "no init", "not a dict", "a string", "nan", "negative", "a bool",
-        "another part inf", "one rank"])
+        "another part inf", "one rank", "no setup", "no wait", "size a string"])
 def test_a_record_not_as_trajflow_writes_it_is_left_as_it_is(damage):
     rec = slow_node_task()[0]
     damage(rec)
@@ -112,11 +115,43 @@ def test_a_record_not_as_trajflow_writes_it_is_left_as_it_is(damage):
     assert rec == before
 
 
-def test_ranks_of_two_mpi_tasks_are_not_judged_together():
-    fast = mpi_task([rank_record(r, "n1", 0.0, 1.0, 1.0, task_id="task.000001") for r in range(2)])
-    slow = mpi_task([rank_record(r, "n2", 0.0, 9.0, 1.0, task_id="task.000002") for r in range(2)])
-    attribute_init_waits(fast + slow)
-    assert not any("t_init_wait" in r for r in fast + slow)
+def test_each_mpi_task_is_judged_by_its_own_ranks():
+    """Two tasks of one run: the first's rank 0 came 2 s before its rank 1; the second's
+    ranks came together, each with 3 s of MPI_Init (its own cost, not a wait)."""
+    first = mpi_task([rank_record(r, "n1", 0.0, 1.0 + 2.0 * r, 1.0, 1.0,
+                                  task_id="task.000001") for r in range(2)])
+    second = mpi_task([rank_record(r, "n2", 0.0, 1.0, 1.0, 3.0, task_id="task.000002")
+                       for r in range(2)])
+    attribute_init_waits(first + second)
+    assert first[0]["t_init_wait"] == pytest.approx(2.0) and "t_init_wait" not in first[1]
+    assert not any("t_init_wait" in r for r in second)
+
+
+def test_two_launches_in_one_folder_without_ids_are_left_as_they_are():
+    """An older trajflow's records (no RADICAL ids) of two attempts: ranks 0 and 1 twice."""
+    attempts = [mpi_task([rank_record(r, "n1", 0.0, 1.0, 1.0, cost) for r in range(2)])
+                for cost in (1.0, 3.0)]
+    records = [r | {"rp_task_id": None, "rp_session": None} for a in attempts for r in a]
+    before = copy.deepcopy(records)
+    attribute_init_waits(records)
+    assert records == before
+
+
+def test_an_mpi_init_after_the_chunks_is_a_wait_already():
+    """A dynamic schedule's early start times its late MPI_Init inside its wait phase."""
+    ranks = [r | {"mpi_init_after_chunks": True} for r in slow_node_task()]
+    before = copy.deepcopy(ranks)
+    attribute_init_waits(ranks)
+    assert ranks == before
+
+
+def test_a_wait_that_no_setup_interval_holds_moves_nothing():
+    """Numbers the intervals cannot show (a forged or damaged record) are not moved."""
+    ranks = slow_node_task()
+    ranks[0]["intervals"] = [["compute", ranks[0]["t_start"], ranks[0]["t_stop"]]]
+    before = copy.deepcopy(ranks[0])
+    attribute_init_waits(ranks)
+    assert ranks[0] == before and ranks[1]["t_init_wait"] == pytest.approx(8.6)
 
 
 @settings(max_examples=60, deadline=None)
@@ -127,7 +162,8 @@ def test_phases_still_add_up_and_the_intervals_still_tile_the_rank(specs, init_c
                       for i, (arrive, imports, compute) in enumerate(specs)])
     before = copy.deepcopy(ranks)
     attribute_init_waits(ranks)
-    last = max(range(len(ranks)), key=lambda i: before[i]["t_start"] + before[i]["setup_parts"]["imports"])
+    last = max(range(len(ranks)),
+               key=lambda i: before[i]["t_start"] + before[i]["setup_parts"]["imports"])
     assert "t_init_wait" not in ranks[last] or ranks[last]["t_init_wait"] < 1e-6
     for b, a in zip(before, ranks):
         assert a["t_setup"] >= init_cost - 1e-6  # MPI_Init's own cost stays set-up

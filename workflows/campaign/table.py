@@ -1,7 +1,9 @@
 """The campaign table: one row per experiment, with its phases, stragglers, S(N) and E(N).
 
 Times are the analyze stage as the job sees it, the slowest rank's (t_total,
-t_IO, t_compute, t_wait, t_comm as Khoshlessan et al. 2019 define them);
+t_IO, t_compute, t_wait, t_comm as Khoshlessan et al. 2019 define them; t_wait
+also holds, since 0.22.1, a rank's wait in MPI_Init for the last rank to come:
+profile/init_wait.py);
 t_prepare is the split or H5MD conversion before it, shown apart (the campaign's
 one shared H5MD conversion is charged to every experiment that used it). S(N) and
 E(N) compare an experiment with the mean over repeats of the fewest-ranks

@@ -2,8 +2,9 @@
 
 A group is like with like: the ranks of one MPI task, or the tasks of one
 stage. A member is a dict of seconds: `t_work` (its time without the wait
-at the barrier, nor that in MPI_Init for the last rank: init_wait.py), the phases (`t_open_topology`, `t_open_trajectory`, `t_io`,
-`t_compute`, `t_comm`, `t_write`, `t_convert`, `t_launch`, `t_overhead`),
+at the barrier, nor that in MPI_Init for the last rank: init_wait.py), the
+phases (`t_open_topology`, `t_open_trajectory`, `t_io`, `t_compute`, `t_comm`,
+`t_write`, `t_convert`, `t_launch`, `t_overhead`),
 `t_wait`, and `rank`, `block`, `host`, `frames`, `t_start`, `t_stop` where
 known (trajflow's own records, or a timing table of any MPI script).
 
