@@ -280,10 +280,14 @@ def test_records_that_are_not_trajflows_are_skipped(copy):
         for rec in ({"task": "analyze", "t_start": 1, "t_stop": 2, "t_total": 1, "rank": "0"},
                     {"task": "analyze", "t_start": 1, "t_stop": 2, "t_total": 1e999},
                     {"task": "analyze", "t_start": 1, "t_stop": 2, "t_total": 1,
-                     "intervals": [["io", 1]]}):
+                     "intervals": [["io", 1]]},
+                    {"task": "analyze", "t_start": 1, "t_stop": 2, "t_total": 1, "t_wait": None},
+                    {"task": "analyze", "t_start": 1, "t_stop": 2, "t_total": 1, "size": 2,
+                     "rank": 1, "t_setup": None, "setup_parts": {"mpi_init": 0.5}}):
             fh.write(json.dumps(rec) + "\n")
     proc = trajflow_cli("inspect", copy)
-    assert proc.returncode == 0 and "3 line(s) that are not timing records" in proc.stdout
+    assert proc.returncode == 0 and "5 line(s) that are not timing records" in proc.stdout, \
+        proc.stdout + proc.stderr
     os.mkfifo(os.path.join(copy, "parts", "block_00000.h5"))  # a part that never ends
     os.remove(os.path.join(copy, rundir.RESULT))
     proc = trajflow_cli("inspect", copy)

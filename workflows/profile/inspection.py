@@ -167,7 +167,8 @@ def _record(line):
         if rec.get(key) is not None and (isinstance(rec[key], bool) or not isinstance(rec[key], int)):
             return None
     for phase in PHASES:  # a record of an older trajflow may lack a phase added since
-        rec.setdefault(f"t_{phase}", 0.0)
+        if rec.setdefault(f"t_{phase}", 0.0) is None:
+            return None  # a phase said but not timed: trajflow writes each as a number
     if not isinstance(rec.get("task"), str) or not isinstance(rec.get("intervals", []), list):
         return None
     for interval in rec.get("intervals", []):
