@@ -233,3 +233,44 @@ def test_a_paced_loop_wakes_at_news_and_otherwise_after_its_poll():
         t.join(10)
     assert len(paused) == 2 and all(0.25 < p < 5.0 for p in paused), paused  # both woke
     assert not wakes.enqueue.is_set() and not wakes.run_loop.is_set()  # each took its news
+
+
+def test_a_stage_completes_once_whatever_updates_of_its_ended_tasks_follow():
+    """EnTK's dequeue checks a task's stage after each update it takes for the task: a
+    second update of an ended task ran the stage's post_exec again (a second reduce)
+    and moved the pipeline past its next stage, which never ran (CI: a reduce "ended
+    SUBMITTING"). With cancellable_tasks' check, the stage completes once."""
+    import logging
+    import radical.entk as re
+    from radical.entk import states
+    from radical.entk.appman.wfprocessor import WFprocessor
+    entk_client.cancellable_tasks()
+    pipe, first, second = re.Pipeline(), re.Stage(), re.Stage()
+    for stage, n in ((first, 2), (second, 1)):
+        tasks = [re.Task() for _ in range(n)]
+        for task in tasks:
+            task.executable = "/bin/true"
+        stage.add_tasks(tasks)
+    post_execs = []
+    first.post_exec = lambda: post_execs.append(first.uid)
+    pipe.add_stages([first, second])
+    wfp = WFprocessor.__new__(WFprocessor)  # its dequeue alone: no queues, no threads
+    quiet = types.SimpleNamespace(prof=lambda *a, **k: None, ok=lambda *a: None,
+                                  info=lambda *a: None, error=lambda *a: None)
+    wfp.__dict__.update(_workflow=[pipe], _resubmit_failed=False, _uid="wfprocessor.test",
+                        _logger=logging.getLogger("trajflow.test"), _prof=quiet, _report=quiet)
+
+    def dequeued(task, state):
+        wfp._update_dequeued_task(types.SimpleNamespace(
+            uid=task.uid, parent_pipeline={"uid": pipe.uid}, parent_stage={"uid": first.uid},
+            path=None, rts_uid=None, metadata={}, state=state, exception=None,
+            exception_detail=None))
+
+    a, b = list(first.tasks)
+    dequeued(a, states.DONE)
+    assert post_execs == [] and pipe._cur_stage == 1
+    dequeued(b, states.DONE)
+    assert post_execs == [first.uid] and pipe._cur_stage == 2 and first.state == states.DONE
+    dequeued(b, states.DONE)  # a second update of an ended task
+    dequeued(a, states.DONE)
+    assert post_execs == [first.uid] and pipe._cur_stage == 2 and not pipe.completed

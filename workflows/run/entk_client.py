@@ -390,7 +390,15 @@ def cancellable_tasks():
     Ctrl-C). EnTK 1.103 offers no cancel: its RADICAL-Pilot TaskManager is a local
     of its task-manager thread, so each one made is remembered here (cancel_tasks);
     and a stage completes only when each task is DONE or FAILED, so a CANCELED task
-    would have left its run's pipeline waiting for ever: it counts as ended too."""
+    would have left its run's pipeline waiting for ever: it counts as ended too.
+
+    A stage completes once. EnTK checks a task's stage after every update it dequeues
+    for the task and, finding every task ended, runs the stage's post_exec and moves
+    its pipeline on a stage, without asking whether it did so already: a second
+    update of an ended task (seen in CI: a killed run resumed on a held pilot) ran
+    the analyze stage's post_exec twice, added a second reduce and moved the pipeline
+    past it, and the run failed with that reduce "ended SUBMITTING" beside a complete
+    result. A stage already DONE is not complete again."""
     import radical.pilot as rp
     from radical.entk import states
     from radical.entk.stage import Stage
@@ -404,8 +412,9 @@ def cancellable_tasks():
     complete = Stage._check_stage_complete
     if not getattr(complete, "_trajflow_cancelled", False):
         def complete_or_cancelled(self):
-            return all(task.state in (states.DONE, states.FAILED, states.CANCELED)
-                       for task in self._tasks)
+            return self.state != states.DONE and all(
+                task.state in (states.DONE, states.FAILED, states.CANCELED)
+                for task in self._tasks)
         complete_or_cancelled._trajflow_cancelled = True
         Stage._check_stage_complete = complete_or_cancelled
 
