@@ -39,7 +39,7 @@ from .dcd import open_dcd
 from .xtc import xtc_readable
 from .h5md import COLLECTIVE, is_h5md
 from .readers import SelectedFrames, open_block_reader
-from .timing import RankTimer
+from .timing import MPI_INIT_PART, RankTimer
 
 
 class FrameSources:
@@ -363,7 +363,7 @@ def run_mpi_mode(plan, setup_marks=None):
         comm, rank, size = None, launch.rank, launch.size
         EARLY_START.update(launch=launch, counter=counter, timeout_s=plan.collective_timeout_s)
     else:
-        setup_marks.append(("mpi_init", time.time()))
+        setup_marks.append((MPI_INIT_PART, time.time()))
         comm, rank, size = mpi_world()
         counter = None
         agree_on_the_start(comm, early=False)
@@ -489,7 +489,7 @@ def late_mpi_init(timer, rank, size, timeout_s, counter):
         finally:
             os.kill(watcher, signal.SIGKILL)
             os.waitpid(watcher, 0)
-    timer.info.setdefault("setup_parts", {})["mpi_init"] = time.time() - t0
+    timer.info.setdefault("setup_parts", {})[MPI_INIT_PART] = time.time() - t0
     timer.info["setup_cpu_s"] = timer.info.get("setup_cpu_s", 0.0) + time.process_time() - cpu0
     return comm
 

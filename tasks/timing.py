@@ -29,6 +29,7 @@ PHASES = ("setup", "open_topology", "open_trajectory", "io", "compute", "claim",
 FAULT_PHASES = {"open_topology": "open", "io": "io", "compute": "compute", "comm": "comm"}
 PROGRESS_EVERY_S = 2.0  # how often a rank rewrites its progress file, at most
 WAITING = ("wait", "comm")  # phases a rank may spend waiting for the others
+MPI_INIT_PART = "mpi_init"  # the part of a rank's `setup_parts` that is its MPI_Init
 
 
 def read_bytes():

@@ -15,9 +15,11 @@ rank entered MPI_Init. The record's `setup_parts` keep what the rank measured.
 An MPI_Init after the rank's chunks (a dynamic schedule's early start) is timed as
 a wait already, and is left as it is.
 """
-import math
+import itertools
 
-INIT_PART = "mpi_init"  # tasks/analyze.py's name for its MPI_Init in `setup_parts`
+from trajflow.tasks.rundir import is_finite_number
+from trajflow.tasks.timing import MPI_INIT_PART as INIT_PART
+
 LEAST_S = 1e-6         # a wait shorter than this is left where it is
 
 
@@ -38,8 +40,7 @@ def _init_seconds(rec):
 
 
 def _seconds(value):
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value) and value >= 0)
+    return is_finite_number(value) and value >= 0
 
 
 def attribute_init_waits(records):
@@ -67,7 +68,8 @@ def _move_to_wait(rec, wait):
     """Split the set-up interval that holds the wait (from where the rank entered
     MPI_Init), then move the seconds; nothing where no interval holds it."""
     parts = rec["setup_parts"]
-    entered = rec["t_start"] + sum(v for k, v in _parts_before(parts, INIT_PART))
+    before = itertools.takewhile(lambda part: part[0] != INIT_PART, parts.items())
+    entered = rec["t_start"] + sum(seconds for _, seconds in before)
     intervals = rec.get("intervals") or []
     for i, interval in enumerate(intervals):
         name, a, b = interval
@@ -82,9 +84,3 @@ def _move_to_wait(rec, wait):
     rec["t_setup"] -= wait
     rec["t_wait"] += wait
 
-
-def _parts_before(parts, name):
-    for key, value in parts.items():
-        if key == name:
-            return
-        yield key, value
